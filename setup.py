@@ -1,0 +1,34 @@
+"""gspo_jax: GRPO-family policy objectives (GRPO, GSPO, GSPO-token, LUSPO, GMPO, DAPO, Dr. GRPO)
+in JAX/Flax NNX, with a pure-JAX group sampler, verifiable tasks and an RL trainer."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="gspo_jax",
+    version="0.1.0",
+    description=__doc__,
+    python_requires=">=3.11",
+    packages=find_packages(include=["gspo_jax", "gspo_jax.*"]),
+    install_requires=[
+        "jax>=0.6.0",
+        "jaxlib>=0.6.0",
+        "flax>=0.11.0",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11.0",
+        "grain>=0.2.10",
+        "tensorflow-datasets>=4.9.8",
+        "importlib_resources",  # tensorflow-datasets imports it without declaring it
+        "array-record>=0.7.0",
+        "ml-collections>=1.0.0",
+        "chex>=0.1.89",
+        "numpy>=1.26",
+        "tqdm>=4.66",
+        "tensorboardX>=2.6",
+        "matplotlib>=3.8",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.5"],
+        # Peers for the sampler benchmark only; tests and CI never need them.
+        "peers": ["google-tunix", "transformers", "torch==2.13.0"],
+    },
+)
