@@ -1,0 +1,101 @@
+"""Command-line entry point: parse flags, set up (multi-host) JAX, call trainer.train.
+
+    python -m gspo_jax.main --config configs/arith.py --workdir runs/arith
+    python -m gspo_jax.main --config configs/arith.py:runlocal --workdir /tmp/arith_local \\
+        --config.objective.name=grpo --config.objective.eps_low=0.2
+
+A multi-host run (a TPU pod slice) runs the same command on every host with ``--multihost``:
+jax.distributed.initialize() then finds the coordinator from the TPU environment. On CPUs (tests,
+a local two-process run) pass the coordinator explicitly:
+
+    python -m gspo_jax.main ... --coordinator_address=127.0.0.1:12345 --num_processes=2 \\
+        --process_id=0      # and =1 in a second shell
+
+Restarting the same command in the same workdir resumes from the latest checkpoint.
+
+The entry point is thin on purpose (DESIGN.md convention 3): everything it does is available to
+notebooks and tests as ``gspo_jax.trainer.train(config, workdir)``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from gspo_jax import config as config_lib
+from gspo_jax.config import ConfigError
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file, optionally with ':key=value,...' arguments."
+)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (metrics, checkpoints, summary).")
+_MULTIHOST = flags.DEFINE_bool(
+    "multihost", False, "Call jax.distributed.initialize() (auto-detected on TPU pods)."
+)
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0 for jax.distributed (implies multihost)."
+)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (multihost).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (multihost).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def init_distributed(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+) -> None:
+    """jax.distributed.initialize, with gloo collectives when the platform is the CPU.
+
+    Must run before any JAX computation. On a TPU pod all three arguments can be None (JAX reads
+    them from the environment); on CPUs they are required.
+    """
+    import jax
+
+    if jax.config.jax_platforms in (None, "", "cpu") or "cpu" in str(jax.config.jax_platforms):
+        # Cross-process collectives on CPU devices go through gloo (TCP); without it a
+        # multi-process CPU computation fails at the first all-reduce.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
+    )
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}; use --config.x.y=value overrides")
+    if _MULTIHOST.value or _COORDINATOR.value:
+        init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    from gspo_jax import trainer  # after distributed init: importing models may touch devices
+
+    trainer.train(_CONFIG.value, _WORKDIR.value)
+
+
+def _config_spec(argv: list[str]) -> str | None:
+    """The value of --config (``path[:arg]``) in argv, if given."""
+    for i, a in enumerate(argv):
+        if a.startswith("--config="):
+            return a.split("=", 1)[1]
+        if a == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def run() -> None:
+    """Console-script entry point (``gspo-train``)."""
+    try:
+        spec = _config_spec(sys.argv)
+        if spec is not None:
+            config_lib.check_override_keys(config_lib.load_config_file(spec), sys.argv)
+        app.run(main)
+    except ConfigError as e:  # configuration errors: one clear line, no traceback wall
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    run()
