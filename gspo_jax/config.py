@@ -26,6 +26,7 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
+
 class ConfigError(ValueError):
     """A configuration problem found before any step; the message names the problem and the fix."""
 
