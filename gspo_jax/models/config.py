@@ -1,0 +1,124 @@
+"""Model configuration: one frozen dataclass and named presets.
+
+Dimension legend: V vocab, D hidden (embed), L layers, H query heads, K kv heads, Dh head dim,
+F SwiGLU hidden (dense MLP), E experts, k experts per token, Fe per-expert SwiGLU hidden.
+
+The presets follow Qwen3 (the family the GSPO, LUSPO and GMPO papers train): RMSNorm, RoPE with
+theta 1e6, grouped-query attention with per-head q/k RMSNorm, SwiGLU, no biases. The three real
+shapes (qwen3_0_6b, qwen3_1_7b, qwen3_30b_a3b) are for abstract construction (nnx.eval_shape) in
+sharding and memory planning; importing real checkpoints is a weight mapping onto these modules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape and numerics of a decoder. Frozen and hashable so it can key jit caches.
+
+    num_experts == 0 means a dense model; > 0 makes every layer's MLP a top-k MoE.
+    dtype is the compute dtype (bfloat16 on accelerators); parameters are stored in float32 and
+    log-probabilities are always computed in float32.
+    """
+
+    name: str = "custom"
+    vocab_size: int = 256
+    hidden_size: int = 64  # D
+    num_layers: int = 2  # L
+    num_heads: int = 4  # H
+    num_kv_heads: int = 2  # K
+    head_dim: int = 16  # Dh
+    mlp_dim: int = 128  # F (dense SwiGLU)
+    num_experts: int = 0  # E (0 = dense)
+    experts_per_token: int = 2  # k
+    moe_mlp_dim: int = 64  # Fe
+    norm_topk_prob: bool = True  # renormalise the top-k router weights to sum to 1 (Qwen3-MoE)
+    tie_embeddings: bool = True
+    rope_theta: float = 1_000_000.0
+    rms_eps: float = 1e-6
+    max_seq_len: int = 512  # prompt + response slots the sampler's KV cache may hold
+    dtype: str = "float32"  # compute dtype
+    param_dtype: str = "float32"
+    init_std: float = 0.02
+    # Bytes of float32 logits a log-prob chunk may hold ([B, C, V] * 4); sets the chunk size C.
+    logprob_chunk_bytes: int = 256 * 2**20
+
+    def __post_init__(self):
+        for f in ("dtype", "param_dtype"):
+            if getattr(self, f) not in _DTYPES:
+                raise ValueError(f"{f}={getattr(self, f)!r} is not one of {sorted(_DTYPES)}.")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads="
+                f"{self.num_kv_heads} (grouped-query attention); change one of them.")
+        if self.num_experts and not 1 <= self.experts_per_token <= self.num_experts:
+            raise ValueError(
+                f"experts_per_token={self.experts_per_token} must be in [1, num_experts="
+                f"{self.num_experts}].")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings.")
+        for f in ("vocab_size", "hidden_size", "num_layers", "max_seq_len"):
+            if getattr(self, f) < 1:
+                raise ValueError(f"{f}={getattr(self, f)} must be >= 1.")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def compute_dtype(self):
+        return _DTYPES[self.dtype]
+
+    @property
+    def params_dtype(self):
+        return _DTYPES[self.param_dtype]
+
+
+_PRESETS: dict[str, dict] = {
+    # Unit tests: compiles in about a second.
+    "tiny": dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                 head_dim=8, mlp_dim=64, max_seq_len=256),
+    "tiny_moe": dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                     head_dim=8, num_experts=4, experts_per_token=2, moe_mlp_dim=32,
+                     max_seq_len=256),
+    # CPU experiments: ~0.8M parameters (+ V*128 embedding), RL-trains in minutes on 2 cores.
+    "small": dict(vocab_size=256, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
+                  head_dim=32, mlp_dim=384, max_seq_len=512),
+    "small_moe": dict(vocab_size=256, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
+                      head_dim=32, num_experts=8, experts_per_token=2, moe_mlp_dim=96,
+                      max_seq_len=512),
+    # Real Qwen3 shapes (from the released config.json files).
+    "qwen3_0_6b": dict(vocab_size=151_936, hidden_size=1024, num_layers=28, num_heads=16,
+                       num_kv_heads=8, head_dim=128, mlp_dim=3072, tie_embeddings=True,
+                       max_seq_len=40_960, dtype="bfloat16"),
+    "qwen3_1_7b": dict(vocab_size=151_936, hidden_size=2048, num_layers=28, num_heads=16,
+                       num_kv_heads=8, head_dim=128, mlp_dim=6144, tie_embeddings=True,
+                       max_seq_len=40_960, dtype="bfloat16"),
+    "qwen3_30b_a3b": dict(vocab_size=151_936, hidden_size=2048, num_layers=48, num_heads=32,
+                          num_kv_heads=4, head_dim=128, mlp_dim=6144, num_experts=128,
+                          experts_per_token=8, moe_mlp_dim=768, tie_embeddings=False,
+                          max_seq_len=40_960, dtype="bfloat16"),
+}
+
+PRESETS = tuple(_PRESETS)
+
+
+def get_model_config(name: str, **overrides) -> ModelConfig:
+    """Returns preset `name` with field overrides, e.g. get_model_config("small", vocab_size=32).
+
+    Unknown preset names or fields raise ValueError naming the valid ones.
+    """
+    if name not in _PRESETS:
+        raise ValueError(f"Unknown model preset {name!r}; valid presets: {', '.join(PRESETS)}.")
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(
+            f"Unknown ModelConfig field(s) {unknown}; valid fields: {', '.join(sorted(fields))}.")
+    return ModelConfig(**{"name": name, **_PRESETS[name], **overrides})

@@ -1,0 +1,209 @@
+"""Qwen3 building blocks: RMSNorm, rotary embedding, GQA attention with q/k norm, SwiGLU, MoE.
+
+Dimension legend: B batch rows, S query slots, Sk key slots (the KV cache length when decoding),
+D hidden, H query heads, K kv heads, Gq = H // K query heads per kv head, Dh head dim,
+F SwiGLU hidden, E experts, k experts per token, Fe per-expert SwiGLU hidden.
+
+Parameters are float32 (cfg.param_dtype) and carry logical axis names in their ``out_sharding``
+metadata (see gspo_jax/sharding.py); activations run in cfg.dtype; normalisation, softmaxes and
+the router run in float32.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from gspo_jax.models.config import ModelConfig
+from gspo_jax.sharding import logical_constraint
+
+_NEG_INF = -1e30  # finite: a row with every key masked can never produce NaN
+
+
+def make_param(rngs: nnx.Rngs | None, shape, axes, cfg: ModelConfig, init: str = "normal",
+               std: float | None = None) -> nnx.Param:
+    """A float32 parameter with logical axis names (out_sharding metadata, sharded lazily)."""
+    dtype = cfg.params_dtype
+    if init == "ones":
+        value = jnp.ones(shape, dtype)
+    else:
+        std = cfg.init_std if std is None else std
+        value = std * jax.random.truncated_normal(rngs.params(), -2.0, 2.0, shape, dtype)
+    return nnx.Param(value, out_sharding=tuple(axes), eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+    """y = x / rms(x) * scale, computed in float32 and cast back to the input dtype."""
+
+    def __init__(self, dim: int, cfg: ModelConfig, axes=("act_embed",)):
+        self.eps = cfg.rms_eps
+        self.scale = make_param(None, (dim,), axes, cfg, init="ones")
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return (y * self.scale[...]).astype(x.dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding (rotate-half convention, as Qwen3/Llama). x [B,S,N,Dh], positions [B,S]."""
+    half = x.shape[-1] // 2
+    inv_freq = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / x.shape[-1])  # [Dh/2]
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, S, Dh/2]
+    cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+    xf = x.astype(jnp.float32)
+    x1, x2 = xf[..., :half], xf[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention with per-head q/k RMSNorm and an optional KV cache.
+
+    The cache is a dict {"k", "v"} of [B, Sk, K, Dh] arrays; new keys/values are written at slot
+    `write_index` (one scalar for all rows: the sampler's layout puts every row's t-th generated
+    token at the same slot Lp + t, so the write is a dynamic_update_slice, not a scatter).
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        D, H, K, Dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.cfg = cfg
+        self.q_proj = make_param(rngs, (D, H, Dh), ("embed", "heads", "head_dim"), cfg)
+        self.k_proj = make_param(rngs, (D, K, Dh), ("embed", "kv_heads", "head_dim"), cfg)
+        self.v_proj = make_param(rngs, (D, K, Dh), ("embed", "kv_heads", "head_dim"), cfg)
+        self.o_proj = make_param(rngs, (H, Dh, D), ("heads", "head_dim", "embed"), cfg)
+        self.q_norm = RMSNorm(Dh, cfg, axes=("head_dim",))
+        self.k_norm = RMSNorm(Dh, cfg, axes=("head_dim",))
+
+    def __call__(self, x, positions, mask, cache=None, write_index=None):
+        """x [B,S,D], positions [B,S], mask [B,S,Sk] bool -> (out [B,S,D], new cache or None)."""
+        cfg = self.cfg
+        cdt = cfg.compute_dtype
+        B, S, _ = x.shape
+        K, Dh = cfg.num_kv_heads, cfg.head_dim
+        q = jnp.einsum("bsd,dhk->bshk", x, self.q_proj[...].astype(cdt))
+        k = jnp.einsum("bsd,dhk->bshk", x, self.k_proj[...].astype(cdt))
+        v = jnp.einsum("bsd,dhk->bshk", x, self.v_proj[...].astype(cdt))
+        q = apply_rope(self.q_norm(q), positions, cfg.rope_theta)
+        k = apply_rope(self.k_norm(k), positions, cfg.rope_theta)
+        q = logical_constraint(q, ("batch", "length", "heads", "head_dim"))
+        new_cache = None
+        if cache is not None:
+            k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype),
+                                             (0, write_index, 0, 0))
+            v = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype),
+                                             (0, write_index, 0, 0))
+            new_cache = {"k": k, "v": v}
+        k = logical_constraint(k, ("batch", "length", "kv_heads", "head_dim"))
+        v = logical_constraint(v, ("batch", "length", "kv_heads", "head_dim"))
+        qg = q.reshape(B, S, K, cfg.num_heads // K, Dh)  # [B, S, K, Gq, Dh]
+        scores = jnp.einsum("bskgd,btkd->bkgst", qg, k.astype(cdt),
+                            preferred_element_type=jnp.float32) * (Dh ** -0.5)
+        scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)  # [B, K, Gq, S, Sk]
+        probs = jax.nn.softmax(scores, axis=-1).astype(cdt)
+        out = jnp.einsum("bkgst,btkd->bskgd", probs, v.astype(cdt)).reshape(B, S, -1, Dh)
+        out = jnp.einsum("bshk,hkd->bsd", out, self.o_proj[...].astype(cdt))
+        return out, new_cache
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        D, F = cfg.hidden_size, cfg.mlp_dim
+        self.cfg = cfg
+        self.gate_proj = make_param(rngs, (D, F), ("embed", "mlp"), cfg)
+        self.up_proj = make_param(rngs, (D, F), ("embed", "mlp"), cfg)
+        self.down_proj = make_param(rngs, (F, D), ("mlp", "embed"), cfg)
+
+    def __call__(self, x):
+        cdt = self.cfg.compute_dtype
+        h = jax.nn.silu(x @ self.gate_proj[...].astype(cdt)) * (x @ self.up_proj[...].astype(cdt))
+        h = logical_constraint(h, ("batch", "length", "mlp"))
+        return h @ self.down_proj[...].astype(cdt)
+
+
+class MoE(nnx.Module):
+    """Top-k mixture of SwiGLU experts with Routing Replay.
+
+    Router: softmax over E experts of a float32 linear map; the top-k probabilities are the
+    combine weights, renormalised to sum to 1 when cfg.norm_topk_prob (Qwen3-MoE).
+
+    Routing Replay (GSPO paper, sec. 5): given `routes` [B, S, k] from an earlier pass (the old
+    policy's rollout), the experts are taken from `routes` instead of the router's top-k, and the
+    combine weights are the *current* router's probabilities at the replayed experts (renormalised
+    the same way). So gradients still reach the router, while the expert set -- the discrete,
+    volatile part -- is frozen to the old policy's choice.
+
+    Compute is dense dispatch (every expert on every token, combined with a [B, S, E] weight
+    matrix that is zero off the chosen experts): exact and simple, E times the MLP FLOPs; right for
+    tiny/small experiments. Large-E presets are only built abstractly.
+
+    Load-balancing loss (Switch Transformer / Qwen3-MoE): aux = E * sum_e f_e * P_e over valid
+    tokens, with f_e the fraction of (token, slot) assignments to expert e and P_e the mean router
+    probability; 1.0 when perfectly balanced. The trainer scales it by its own coefficient.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        D, E, Fe = cfg.hidden_size, cfg.num_experts, cfg.moe_mlp_dim
+        self.cfg = cfg
+        self.router = make_param(rngs, (D, E), ("embed", None), cfg)
+        self.gate_proj = make_param(rngs, (E, D, Fe), ("expert", "embed", "expert_mlp"), cfg)
+        self.up_proj = make_param(rngs, (E, D, Fe), ("expert", "embed", "expert_mlp"), cfg)
+        self.down_proj = make_param(rngs, (E, Fe, D), ("expert", "expert_mlp", "embed"), cfg)
+
+    def __call__(self, x, token_mask=None, routes=None):
+        """x [B,S,D], token_mask [B,S] (1 = real token), routes [B,S,k] int32 or None.
+
+        Returns (y [B,S,D], aux_loss scalar f32, routes [B,S,k] int32 actually used).
+        """
+        cfg = self.cfg
+        cdt = cfg.compute_dtype
+        E, k = cfg.num_experts, cfg.experts_per_token
+        router_logits = jnp.einsum("bsd,de->bse", x.astype(jnp.float32), self.router[...])
+        probs = jax.nn.softmax(router_logits, axis=-1)  # [B, S, E] f32
+        if routes is None:
+            top_w, top_idx = jax.lax.top_k(probs, k)  # [B, S, k]
+        else:
+            top_idx = routes.astype(jnp.int32)
+            top_w = jnp.take_along_axis(probs, top_idx, axis=-1)
+        if cfg.norm_topk_prob:
+            top_w = top_w / jnp.sum(top_w, axis=-1, keepdims=True)
+        onehot = jax.nn.one_hot(top_idx, E, dtype=jnp.float32)  # [B, S, k, E]
+        combine = jnp.einsum("bske,bsk->bse", onehot, top_w)  # [B, S, E]
+
+        h = jax.nn.silu(jnp.einsum("bsd,edf->bsef", x, self.gate_proj[...].astype(cdt)))
+        h = h * jnp.einsum("bsd,edf->bsef", x, self.up_proj[...].astype(cdt))
+        h = logical_constraint(h, ("batch", "length", "expert", "expert_mlp"))
+        y_e = jnp.einsum("bsef,efd->bsed", h, self.down_proj[...].astype(cdt))
+        y = jnp.einsum("bsed,bse->bsd", y_e, combine.astype(cdt))
+
+        m = (jnp.ones(x.shape[:2], jnp.float32) if token_mask is None
+             else token_mask.astype(jnp.float32))
+        n = jnp.maximum(jnp.sum(m), 1.0)
+        frac = jnp.einsum("bske,bs->e", onehot, m) / (n * k)  # [E]
+        mean_prob = jnp.einsum("bse,bs->e", probs, m) / n  # [E]
+        aux = E * jnp.sum(frac * mean_prob)
+        return y, aux, top_idx
+
+
+class DecoderBlock(nnx.Module):
+    """Pre-norm residual block: x + attn(norm(x)), then + mlp/moe(norm(.))."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg)
+        self.mlp = MoE(cfg, rngs=rngs) if cfg.is_moe else MLP(cfg, rngs=rngs)
+
+    def __call__(self, x, positions, mask, *, token_mask=None, cache=None, write_index=None,
+                 routes=None):
+        a, new_cache = self.attn(self.input_norm(x), positions, mask, cache, write_index)
+        x = x + a
+        if self.cfg.is_moe:
+            m, aux, used = self.mlp(self.post_attn_norm(x), token_mask, routes)
+        else:
+            m, aux, used = self.mlp(self.post_attn_norm(x)), jnp.zeros((), jnp.float32), None
+        x = logical_constraint(x + m, ("batch", "length", "act_embed"))
+        return x, new_cache, aux, used

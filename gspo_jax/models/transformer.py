@@ -1,0 +1,149 @@
+"""The Qwen3-style decoder (dense or MoE) and the prompt+response sequence layout.
+
+Dimension legend: B rows, Lp padded prompt length, T padded response length, S = Lp + T slots,
+Sk key slots, D hidden, V vocab, L layers, K kv heads, Dh head dim, k experts per token.
+
+Sequence layout (shared by response_logprobs and the sampler, so both see the same attention):
+the right-padded prompt occupies slots [0, Lp) and the response slots [Lp, Lp + T). A row with
+prompt length n has valid prompt slots [0, n) at positions 0..n-1 and its t-th response token at
+slot Lp + t, position n + t; the padding slots [n, Lp) are masked out as keys. Every row's t-th
+response token sits at the same slot, so the sampler's KV-cache write is one dynamic_update_slice.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from gspo_jax.models.config import ModelConfig
+from gspo_jax.models.layers import DecoderBlock, RMSNorm, make_param
+from gspo_jax.sharding import logical_constraint
+
+
+def sequence_layout(prompt_lengths: jax.Array, prompt_len: int, response_len: int):
+    """Positions [B, S] and key validity [B, S] (bool) of the prompt+response layout above."""
+    slot = jnp.arange(prompt_len + response_len, dtype=jnp.int32)[None, :]  # [1, S]
+    n = prompt_lengths.astype(jnp.int32)[:, None]  # [B, 1]
+    positions = jnp.where(slot < prompt_len, slot, n + slot - prompt_len)  # [B, S]
+    key_valid = (slot < n) | (slot >= prompt_len)  # [B, S]
+    return positions, key_valid
+
+
+def attention_mask(key_valid: jax.Array, query_slots: jax.Array) -> jax.Array:
+    """[B, Sq, Sk] bool: key j visible from query slot q iff valid and j <= q (causal by slot)."""
+    k_slot = jnp.arange(key_valid.shape[-1], dtype=jnp.int32)
+    return key_valid[:, None, :] & (k_slot[None, None, :] <= query_slots[None, :, None])
+
+
+def unembed(hidden: jax.Array, w_out: jax.Array, dtype) -> jax.Array:
+    """Logits [..., V] in float32 from hidden [..., D] and the output matrix [D, V].
+
+    The single logits function used by the model, response_logprobs and the sampler: the matmul
+    runs in the compute dtype and accumulates in float32.
+    """
+    return jnp.einsum("...d,dv->...v", hidden.astype(dtype), w_out.astype(dtype),
+                      preferred_element_type=jnp.float32)
+
+
+class Transformer(nnx.Module):
+    """Qwen3-style decoder: embed -> L x DecoderBlock -> RMSNorm -> (tied) output projection.
+
+    `__call__(tokens)` gives float32 logits [B, S, V] for plain causal use (SFT, tests);
+    `forward` is the general entry with explicit positions/mask, a KV cache, Routing Replay and
+    the MoE aux loss; `response_logprobs` (models/logprobs.py) is what RL code should call.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed = make_param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), cfg)
+        self.layers = nnx.List([DecoderBlock(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg)
+        if not cfg.tie_embeddings:
+            self.lm_head = make_param(rngs, (cfg.hidden_size, cfg.vocab_size),
+                                      ("embed", "vocab"), cfg)
+
+    def output_matrix(self) -> jax.Array:
+        """[D, V] float32 output projection (the embedding transposed when tied)."""
+        return self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """hidden [..., D] (final-normed) -> float32 logits [..., V]."""
+        return unembed(hidden, self.output_matrix(), self.cfg.compute_dtype)
+
+    def init_cache(self, batch: int, length: int) -> list[dict]:
+        """Zeroed KV cache: per layer {"k", "v"} [batch, length, K, Dh] in the compute dtype."""
+        shape = (batch, length, self.cfg.num_kv_heads, self.cfg.head_dim)
+        return [{"k": jnp.zeros(shape, self.cfg.compute_dtype),
+                 "v": jnp.zeros(shape, self.cfg.compute_dtype)} for _ in self.layers]
+
+    def forward(self, tokens, positions, mask, *, token_mask=None, cache=None, write_index=None,
+                routes=None, return_routes=False):
+        """General forward pass.
+
+        tokens [B, S] int32, positions [B, S] int32, mask [B, S, Sk] bool (Sk = S without a cache,
+        the cache length with one), token_mask [B, S] (MoE aux loss counts only these tokens),
+        cache: list of per-layer {"k","v"} [B, Sk, K, Dh] written at slot `write_index`,
+        routes [L, B, S, k] int32 (MoE Routing Replay) or None.
+
+        Returns dict(hidden [B, S, D] final-normed, aux_loss scalar f32 (mean over layers; 0 for
+        dense), cache (list or None), routes [L, B, S, k] int32 if return_routes and MoE).
+        """
+        cfg = self.cfg
+        chex.assert_rank([tokens, positions, mask], [2, 2, 3])
+        chex.assert_equal_shape([tokens, positions])
+        if routes is not None:
+            if not cfg.is_moe:
+                raise ValueError("routes were given to a dense model; Routing Replay needs MoE "
+                                 "(num_experts > 0). Pass routes=None.")
+            chex.assert_shape(routes, (cfg.num_layers, *tokens.shape, cfg.experts_per_token))
+        x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.compute_dtype)  # [B, S, D]
+        x = logical_constraint(x, ("batch", "length", "act_embed"))
+        new_cache, used_routes = [], []
+        aux = jnp.zeros((), jnp.float32)
+        for i, layer in enumerate(self.layers):
+            x, c, a, r = layer(x, positions, mask, token_mask=token_mask,
+                               cache=None if cache is None else cache[i], write_index=write_index,
+                               routes=None if routes is None else routes[i])
+            new_cache.append(c)
+            used_routes.append(r)
+            aux = aux + a
+        out = {"hidden": self.final_norm(x), "aux_loss": aux / cfg.num_layers,
+               "cache": new_cache if cache is not None else None}
+        if return_routes:
+            if not cfg.is_moe:
+                raise ValueError("return_routes=True needs an MoE model (num_experts > 0).")
+            out["routes"] = jnp.stack(used_routes)  # [L, B, S, k]
+        return out
+
+    def __call__(self, tokens, positions=None, key_valid=None):
+        """Causal logits [B, S, V] float32 for left-aligned tokens [B, S].
+
+        positions default to 0..S-1 and key_valid (padding keys to ignore) to all True.
+        """
+        B, S = tokens.shape
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
+        if key_valid is None:
+            key_valid = jnp.ones((B, S), bool)
+        mask = attention_mask(key_valid, jnp.arange(S, dtype=jnp.int32))
+        return self.logits(self.forward(tokens, positions, mask, token_mask=key_valid)["hidden"])
+
+
+def param_count(model_or_state, active: bool = False) -> int:
+    """Number of parameters (works on abstract models). active=True counts, for MoE, only the
+    k of E experts a token uses (the "A3B" in Qwen3-30B-A3B)."""
+    state = nnx.state(model_or_state, nnx.Param) if isinstance(model_or_state, nnx.Module) \
+        else model_or_state
+    total = 0
+    cfg = model_or_state.cfg if isinstance(model_or_state, nnx.Module) else None
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state):
+        n = int(jnp.size(leaf)) if not hasattr(leaf, "shape") else int(
+            jnp.prod(jnp.asarray(leaf.shape)))
+        keys = [str(getattr(p, "key", getattr(p, "name", p))) for p in path]
+        if active and cfg is not None and cfg.is_moe and any(
+                k in ("gate_proj", "up_proj", "down_proj") for k in keys) and "mlp" in keys:
+            n = n * cfg.experts_per_token // cfg.num_experts
+        total += n
+    return total

@@ -1,0 +1,242 @@
+"""Group sampler: prefill each prompt once, then a lax.while_loop decode over a shared KV cache.
+
+Dimension legend: P prompts, G samples per prompt (num_samples), B = P * G response rows
+(group-contiguous: row b belongs to prompt b // G), Lp padded prompt length, T = max_new_tokens,
+S = Lp + T cache slots, V vocab, D hidden.
+
+    out = sampler.generate(model, prompts, prompt_lengths, num_samples=G, max_new_tokens=T,
+                           rng=jax.random.fold_in(key, step), temperature=1.0, top_k=0,
+                           top_p=1.0, eos_id=task.tokenizer.eos_id, pad_id=0)
+    out.tokens [B, T] int32 (pad_id after EOS), out.mask [B, T] f32 (1 up to and including EOS),
+    out.logp [B, T] f32 (log-prob under softmax(logits / temperature): the trainer's old_logp),
+    out.sample_logp [B, T] f32 (under the top-k/top-p truncated distribution actually sampled
+    from; == logp without truncation), out.lengths [B] int32.
+
+How it works (and why):
+- Layout: prompts stay right-padded in slots [0, Lp); the t-th generated token of every row goes
+  to slot Lp + t at position n_b + t (models/transformer.py). All rows write the same cache slot
+  each step (a dynamic_update_slice, no scatter) and the teacher-forced pass in
+  models.response_logprobs sees exactly the same attention pattern.
+- Shared prefix: the P prompts are prefilled once ([P, Lp] forward) and their caches repeated G
+  times; only the last prompt position's logits are computed.
+- Sampling: one uniform per row and a two-level inverse CDF (block sums, then one block): O(V)
+  work and B random numbers per step instead of B * V Gumbel draws (jax.random.categorical),
+  which dominates a step at V = 151,936 on CPU.
+- Log-probs: logits pass through models.scale_logits / token_logprob_entropy, the functions
+  response_logprobs uses, so sampler and trainer agree to float32 rounding. temperature=0 is
+  greedy (argmax) and its log-probs are reported at temperature 1.
+- One compile per (graphdef, shapes, num_samples, max_new_tokens, temperature, top_k, top_p,
+  eos_id, pad_id): parameters, prompts, lengths and the RNG are traced arguments, so new prompt
+  contents never recompile. Changing temperature does (it is a static Python float so that the
+  division is bit-identical to response_logprobs').
+- The loop stops when every row has emitted EOS or after max_new_tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import chex
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from gspo_jax.models import attention_mask, effective_temperature, scale_logits
+from gspo_jax.models.logprobs import token_logprob_entropy
+
+_TRACES = {"generate": 0}  # incremented at trace time; tests use it to prove "no recompile"
+
+
+@flax.struct.dataclass
+class SampleOutput:
+    tokens: jax.Array  # [B, T] int32, pad_id after EOS
+    mask: jax.Array  # [B, T] float32, 1 up to and including EOS
+    logp: jax.Array  # [B, T] float32, temperature-scaled policy (0 where mask is 0)
+    sample_logp: jax.Array  # [B, T] float32, truncated sampling distribution (0 where masked)
+    lengths: jax.Array  # [B] int32 = mask.sum(-1)
+
+
+@flax.struct.dataclass
+class _LoopState:
+    step: jax.Array  # scalar int32: index of the next token to sample
+    tokens: jax.Array  # [B, T]
+    mask: jax.Array  # [B, T]
+    logp: jax.Array  # [B, T]
+    sample_logp: jax.Array  # [B, T]
+    done: jax.Array  # [B] bool: EOS already emitted
+    cache: list  # per layer {"k", "v"} [B, S, K, Dh]
+
+
+def truncate_logits(scaled: jax.Array, top_k: int, top_p: float) -> jax.Array:
+    """-inf outside the top-k tokens and then outside the smallest top-p nucleus. scaled [B, V].
+
+    Ties at the cut-off value are all kept (so slightly more than k tokens can survive).
+    """
+    V = scaled.shape[-1]
+    if top_k and top_k < V:
+        top_vals = jax.lax.top_k(scaled, top_k)[0]  # [B, k] descending
+        scaled = jnp.where(scaled >= top_vals[:, -1:], scaled, -jnp.inf)
+    else:
+        top_vals = None
+    if top_p < 1.0:
+        sorted_vals = top_vals if top_vals is not None else -jnp.sort(-scaled, axis=-1)
+        p = jax.nn.softmax(sorted_vals, axis=-1)  # [B, k or V] descending
+        before = jnp.cumsum(p, axis=-1) - p  # mass strictly above each token
+        n_keep = jnp.sum(before < top_p, axis=-1)  # >= 1
+        cut = jnp.take_along_axis(sorted_vals, (n_keep - 1)[:, None], axis=-1)  # [B, 1]
+        scaled = jnp.where(scaled >= cut, scaled, -jnp.inf)
+    return scaled
+
+
+def inverse_cdf_sample(probs: jax.Array, u: jax.Array, block: int = 512) -> jax.Array:
+    """Index i with cdf[i-1] <= u * total < cdf[i], for probs [B, V] (unnormalised ok), u [B].
+
+    Two levels (block sums, then the chosen block) keep the prefix sums short. Zero-probability
+    tokens are never returned, even when float rounding pushes the target past the last one.
+    """
+    B, V = probs.shape
+    bs = min(block, V)
+    nb = math.ceil(V / bs)
+    blocks = jnp.pad(probs, ((0, 0), (0, nb * bs - V))).reshape(B, nb, bs)
+    bsum = jnp.sum(blocks, axis=-1)  # [B, nb]
+    bcum = jnp.cumsum(bsum, axis=-1)
+    target = u * bcum[:, -1]  # [B]
+    last_block = jnp.max(jnp.where(bsum > 0, jnp.arange(nb), 0), axis=-1)
+    j = jnp.minimum(jnp.sum(bcum <= target[:, None], axis=-1), last_block)  # [B]
+    start = jnp.take_along_axis(bcum - bsum, j[:, None], axis=-1)[:, 0]
+    blk = jnp.take_along_axis(blocks, j[:, None, None], axis=1)[:, 0]  # [B, bs]
+    wcum = jnp.cumsum(blk, axis=-1)
+    last_in = jnp.max(jnp.where(blk > 0, jnp.arange(bs), 0), axis=-1)
+    i = jnp.minimum(jnp.sum(wcum <= (target - start)[:, None], axis=-1), last_in)
+    return (j * bs + i).astype(jnp.int32)
+
+
+def sample_token(logits: jax.Array, key, *, temperature: float, top_k: int, top_p: float):
+    """logits [B, V] f32 -> (token [B] int32, logp [B], sample_logp [B])."""
+    temp = effective_temperature(temperature)
+    scaled = scale_logits(logits, temp)
+    if temperature == 0:
+        tok = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
+        logp = token_logprob_entropy(scaled, tok)[0]
+        return tok, logp, logp
+    truncated = (0 < top_k < logits.shape[-1]) or top_p < 1.0
+    trunc = truncate_logits(scaled, top_k, top_p) if truncated else scaled
+    lse = jax.nn.logsumexp(trunc, axis=-1)
+    u = jax.random.uniform(key, (logits.shape[0],), jnp.float32)
+    tok = inverse_cdf_sample(jnp.exp(trunc - lse[:, None]), u)
+    logp = token_logprob_entropy(scaled, tok)[0]
+    sample_logp = token_logprob_entropy(trunc, tok)[0] if truncated else logp
+    return tok, logp, sample_logp
+
+
+def _generate(graphdef, state, prompts, prompt_lengths, rng, *, num_samples, max_new_tokens,
+              temperature, top_k, top_p, eos_id, pad_id):
+    _TRACES["generate"] += 1
+    model = nnx.merge(graphdef, state)
+    G, T = num_samples, max_new_tokens
+    P, Lp = prompts.shape
+    B, S = P * G, Lp + T
+    slot = jnp.arange(S, dtype=jnp.int32)
+    n = prompt_lengths.astype(jnp.int32)  # [P]
+    settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+
+    # Prefill: P rows, each prompt once; keys are the valid prompt slots.
+    prompt_valid = slot[None, :] < n[:, None]  # [P, S]
+    mask = attention_mask(prompt_valid, jnp.arange(Lp, dtype=jnp.int32))  # [P, Lp, S]
+    pos = jnp.broadcast_to(jnp.arange(Lp, dtype=jnp.int32), (P, Lp))
+    out = model.forward(prompts.astype(jnp.int32), pos, mask, token_mask=prompt_valid[:, :Lp],
+                        cache=model.init_cache(P, S), write_index=0)
+    h_last = jnp.take_along_axis(out["hidden"], (n - 1)[:, None, None], axis=1)[:, 0]  # [P, D]
+    logits0 = jnp.repeat(model.logits(h_last), G, axis=0)  # [B, V]
+    cache = jax.tree.map(lambda c: jnp.repeat(c, G, axis=0), out["cache"])  # [B, S, K, Dh]
+    n_b = jnp.repeat(n, G)  # [B]
+
+    tok, lp, slp = sample_token(logits0, jax.random.fold_in(rng, 0), **settings)
+    zeros = jnp.zeros((B, T), jnp.float32)
+    init = _LoopState(
+        step=jnp.array(1, jnp.int32),
+        tokens=jnp.full((B, T), pad_id, jnp.int32).at[:, 0].set(tok),
+        mask=zeros.at[:, 0].set(1.0), logp=zeros.at[:, 0].set(lp),
+        sample_logp=zeros.at[:, 0].set(slp), done=tok == eos_id, cache=cache)
+
+    def cond(s: _LoopState):
+        return (s.step < T) & ~jnp.all(s.done)
+
+    def body(s: _LoopState):
+        t = s.step
+        q_slot = Lp + t - 1  # slot of the token being fed (sampled at step t - 1)
+        prev = jax.lax.dynamic_slice_in_dim(s.tokens, t - 1, 1, axis=1)  # [B, 1]
+        key_valid = (slot[None, :] < n_b[:, None]) | ((slot >= Lp) & (slot <= q_slot))[None, :]
+        o = model.forward(prev, (n_b + t - 1)[:, None], key_valid[:, None, :],
+                          cache=s.cache, write_index=q_slot)
+        new_tok, new_lp, new_slp = sample_token(
+            model.logits(o["hidden"][:, 0]), jax.random.fold_in(rng, t), **settings)
+        alive = ~s.done
+        new_tok = jnp.where(alive, new_tok, pad_id)
+        put = lambda buf, v: jax.lax.dynamic_update_slice_in_dim(buf, v[:, None], t, axis=1)
+        return _LoopState(
+            step=t + 1, tokens=put(s.tokens, new_tok), mask=put(s.mask, alive.astype(jnp.float32)),
+            logp=put(s.logp, jnp.where(alive, new_lp, 0.0)),
+            sample_logp=put(s.sample_logp, jnp.where(alive, new_slp, 0.0)),
+            done=s.done | (new_tok == eos_id), cache=o["cache"])
+
+    final = jax.lax.while_loop(cond, body, init)
+    return SampleOutput(tokens=final.tokens, mask=final.mask, logp=final.logp,
+                        sample_logp=final.sample_logp,
+                        lengths=jnp.sum(final.mask, axis=-1).astype(jnp.int32))
+
+
+_STATIC = ("graphdef", "num_samples", "max_new_tokens", "temperature", "top_k", "top_p",
+           "eos_id", "pad_id")
+_generate_jit = jax.jit(_generate, static_argnames=_STATIC)
+
+
+def generate(model, prompts, prompt_lengths, *, num_samples: int, max_new_tokens: int, rng,
+             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, eos_id: int,
+             pad_id: int = 0) -> SampleOutput:
+    """Samples num_samples responses for each of P right-padded prompts.
+
+    prompts [P, Lp] int32 right-padded, prompt_lengths [P] int32 (1 <= n <= Lp). Returns a
+    SampleOutput with B = P * num_samples group-contiguous rows (row b from prompt b // G). See the
+    module docstring for the fields. rng: a fresh key per call (e.g. fold_in(key, step)).
+    temperature 0 = greedy; top_k 0 = off; top_p 1 = off. Raises ValueError for settings or
+    shapes the cache cannot hold, before compiling anything.
+    """
+    cfg = model.cfg
+    prompts = jnp.asarray(prompts)
+    prompt_lengths = jnp.asarray(prompt_lengths)
+    if prompts.ndim != 2 or prompt_lengths.shape != prompts.shape[:1]:
+        raise ValueError(f"prompts must be [P, Lp] and prompt_lengths [P]; got {prompts.shape} "
+                         f"and {prompt_lengths.shape}.")
+    P, Lp = prompts.shape
+    if Lp + max_new_tokens > cfg.max_seq_len:
+        raise ValueError(
+            f"Prompt length {Lp} + max_new_tokens {max_new_tokens} = {Lp + max_new_tokens} "
+            f"exceeds the model's cache limit max_seq_len={cfg.max_seq_len}. Truncate the prompts "
+            f"(or pad them less), lower max_new_tokens, or build the model with "
+            f"get_model_config(..., max_seq_len={Lp + max_new_tokens}).")
+    if num_samples < 1 or max_new_tokens < 1:
+        raise ValueError(f"num_samples={num_samples} and max_new_tokens={max_new_tokens} must be "
+                         f">= 1.")
+    if not 0 <= top_k <= cfg.vocab_size:
+        raise ValueError(f"top_k={top_k} must be in [0, vocab_size={cfg.vocab_size}] (0 = off).")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p={top_p} must be in (0, 1] (1 = off).")
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy).")
+    if not 0 <= eos_id < cfg.vocab_size or not 0 <= pad_id < cfg.vocab_size:
+        raise ValueError(f"eos_id={eos_id} and pad_id={pad_id} must be token ids in "
+                         f"[0, {cfg.vocab_size}).")
+    if not isinstance(prompt_lengths, jax.core.Tracer):
+        lengths = np.asarray(prompt_lengths)
+        if lengths.min() < 1 or lengths.max() > Lp:
+            raise ValueError(f"prompt_lengths must be in [1, Lp={Lp}]; got min {lengths.min()}, "
+                             f"max {lengths.max()}. Every prompt needs at least one token.")
+    chex.assert_type([prompts, prompt_lengths], [int, int])
+    graphdef, state = nnx.split(model)
+    return _generate_jit(graphdef, state, prompts, prompt_lengths, rng,
+                         num_samples=int(num_samples), max_new_tokens=int(max_new_tokens),
+                         temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
+                         eos_id=int(eos_id), pad_id=int(pad_id))
