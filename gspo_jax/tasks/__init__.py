@@ -1,0 +1,38 @@
+"""Verifiable tasks: problem generators, tokenizers, prompt formats, demonstrations, verifiers.
+
+    task = tasks.get_task("arith", max_digits=5)      # default task (worked vs direct answers)
+    task = tasks.get_task("countdown", num_numbers=4)  # partial-credit task
+    task = tasks.get_task("gsm8k")                     # TFDS catalogue data, read from data_dir
+
+Each task has ``tokenizer`` (encode/decode/vocab_size/pad_id/eos_id), ``max_prompt_len`` (Lp),
+``max_response_len`` (T that fits every demonstration), ``config`` (all knobs) and
+``score(batch, responses [B, T], response_mask [B, T], group_size) -> dict of float32 [B]``.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from gspo_jax.tasks.arithmetic import ArithmeticTask
+from gspo_jax.tasks.countdown import CountdownTask, parse_expression
+from gspo_jax.tasks.gsm8k import Gsm8kTask
+from gspo_jax.tasks.task import Task, Verdict
+from gspo_jax.tasks.tokenizer import CharTokenizer
+
+TASKS = {"arith": ArithmeticTask, "countdown": CountdownTask, "gsm8k": Gsm8kTask}
+
+__all__ = ["TASKS", "ArithmeticTask", "CharTokenizer", "CountdownTask", "Gsm8kTask", "Task",
+           "Verdict", "get_task", "parse_expression"]
+
+
+def get_task(name: str, **knobs) -> Task:
+    """A task by name with keyword knobs; unknown names or knobs raise ValueError naming the
+    valid ones."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; valid tasks: {sorted(TASKS)}.")
+    cls = TASKS[name]
+    valid = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    unknown = sorted(set(knobs) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown knobs {unknown} for task {name!r}; valid knobs: {valid}.")
+    return cls(**knobs)

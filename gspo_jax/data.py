@@ -1,0 +1,197 @@
+"""Grain pipelines from TFDS data sources to fixed-shape numpy batches.
+
+    it = data.make_train_iterator(task, batch_size=P, seed=0, data_dir=D)   # infinite, resumable
+    batch = next(it)          # {"prompt": [P, Lp] int32, "prompt_length": [P] int32, <record fields>}
+    state = it.get_state()    # JSON-serialisable dict; it.set_state(state) resumes at that element
+    for batch, num_valid in data.make_eval_batches(task, "test", batch_size=P, data_dir=D): ...
+
+Generated tasks are written once by their TFDS builder (tasks/builders.py) as array_record files
+under ``data_dir`` (with a progress bar) and read back through ``tfds.data_source``, a random-access
+source that grain shuffles by index: the same path a real catalogue dataset (gsm8k) takes when it
+has been prepared under ``data_dir``.
+
+Pipeline order, and why: shard by process first (each host reads a disjoint slice of the records),
+then shuffle (global, seeded; grain folds the epoch into the seed, so each epoch has its own order),
+then repeat forever, then encode and batch with drop_remainder, so every batch has exactly the same
+shapes (no recompilation) and the iterator state is a single element index (cheap to checkpoint,
+exact to resume).
+
+Dimension legend: P prompts per batch on this process, Lp = task.max_prompt_len (prompts are
+right-padded with task.tokenizer.pad_id to this fixed length).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grain
+import numpy as np
+
+from gspo_jax.tasks.task import Task
+
+DEFAULT_DATA_DIR = os.path.join(os.path.expanduser("~"), ".cache", "gspo_jax", "tfds")
+
+
+def _data_dir(data_dir: str | os.PathLike | None) -> str:
+    return os.fspath(data_dir) if data_dir is not None else os.environ.get(
+        "GSPO_JAX_DATA_DIR", DEFAULT_DATA_DIR)
+
+
+def prepare(task: Task, data_dir: str | os.PathLike | None = None):
+    """Generate ``task``'s dataset under ``data_dir`` unless it is there already; return its
+    prepared TFDS builder."""
+    import tensorflow_datasets as tfds
+
+    from gspo_jax.tasks import builders
+
+    builder = builders.get_builder(task, _data_dir(data_dir))
+    if not builder.is_prepared():
+        print(f"Preparing the {task.name} dataset ({builder.builder_config.name}) under "
+              f"{builder.data_dir} ...", file=sys.stderr, flush=True)
+        tfds.display_progress_bar(True)
+        builder.download_and_prepare(file_format="array_record")
+    return builder
+
+
+def _catalogue_builder(task: Task, data_dir: str):
+    import tensorflow_datasets as tfds
+
+    how = (f"Prepare it once on a machine with network access: `tfds build {task.catalogue_name} "
+           f"--data_dir={data_dir} --file_format=array_record` (or "
+           f"tfds.builder('{task.catalogue_name}', data_dir=..., file_format='array_record')"
+           ".download_and_prepare()), then copy that directory here or pass its data_dir.")
+    try:
+        builder = tfds.builder(task.catalogue_name, data_dir=data_dir)
+    except Exception as e:  # noqa: BLE001 - TFDS raises many types for a missing dataset
+        raise FileNotFoundError(
+            f"TFDS dataset {task.catalogue_name!r} could not be opened under {data_dir}: {e}. "
+            + how) from e
+    if not builder.is_prepared():
+        raise FileNotFoundError(
+            f"TFDS dataset {task.catalogue_name!r} is not present under data_dir={data_dir} "
+            "(this codebase never downloads). " + how)
+    fmt = str(getattr(builder.info, "file_format", ""))
+    if "array_record" not in fmt:
+        raise ValueError(
+            f"{task.catalogue_name!r} under {data_dir} is stored as {fmt or 'unknown format'}; "
+            "grain needs random access: rebuild it with --file_format=array_record. " + how)
+    return builder
+
+
+def load_source(task: Task, split: str, data_dir: str | os.PathLike | None = None):
+    """Random-access TFDS data source of one split (records as dicts of numpy values)."""
+    data_dir = _data_dir(data_dir)
+    if task.catalogue_name:
+        builder = _catalogue_builder(task, data_dir)
+    else:
+        builder = prepare(task, data_dir)
+    if split not in builder.info.splits:
+        raise ValueError(f"split {split!r} not in {task.name}; available: "
+                         f"{sorted(builder.info.splits)}.")
+    source = builder.as_data_source(split=split)
+    if len(source) == 0:
+        raise ValueError(f"the {split!r} split of {task.name} under {data_dir} is empty; "
+                         "regenerate it with num_train/num_test >= 1.")
+    return source
+
+
+def encode_record(task: Task, record: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """One record -> prompt [Lp] int32 (right-padded), prompt_length int32, and the record fields
+    the verifier and demonstrations need (text as str)."""
+    ids = task.prompt_ids(record)
+    prompt = np.full((task.max_prompt_len,), task.tokenizer.pad_id, np.int32)  # [Lp]
+    prompt[: len(ids)] = ids
+    out = {"prompt": prompt, "prompt_length": np.int32(len(ids))}
+    for k in task.record_fields:
+        v = record[k]
+        out[k] = np.str_(v.decode("utf-8", "replace")) if isinstance(v, bytes) else np.asarray(v)
+    return out
+
+
+def collate(records: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {k: np.stack([r[k] for r in records]) for k in records[0]}
+
+
+def record_dataset(
+    task: Task,
+    split: str,
+    *,
+    seed: int,
+    data_dir: str | os.PathLike | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+    shuffle: bool = True,
+    repeat: bool = True,
+) -> grain.MapDataset:
+    """Raw records of one split: this process's shard, shuffled by seed, repeated forever."""
+    if not 0 <= process_index < process_count:
+        raise ValueError(f"need 0 <= process_index < process_count, got {process_index}, "
+                         f"{process_count}; pass jax.process_index(), jax.process_count().")
+    ds = grain.MapDataset.source(load_source(task, split, data_dir))
+    if process_count > 1:
+        if len(ds) < process_count:
+            raise ValueError(f"{len(ds)} records cannot be sharded over {process_count} "
+                             "processes; generate a larger split.")
+        ds = ds[process_index::process_count]
+    if shuffle:
+        ds = ds.shuffle(seed=seed)
+    if repeat:
+        ds = ds.repeat(None)
+    return ds
+
+
+def make_train_iterator(
+    task: Task,
+    batch_size: int,
+    seed: int,
+    data_dir: str | os.PathLike | None = None,
+    process_index: int = 0,
+    process_count: int = 1,
+    split: str = "train",
+) -> grain.DatasetIterator:
+    """Infinite iterator of training batches for this process.
+
+    ``batch_size`` is the global number of prompts per step; each process gets
+    batch_size // process_count of them from its own shard (so P below is that share). Batches:
+    prompt [P, Lp] int32, prompt_length [P] int32 and ``task.record_fields`` ([P] or [P, ...]).
+    The iterator's get_state() / set_state() resume exactly at the next batch.
+    """
+    if batch_size < 1 or batch_size % process_count:
+        raise ValueError(f"batch_size={batch_size} must be a positive multiple of "
+                         f"process_count={process_count} (it is the global batch).")
+    ds = record_dataset(task, split, seed=seed, data_dir=data_dir, process_index=process_index,
+                        process_count=process_count)
+    ds = ds.map(lambda r: encode_record(task, r))
+    ds = ds.batch(batch_size // process_count, drop_remainder=True, batch_fn=collate)
+    # Records are small and already on local disk: reading in the calling thread is fastest on a
+    # few shared cores and keeps the iterator state trivially exact.
+    return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+
+
+def make_eval_batches(
+    task: Task,
+    split: str = "test",
+    *,
+    batch_size: int,
+    num_problems: int | None = None,
+    data_dir: str | os.PathLike | None = None,
+) -> list[tuple[dict[str, np.ndarray], int]]:
+    """The first ``num_problems`` records of ``split`` in order, as (batch, num_valid) pairs.
+
+    Every batch has exactly ``batch_size`` rows (fixed shapes: one compilation); the last one is
+    padded by repeating its last record, and num_valid says how many rows are real.
+    """
+    source = load_source(task, split, data_dir)
+    n = len(source) if num_problems is None else min(num_problems, len(source))
+    if n < 1:
+        raise ValueError(f"num_problems={num_problems} selects no problem; pass >= 1.")
+    batches = []
+    for start in range(0, n, batch_size):
+        idx = list(range(start, min(start + batch_size, n)))
+        records = [encode_record(task, source[i]) for i in idx]
+        records += [records[-1]] * (batch_size - len(records))
+        batches.append((collate(records), len(idx)))
+    return batches

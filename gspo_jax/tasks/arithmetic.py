@@ -1,0 +1,184 @@
+"""Multi-digit addition where the response may work the sum out column by column.
+
+Prompt and the two response formats (``<eos>`` ends every response):
+
+    prompt  "1234+5678="
+    worked  "W48=12,37=11,26=09,15=06A6912"   scratchpad, least significant column first:
+                                              digit of a, digit of b, "=", the column sum plus the
+                                              incoming carry as two digits; then "A" and the answer
+    direct  "A6912"                           the answer alone
+
+Why this design (the default task must make response length matter, for LUSPO vs GSPO): writing the
+answer most-significant digit first needs every carry before the first digit is written, which a
+small model cannot do in one pass; the scratchpad goes least-significant first and writes each carry
+down, so every step is a local lookup. A worked answer is therefore far more often right.
+
+Why the base policy is mediocre by construction (issue item 3): the warm-start demonstrations are
+mostly direct answers written by a demonstrator that *ignores carries* (carry-less addition:
+right only when no column carries), and only ``worked_fraction`` of them (default 30 %) are worked
+and correct. Trained to convergence, the policy reproduces that mix: its first token is "A" with
+probability ~0.7, so greedy decoding answers directly and is right only on carry-free problems
+(~30 % with operands of 1-5 digits), while at temperature 1 about 30 % of samples are worked and
+mostly right. Longer supervised training cannot fix that (it only fits the mix better); RL can, by
+moving probability to "W". Operand lengths are drawn uniformly from [min_digits, max_digits] and
+each operand uniformly among numbers of that length.
+
+Reward: correct (1/0: the digits after the last "A" equal the sum, and the response ended with
+eos) + format_weight * format (1/0: the whole response matches one of the two grammars). Extra part
+"worked" (1 if the response starts with "W") lets the trainer track the format shift.
+
+Dimension legend: none beyond task.py (records are scalars).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from gspo_jax.tasks.task import Task, Verdict, check_split, split_seed
+from gspo_jax.tasks.tokenizer import CharTokenizer
+
+_ALPHABET = "0123456789+=,AW"
+_WORKED_RE = re.compile(r"W\d\d=\d\d(?:,\d\d=\d\d)*A\d+")
+_DIRECT_RE = re.compile(r"A\d+")
+
+
+def _digits_lsd(x: int, n: int) -> list[int]:
+    """The n least significant digits of x, least significant first (zero-padded)."""
+    return [(x // 10**i) % 10 for i in range(n)]
+
+
+def worked_text(a: int, b: int) -> str:
+    """The correct scratchpad response for a + b."""
+    n = max(len(str(a)), len(str(b)))
+    carry, cols = 0, []
+    for da, db in zip(_digits_lsd(a, n), _digits_lsd(b, n), strict=True):
+        s = da + db + carry
+        cols.append(f"{da}{db}={s:02d}")
+        carry = s // 10
+    return "W" + ",".join(cols) + f"A{a + b}"
+
+
+def carryless_sum(a: int, b: int) -> int:
+    """Digit-wise sum modulo 10: what a demonstrator that forgets every carry writes."""
+    n = max(len(str(a)), len(str(b)))
+    return sum(((da + db) % 10) * 10**i for i, (da, db) in enumerate(
+        zip(_digits_lsd(a, n), _digits_lsd(b, n), strict=True)))
+
+
+class ArithmeticTask(Task):
+    """Addition of two operands with ``min_digits``..``max_digits`` digits (the difficulty knob).
+
+    Knobs (all part of ``config``): min_digits, max_digits, worked_fraction (share of worked
+    demonstrations), direct_style ("carryless": direct demonstrations forget carries; "correct":
+    they are right), worked_error_rate (share of worked demonstrations with one wrong column),
+    format_weight, num_train, num_test, seed.
+    """
+
+    name = "arith"
+    formats = ("worked", "direct")
+    score_keys = ("reward", "correct", "format", "worked")
+    record_fields = ("a", "b", "target")
+
+    def __init__(
+        self,
+        *,
+        min_digits: int = 1,
+        max_digits: int = 5,
+        worked_fraction: float = 0.3,
+        direct_style: str = "carryless",
+        worked_error_rate: float = 0.0,
+        format_weight: float = 0.1,
+        num_train: int = 20000,
+        num_test: int = 1000,
+        seed: int = 0,
+    ):
+        if not 1 <= min_digits <= max_digits <= 9:
+            raise ValueError(
+                f"need 1 <= min_digits <= max_digits <= 9, got {min_digits}, {max_digits}.")
+        if not 0.0 <= worked_fraction <= 1.0 or not 0.0 <= worked_error_rate <= 1.0:
+            raise ValueError("worked_fraction and worked_error_rate must lie in [0, 1].")
+        if direct_style not in ("carryless", "correct"):
+            raise ValueError(f"direct_style must be 'carryless' or 'correct', got {direct_style!r}.")
+        if num_train < 1 or num_test < 1:
+            raise ValueError("num_train and num_test must be >= 1 (an empty split cannot train).")
+        space = sum(9 * 10 ** (d - 1) + (d == 1) for d in range(min_digits, max_digits + 1)) ** 2
+        if num_train + num_test > 0.5 * space:
+            raise ValueError(
+                f"{num_train + num_test} problems requested but only {space} exist with "
+                f"{min_digits}-{max_digits} digits; lower num_train/num_test or raise max_digits.")
+        self.config = dict(
+            min_digits=min_digits, max_digits=max_digits, worked_fraction=worked_fraction,
+            direct_style=direct_style, worked_error_rate=worked_error_rate,
+            format_weight=format_weight, num_train=num_train, num_test=num_test, seed=seed)
+        self.min_digits, self.max_digits = min_digits, max_digits
+        self.worked_fraction, self.direct_style = worked_fraction, direct_style
+        self.worked_error_rate, self.format_weight = worked_error_rate, format_weight
+        self.tokenizer = CharTokenizer(_ALPHABET)
+        # bos + a + "+" + b + "=", rounded up to a multiple of 8.
+        self.max_prompt_len = -(-(2 * max_digits + 3) // 8) * 8
+        # "W" + columns ("dd=dd" and commas) + "A" + answer (max_digits + 1) + eos.
+        worked_len = 1 + 6 * max_digits - 1 + 1 + (max_digits + 1) + 1
+        self.max_response_len = -(-worked_len // 8) * 8
+
+    # ---- data ---------------------------------------------------------------------------------
+    def tfds_features(self) -> dict[str, Any]:
+        import tensorflow_datasets as tfds
+
+        return {
+            "prompt": tfds.features.Text(),
+            "a": tfds.features.Scalar(np.int64),
+            "b": tfds.features.Scalar(np.int64),
+            "target": tfds.features.Scalar(np.int64),
+        }
+
+    def _sample_operand(self, rng: np.random.Generator) -> int:
+        d = int(rng.integers(self.min_digits, self.max_digits + 1))
+        return int(rng.integers(0 if d == 1 else 10 ** (d - 1), 10**d))
+
+    def _problems(self, split: str, n: int, exclude: set) -> list[tuple[int, int]]:
+        rng, seen, out = split_seed(self.config["seed"], split), set(exclude), []
+        while len(out) < n:
+            key = (self._sample_operand(rng), self._sample_operand(rng))
+            if key not in seen:
+                seen.add(key)
+                out.append(key)
+        return out
+
+    def generate_split(self, split: str) -> list[dict[str, Any]]:
+        check_split(split)
+        test = self._problems("test", self.config["num_test"], set())
+        pairs = test if split == "test" else self._problems(
+            "train", self.config["num_train"], set(test))
+        return [dict(prompt=f"{a}+{b}=", a=a, b=b, target=a + b) for a, b in pairs]
+
+    # ---- warm start ---------------------------------------------------------------------------
+    def demonstration(self, record: Mapping[str, Any], rng: np.random.Generator) -> str:
+        a, b = int(record["a"]), int(record["b"])
+        if rng.random() < self.worked_fraction:
+            text = worked_text(a, b)
+            if rng.random() < self.worked_error_rate:  # one slipped column: a wrong worked answer
+                wrong = a + b + int(rng.choice([-1, 1])) * 10 ** int(rng.integers(len(str(a + b))))
+                text = text[: text.rindex("A")] + f"A{max(wrong, 0)}"
+            return text
+        if self.direct_style == "carryless":
+            return f"A{carryless_sum(a, b)}"
+        return f"A{a + b}"
+
+    # ---- verifier -----------------------------------------------------------------------------
+    def response_format(self, text: str) -> str:
+        return "worked" if text.startswith("W") else "direct"
+
+    def verify(self, record: Mapping[str, Any], text: str, terminated: bool) -> Verdict:
+        worked = float(text.startswith("W"))
+        grammar = _WORKED_RE if worked else _DIRECT_RE
+        well_formed = float(terminated and grammar.fullmatch(text) is not None)
+        # The answer is what follows the last "A"; compared as a string (no int() of arbitrary
+        # model output, no leading zeros accepted).
+        answer = text[text.rfind("A") + 1:] if "A" in text else ""
+        correct = float(terminated and answer == str(int(record["target"])))
+        return Verdict(reward=correct + self.format_weight * well_formed, correct=correct,
+                       format=well_formed, extras={"worked": worked})

@@ -1,0 +1,169 @@
+"""The Task interface: problems, prompts, demonstrations and a defensive verifier.
+
+A task is everything RL needs to know about a problem family besides the model: how to generate
+problems (deterministically by seed, with disjoint train and held-out splits), how to render a
+prompt, what a demonstration response looks like (for the supervised warm start) and how to score
+any response string. Data flows as *records* (one problem: a dict of Python/numpy scalars and small
+arrays, stored by the TFDS builder) and *batches* (records stacked by data.py, plus the tokenised
+prompt).
+
+Dimension legend: P prompts in a batch, G samples per prompt, B = P * G response rows
+(group-contiguous: row b answers prompt b // G), Lp padded prompt length, T padded response length.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from gspo_jax.tasks.tokenizer import CharTokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The verifier's judgement of one response; every part is a float in [0, 1] (reward may be
+    larger: it adds the format bonus to the correctness part)."""
+
+    reward: float
+    correct: float
+    format: float
+    extras: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+
+class Task(abc.ABC):
+    """Base class of verifiable tasks.
+
+    Subclasses set ``name``, ``tokenizer``, ``max_prompt_len`` (Lp, includes bos),
+    ``max_response_len`` (a T that fits every demonstration, including eos), ``config`` (every
+    knob, JSON-serialisable: it names the dataset on disk and keys the warm-start cache) and
+    ``score_keys`` (the per-row arrays ``score`` returns).
+    """
+
+    name: str
+    tokenizer: CharTokenizer
+    max_prompt_len: int
+    max_response_len: int
+    config: dict[str, Any]
+    score_keys: tuple[str, ...] = ("reward", "correct", "format")
+    # Response formats the task distinguishes (e.g. worked vs direct); empty if only one.
+    formats: tuple[str, ...] = ()
+    # Record fields batches carry (beside prompt/prompt_length): what verify/demonstration read.
+    record_fields: tuple[str, ...] = ()
+    # TFDS catalogue name when the data comes from a real dataset; None for generated tasks.
+    catalogue_name: str | None = None
+
+    # ---- data ---------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def tfds_features(self) -> dict[str, Any]:
+        """Feature spec of one record, as a dict of ``tfds.features`` (must include "prompt")."""
+
+    @abc.abstractmethod
+    def generate_split(self, split: str) -> list[dict[str, Any]]:
+        """All records of ``split`` ("train" or "test"), deterministic by the task's seed; the
+        held-out split shares no problem with the train split."""
+
+    def prompt_text(self, record: Mapping[str, Any]) -> str:
+        return as_str(record["prompt"])
+
+    def prompt_ids(self, record: Mapping[str, Any]) -> list[int]:
+        """Token ids of the prompt (bos + prompt text), at most max_prompt_len: longer prompts keep
+        their end (where the question is asked)."""
+        ids = self.tokenizer.encode(self.prompt_text(record), add_bos=True)
+        return ids if len(ids) <= self.max_prompt_len else ids[-self.max_prompt_len:]
+
+    # ---- warm start ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def demonstration(self, record: Mapping[str, Any], rng: np.random.Generator) -> str:
+        """A demonstration response (without eos) for the supervised warm start; may be wrong on
+        purpose (the demonstration mix is what makes the base policy mediocre)."""
+
+    # ---- verifier -----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def verify(self, record: Mapping[str, Any], text: str, terminated: bool) -> Verdict:
+        """Judge one response. Must not raise on any string and must not eval/exec it."""
+
+    def response_format(self, text: str) -> str:
+        """Which of ``formats`` a response uses ("" when the task has one format)."""
+        del text
+        return ""
+
+    def split_response(self, tokens: np.ndarray, mask: np.ndarray) -> tuple[str, bool]:
+        """Decode one response row [T]: text before the first eos, and whether an eos was there.
+
+        A row without eos inside its mask was truncated by the length limit; the verifier sees the
+        truncated text with terminated=False.
+        """
+        tokens = np.asarray(tokens)[np.asarray(mask) > 0]
+        eos = np.flatnonzero(tokens == self.tokenizer.eos_id)
+        if eos.size:
+            return self.tokenizer.decode(tokens[: eos[0]]), True
+        return self.tokenizer.decode(tokens), False
+
+    def record_from_batch(self, batch: Mapping[str, np.ndarray], p: int) -> dict[str, Any]:
+        missing = [k for k in self.record_fields if k not in batch]
+        if missing:
+            raise ValueError(
+                f"batch lacks fields {missing} that the {self.name} verifier needs; pass the batch "
+                "from data.make_train_iterator / data.make_eval_batches unchanged.")
+        return {k: batch[k][p] for k in self.record_fields}
+
+    def score(
+        self,
+        batch: Mapping[str, np.ndarray],
+        responses: np.ndarray,  # [B, T] int
+        response_mask: np.ndarray,  # [B, T] (1 up to and including eos)
+        group_size: int,
+    ) -> dict[str, np.ndarray]:
+        """Rewards of B = P * group_size responses (row b answers prompt b // group_size).
+
+        Returns ``score_keys`` -> float32 [B]: "reward" (what RL maximises), "correct" (0/1),
+        "format" (0/1, well-formed and terminated), plus task-specific parts.
+        """
+        responses = np.asarray(responses)
+        response_mask = np.asarray(response_mask)
+        if responses.ndim != 2 or responses.shape != response_mask.shape:
+            raise ValueError(
+                f"responses {responses.shape} and response_mask {response_mask.shape} must both "
+                "be [B, T]; pass the sampler's tokens and mask."
+            )
+        num_prompts = len(batch["prompt"])
+        if group_size < 1 or responses.shape[0] != num_prompts * group_size:
+            raise ValueError(
+                f"got {responses.shape[0]} responses for {num_prompts} prompts with group_size="
+                f"{group_size}; B must equal P * group_size (group-contiguous rows)."
+            )
+        out = {k: np.zeros(responses.shape[0], np.float32) for k in self.score_keys}
+        records = [self.record_from_batch(batch, p) for p in range(num_prompts)]
+        for b in range(responses.shape[0]):
+            text, terminated = self.split_response(responses[b], response_mask[b])
+            verdict = self.verify(records[b // group_size], text, terminated)
+            parts = {"reward": verdict.reward, "correct": verdict.correct, "format": verdict.format}
+            parts.update(verdict.extras)
+            for k in self.score_keys:
+                out[k][b] = parts.get(k, 0.0)
+        return out
+
+    def __repr__(self) -> str:
+        knobs = ", ".join(f"{k}={v!r}" for k, v in self.config.items())
+        return f"{type(self).__name__}({knobs})"
+
+
+def check_split(split: str) -> None:
+    if split not in ("train", "test"):
+        raise ValueError(f"unknown split {split!r}; use 'train' or 'test'.")
+
+
+def split_seed(seed: int, split: str) -> np.random.Generator:
+    """Independent generator per (seed, split): the held-out split never depends on train size."""
+    return np.random.default_rng([seed, {"train": 0, "test": 1}[split]])
+
+
+def as_str(x: Any) -> str:
+    """A record text field (TFDS gives bytes) as str."""
+    if isinstance(x, bytes | np.bytes_):
+        return x.decode("utf-8", errors="replace")
+    return str(x)
