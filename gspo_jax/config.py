@@ -160,14 +160,14 @@ def objective_overrides(objective_cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_workdir_writable(workdir: str) -> None:
-    """Creates ``workdir`` if needed and proves it is writable, or raises ValueError saying so."""
+    """Creates ``workdir`` if needed and proves it is writable, or raises ConfigError saying so."""
     try:
         os.makedirs(workdir, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=workdir, prefix=".write_probe_", delete=True) as f:
             f.write(b"ok")
             f.flush()
     except OSError as e:
-        raise ValueError(
+        raise ConfigError(
             f"workdir {workdir!r} is not writable ({e.strerror or e}); pass a --workdir you can "
             "write to, or fix its permissions"
         ) from None
@@ -219,3 +219,105 @@ def flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
+    """Every check that can fail before the first RL step; raises ConfigError naming the fix.
+
+    Covers: the objective preset and its overrides, the advantage estimator, group size >= 2,
+    divisibility of the batch over processes, the data axis, minibatches and micro-batches, the
+    mesh against the device count, schedule and intervals, Routing Replay on a dense model, and a
+    writable workdir (created if missing).
+    """
+    from gspo_jax import advantages, models, objectives, sharding
+
+    rl = config.rl
+    try:
+        objectives.get_objective(config.objective.name, **objective_overrides(config.objective))
+    except ValueError as e:
+        raise ConfigError(f"config.objective: {e}") from None
+    estimator = resolve_estimator(config)
+    if estimator not in advantages.ESTIMATORS:
+        raise ConfigError(
+            f"config.rl.advantage_estimator={estimator!r} is unknown; valid: {advantages.ESTIMATORS}"
+        )
+    if rl.group_size < 2:
+        raise ConfigError(
+            f"config.rl.group_size={rl.group_size}: group-relative advantages compare each response "
+            f"with the other samples of its prompt ({estimator!r} divides by the group's std, which "
+            "is 0 for a single sample), so every advantage would be 0 and nothing would train. "
+            "Set --config.rl.group_size to 2 or more (8 is the default)."
+        )
+    import jax
+
+    process_count = jax.process_count()
+    try:
+        mesh = sharding.make_mesh(dict(config.mesh))
+    except ValueError as e:
+        raise ConfigError(f"config.mesh: {e}") from None
+    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    P, G, K, U = rl.prompts_per_step, rl.group_size, rl.num_minibatches, rl.num_microbatches
+    B = P * G
+    if P < 1 or K < 1 or U < 1 or rl.num_epochs < 1:
+        raise ConfigError("config.rl.prompts_per_step, num_minibatches, num_microbatches and "
+                          "num_epochs must all be >= 1")
+    if P % process_count:
+        raise ConfigError(
+            f"config.rl.prompts_per_step={P} is not divisible by the {process_count} processes; "
+            "each process loads an equal share of prompts: use a multiple of the process count"
+        )
+    if P % dp:
+        raise ConfigError(
+            f"config.rl.prompts_per_step={P} does not divide over the data axis: the mesh shards "
+            f"rows over data x fsdp = {dp} devices, and every device needs whole prompts. Use a "
+            f"multiple of {dp} prompts, or shrink config.mesh.data / config.mesh.fsdp"
+        )
+    if B % K or (B // K) % dp:
+        raise ConfigError(
+            f"the rollout batch of {P} prompts x {G} samples = {B} rows must split into "
+            f"config.rl.num_minibatches={K} minibatches whose size divides over the {dp} "
+            "data-parallel devices; change num_minibatches or prompts_per_step"
+        )
+    if (B // K) % U or (B // K // U) % dp:
+        raise ConfigError(
+            f"a minibatch of {B // K} rows must split into config.rl.num_microbatches={U} "
+            f"micro-batches whose size divides over the {dp} data-parallel devices"
+        )
+    if rl.num_steps < 1:
+        raise ConfigError(f"config.rl.num_steps={rl.num_steps} must be >= 1")
+    if rl.temperature <= 0:
+        raise ConfigError(
+            f"config.rl.temperature={rl.temperature}: RL needs sampling (temperature > 0); "
+            "greedy decoding is for evaluation only"
+        )
+    if rl.max_new_tokens < 1:
+        raise ConfigError(f"config.rl.max_new_tokens={rl.max_new_tokens} must be >= 1")
+    opt = config.optimizer
+    if opt.learning_rate <= 0 or opt.schedule not in ("constant", "cosine", "linear"):
+        raise ConfigError(
+            f"config.optimizer: learning_rate={opt.learning_rate} must be > 0 and "
+            f"schedule={opt.schedule!r} one of constant, cosine, linear"
+        )
+    if config.checkpoint.every < 1 or config.eval.every < 0:
+        raise ConfigError("config.checkpoint.every must be >= 1 and config.eval.every >= 0 "
+                          "(0 = evaluate only at the start and the end)")
+    if rl.routing_replay:
+        try:
+            is_moe = models.get_model_config(config.model.preset).is_moe
+        except ValueError as e:
+            raise ConfigError(f"config.model.preset: {e}") from None
+        if not is_moe:
+            raise ConfigError(
+                f"config.rl.routing_replay=True needs an MoE model, but preset "
+                f"{config.model.preset!r} is dense; use a *_moe preset or turn routing_replay off"
+            )
+    if workdir is not None:
+        check_workdir_writable(workdir)
+
+
+def resolve_estimator(config: ml_collections.ConfigDict) -> str:
+    """The advantage estimator: config.rl.advantage_estimator, else the objective's pairing
+    (dr_grpo advantages for the dr_grpo objective, z-scored grpo advantages otherwise)."""
+    if config.rl.advantage_estimator:
+        return config.rl.advantage_estimator
+    return "dr_grpo" if config.objective.name == "dr_grpo" else "grpo"

@@ -1,0 +1,206 @@
+"""Expand a config's sweep into runs, launch them, and collect their final metrics into one table.
+
+    python experiments/sweep.py --config configs/arith.py:runlocal --sweep seeds=1 \\
+        --workdir runs/sweep_local --parallel 2
+
+A config file that defines ``get_sweep(arg=None)`` returns a list of runs, each a dict
+``{"name": str, "overrides": {"dotted.key": value, ...}}``. Every run is launched as its own process
+(``python -m gspo_jax.main --config <file>:<arg> --workdir <root>/<name> --config.k=v ...``), so
+that runs are isolated (separate JAX runtimes, separate checkpoints) and a crashed run does not take
+the sweep down; ``--parallel N`` keeps N of them running at once. A run whose workdir already holds
+a summary.json is skipped (re-running the sweep resumes it), and an interrupted run resumes from its
+last checkpoint because it is the same command in the same workdir.
+
+When every run has ended, the table of final figures is written to <root>/results.csv and
+<root>/results.md (and printed): per run its overrides, base and final held-out greedy accuracy,
+mean response length, the last step's reward and the mean clip fraction over the run.
+
+This file holds launcher logic only; no library code (DESIGN.md layout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Figures averaged over all steps of a run (the rest are read from summary.json / the last step).
+MEAN_OVER_RUN = ("train/clip_frac", "train/seq_clip_frac", "rollout/response_len_mean")
+
+
+def load_sweep(config_spec: str, sweep_arg: str | None) -> list[dict]:
+    """Calls get_sweep(sweep_arg) of the config file named in ``config_spec`` (path[:arg])."""
+    path = config_spec.split(":", 1)[0]
+    spec = importlib.util.spec_from_file_location("_sweep_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not hasattr(module, "get_sweep"):
+        raise ValueError(f"{path} defines no get_sweep(arg); add one next to get_config")
+    runs = module.get_sweep(sweep_arg)
+    names = [r["name"] for r in runs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"sweep of {path} has duplicate run names {dup}")
+    return runs
+
+
+def _flag_value(v) -> str:
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, tuple | list):
+        return "(" + ",".join(_flag_value(x) for x in v) + ("," if len(v) == 1 else "") + ")"
+    return str(v)
+
+
+def run_command(config_spec: str, run: dict, workdir: str, extra: Sequence[str] = ()) -> list[str]:
+    cmd = [sys.executable, "-m", "gspo_jax.main", f"--config={config_spec}", f"--workdir={workdir}"]
+    cmd += [f"--config.{k}={_flag_value(v)}" for k, v in run["overrides"].items()]
+    return cmd + list(extra)
+
+
+def launch(
+    config_spec: str,
+    runs: list[dict],
+    root: str,
+    parallel: int = 1,
+    extra: Sequence[str] = (),
+    env: dict | None = None,
+) -> dict[str, int]:
+    """Runs every run (at most ``parallel`` at once); returns name -> exit code (0 = skipped/done)."""
+    os.makedirs(root, exist_ok=True)
+    pending = list(runs)
+    active: dict[str, tuple[subprocess.Popen, float, object]] = {}
+    codes: dict[str, int] = {}
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    while pending or active:
+        while pending and len(active) < parallel:
+            run = pending.pop(0)
+            wd = os.path.join(root, run["name"])
+            if os.path.exists(os.path.join(wd, "summary.json")):
+                print(f"[sweep] {run['name']}: done already, skipped", flush=True)
+                codes[run["name"]] = 0
+                continue
+            os.makedirs(wd, exist_ok=True)
+            log = open(os.path.join(wd, "stdout.log"), "a")  # noqa: SIM115 (closed below)
+            cmd = run_command(config_spec, run, wd, extra)
+            print(f"[sweep] start {run['name']}: {' '.join(cmd[2:])}", flush=True)
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+            active[run["name"]] = (proc, time.time(), log)
+        time.sleep(0.5)
+        for name, (proc, t0, log) in list(active.items()):
+            if proc.poll() is not None:
+                log.close()
+                codes[name] = proc.returncode
+                status = "ok" if proc.returncode == 0 else f"FAILED rc={proc.returncode}"
+                print(f"[sweep] end {name}: {status} in {time.time() - t0:.0f}s", flush=True)
+                del active[name]
+    return codes
+
+
+def _read_jsonl(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _num(x):
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def collect(runs: list[dict], root: str) -> list[dict]:
+    """One row per run from <workdir>/summary.json and metrics.jsonl (missing figures are NaN)."""
+    rows = []
+    for run in runs:
+        wd = os.path.join(root, run["name"])
+        row = {"run": run["name"]}
+        row.update({k: v for k, v in run["overrides"].items()})
+        summary = {}
+        if os.path.exists(os.path.join(wd, "summary.json")):
+            with open(os.path.join(wd, "summary.json")) as f:
+                summary = json.load(f)
+        records = _read_jsonl(os.path.join(wd, "metrics.jsonl"))
+        base, final = summary.get("base") or {}, summary.get("final") or {}
+        row["status"] = "ok" if summary else "missing"
+        row["steps"] = summary.get("steps", records[-1]["step"] if records else 0)
+        row["base_acc"] = _num(base.get("greedy_accuracy"))
+        row["final_acc"] = _num(final.get("greedy_accuracy"))
+        row["delta_acc"] = row["final_acc"] - row["base_acc"]
+        row["base_len"] = _num(base.get("mean_response_length"))
+        row["final_len"] = _num(final.get("mean_response_length"))
+        last = records[-1] if records else {}
+        row["last_reward"] = _num(last.get("rollout/reward"))
+        for k in MEAN_OVER_RUN:
+            vals = [_num(r[k]) for r in records if k in r]
+            row["mean_" + k.split("/", 1)[1]] = sum(vals) / len(vals) if vals else math.nan
+        row["wall_s"] = _num(summary.get("wall_s"))
+        rows.append(row)
+    return rows
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        return f"{v:.4g}"
+    return str(v)
+
+
+def write_tables(rows: list[dict], root: str) -> str:
+    """Writes results.csv and results.md under ``root``; returns the markdown table."""
+    cols: list[str] = []
+    for r in rows:
+        cols += [c for c in r if c not in cols]
+    with open(os.path.join(root, "results.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+    md = "\n".join(lines) + "\n"
+    with open(os.path.join(root, "results.md"), "w") as f:
+        f.write(md)
+    return md
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True, help="config file with get_sweep, as path[:arg]")
+    p.add_argument("--sweep", default=None, help="argument string for get_sweep (e.g. seeds=2)")
+    p.add_argument("--workdir", required=True, help="root directory; one sub-directory per run")
+    p.add_argument("--parallel", type=int, default=1, help="runs at once (each is a process)")
+    p.add_argument("--dry_run", action="store_true", help="print the commands only")
+    p.add_argument("--collect_only", action="store_true", help="only rebuild the results table")
+    args, extra = p.parse_known_args(argv)  # extra --config.x=y flags apply to every run
+    runs = load_sweep(args.config, args.sweep)
+    if args.dry_run:
+        for run in runs:
+            wd = os.path.join(args.workdir, run["name"])
+            print(" ".join(run_command(args.config, run, wd, extra)))
+        return 0
+    codes = {}
+    if not args.collect_only:
+        codes = launch(args.config, runs, args.workdir, args.parallel, extra)
+    md = write_tables(collect(runs, args.workdir), args.workdir)
+    print(md)
+    failed = sorted(n for n, c in codes.items() if c != 0)
+    if failed:
+        print(f"[sweep] failed runs: {failed} (see <workdir>/<run>/stdout.log)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

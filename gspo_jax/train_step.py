@@ -1,0 +1,301 @@
+"""The functional core of one RL update: train state, optimizer, log-prob passes, the update step.
+
+Dimension legend: B = P*G response rows of one rollout batch (group-contiguous), Bm = B/K rows of
+a minibatch, Bu = Bm/U rows of a micro-batch, K minibatches per epoch, U micro-batches per
+minibatch, Lp padded prompt length, T padded response length (= max_new_tokens), L layers, S = Lp+T
+sequence slots, k experts per token.
+
+An RL batch is a dict of arrays with a leading B axis:
+
+    prompts        [B, Lp] int32   each prompt repeated G times (response_logprobs wants rows)
+    prompt_lengths [B] int32
+    responses      [B, T] int32
+    mask           [B, T] f32      1 up to and including EOS
+    old_logp       [B, T] f32      π_old, from the sampler (default) or recomputed
+    adv            [B] f32         group advantages
+    ref_logp       [B, T] f32      only when kl_coef > 0
+    routes         [B, L, S, k]    only with Routing Replay (batch-major here; the model wants
+                                   [L, B, S, k], transposed at the call)
+
+``make_update_fn`` builds the pure function (state, batch) -> (state, metrics) that runs μ epochs
+over K minibatches, each one optax step. Everything happens in one jit call: minibatches are picked
+by a per-epoch permutation (``jax.random.fold_in(rng, step)``) and scanned, so the host dispatches
+once per RL step and the train state is donated.
+
+Global normalisation (OBJECTIVES.md "Aggregation"): the minibatch's normaliser comes from
+``objective.denominator(mask)`` over the whole minibatch before any forward pass; with U > 1 the
+gradient is Σ_u ∇ num_u / den (gradient accumulation that equals the un-accumulated step), and
+under batch sharding XLA's sums are global, so a sharded step equals the single-device step.
+
+The rollout-vs-trainer log-prob difference comes for free: the first minibatch of the first epoch is
+evaluated with the parameters that sampled the rollout, so mean(logp − old_logp) there is exactly
+what a recompute would report (when old_logp comes from the sampler).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import chex
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from gspo_jax import models
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything an exact resume needs besides the data iterator (checkpointed as one pytree)."""
+
+    step: jax.Array  # int32 []: RL steps completed
+    params: Any  # nnx.State of the trainable nnx.Param leaves
+    opt_state: Any  # optax state
+    rng: jax.Array  # uint32 [2]: raw key data of the run's base key (step keys are fold_ins)
+
+
+def step_keys(rng: jax.Array, step: int) -> dict[str, jax.Array]:
+    """The independent keys of one RL step: fold_in(base, step), then one stream per phase."""
+    key = jax.random.fold_in(jax.random.wrap_key_data(rng), step)
+    return {
+        "rollout": jax.random.key_data(jax.random.fold_in(key, 0)),
+        "shuffle": jax.random.key_data(jax.random.fold_in(key, 1)),
+    }
+
+
+# ------------------------------------------------------------------------------------ optimizer
+
+
+def make_schedule(opt_cfg: Any, total_updates: int) -> optax.Schedule:
+    """Learning rate per optimizer update: linear warmup then constant / cosine / linear decay.
+
+    Counted in optimizer updates (RL steps × epochs × minibatches).
+    """
+    lr, warm = float(opt_cfg.learning_rate), int(opt_cfg.warmup_updates)
+    kind = opt_cfg.schedule
+    decay_steps = max(total_updates - warm, 1)
+    end = lr * float(opt_cfg.end_lr_ratio)
+    if kind == "constant":
+        main = optax.constant_schedule(lr)
+    elif kind == "cosine":
+        main = optax.cosine_decay_schedule(lr, decay_steps, alpha=float(opt_cfg.end_lr_ratio))
+    elif kind == "linear":
+        main = optax.linear_schedule(lr, end, decay_steps)
+    else:
+        raise ValueError(f"unknown schedule {kind!r}; valid: constant, cosine, linear")
+    if warm <= 0:
+        return main
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warm), main], [warm])
+
+
+def make_optimizer(opt_cfg: Any, total_updates: int) -> tuple[optax.GradientTransformation, Any]:
+    """AdamW with global-norm gradient clipping; returns (tx, schedule)."""
+    schedule = make_schedule(opt_cfg, total_updates)
+    parts = []
+    if opt_cfg.grad_clip and opt_cfg.grad_clip > 0:
+        parts.append(optax.clip_by_global_norm(float(opt_cfg.grad_clip)))
+    parts.append(
+        optax.adamw(
+            schedule,
+            b1=float(opt_cfg.b1),
+            b2=float(opt_cfg.b2),
+            eps=float(opt_cfg.eps),
+            weight_decay=float(opt_cfg.weight_decay),
+        )
+    )
+    return optax.chain(*parts), schedule
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def _constrain_rows(x: jax.Array, row_spec: Any, mesh) -> jax.Array:
+    """Keeps a [rows, ...] array sharded over the batch axes (a no-op without a mesh)."""
+    if mesh is None:
+        return x
+    spec = PartitionSpec(row_spec, *([None] * (x.ndim - 1)))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def _chunk_rows(tree: dict, n: int, row_spec, mesh) -> dict:
+    """[B, ...] -> [n, B/n, ...] with rows of chunk c = c*B/n ... (c+1)*B/n - 1."""
+
+    def one(x):
+        y = x.reshape(n, x.shape[0] // n, *x.shape[1:])
+        if mesh is None:
+            return y
+        spec = PartitionSpec(None, row_spec, *([None] * (x.ndim - 1)))
+        return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, spec))
+
+    return jax.tree.map(one, tree)
+
+
+def _masked_mean(x, mask):
+    return (x * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+
+def _forward(graphdef, params, rest, mb: dict, temperature: float, *, return_routes=False):
+    """response_logprobs of a batch dict (routes, if present, are replayed)."""
+    model = nnx.merge(graphdef, params, rest)
+    routes = mb.get("routes")
+    if routes is not None:
+        routes = jnp.swapaxes(routes, 0, 1)  # [B, L, S, k] -> [L, B, S, k]
+    out = models.response_logprobs(
+        model,
+        mb["prompts"],
+        mb["prompt_lengths"],
+        mb["responses"],
+        temperature=temperature,
+        routes=routes,
+        return_routes=return_routes,
+        response_mask=mb["mask"],
+    )
+    if return_routes:
+        out["routes"] = jnp.swapaxes(out["routes"], 0, 1)  # -> [B, L, S, k]
+    return out
+
+
+# ------------------------------------------------------------------------------------ passes
+
+
+def make_logprob_fn(
+    graphdef, rest, *, temperature: float, num_chunks: int, return_routes: bool, row_spec, mesh
+) -> Callable:
+    """(params, batch) -> dict(logp [B, T] (, routes [B, L, S, k])): a forward-only pass.
+
+    Used to recompute old_logp, for the reference model's ref_logp, and to record routes for
+    Routing Replay. Runs in ``num_chunks`` sequential chunks of rows to bound memory.
+    """
+
+    def fn(params, batch):
+        fields = {k: batch[k] for k in ("prompts", "prompt_lengths", "responses", "mask")}
+        chunks = _chunk_rows(fields, num_chunks, row_spec, mesh)
+
+        def one(mb):
+            out = _forward(graphdef, params, rest, mb, temperature, return_routes=return_routes)
+            keep = ("logp", "routes") if return_routes else ("logp",)
+            return {k: out[k] for k in keep}
+
+        out = jax.lax.map(one, chunks)
+        return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), out)
+
+    return fn
+
+
+def make_update_fn(
+    graphdef,
+    rest,
+    objective,
+    tx: optax.GradientTransformation,
+    *,
+    temperature: float,
+    num_epochs: int,
+    num_minibatches: int,
+    num_microbatches: int = 1,
+    shuffle: bool = True,
+    aux_loss_coef: float = 0.0,
+    row_spec=None,
+    mesh=None,
+) -> Callable:
+    """(state, batch, shuffle_key) -> (state, metrics): μ epochs × K minibatches of optax steps.
+
+    metrics (scalars): loss and the objective's finalised metrics averaged over the μ·K updates
+    (ratio_min / ratio_max: min / max over them), grad_norm (mean and max), update_norm, entropy,
+    aux_loss, and logp_diff_mean / logp_diff_absmax of the very first minibatch (pre-update
+    parameters: the rollout-vs-trainer log-prob difference).
+    """
+    K, U = num_minibatches, num_microbatches
+
+    def micro_loss(params, mb, den):
+        out = _forward(graphdef, params, rest, mb, temperature)
+        sums = objective.sums(out["logp"], mb["old_logp"], mb["adv"], mb["mask"], mb.get("ref_logp"))
+        mask = mb["mask"]
+        diff = (out["logp"] - mb["old_logp"]) * mask
+        extra = {
+            "entropy_sum": (out["entropy"] * mask).sum(),
+            "tokens": mask.sum(),
+            "logp_diff_sum": diff.sum(),
+            "logp_diff_absmax": jnp.abs(diff).max(),
+            "aux_loss": out["aux_loss"],
+        }
+        # num/den with the whole minibatch's den: summing these over micro-batches gives the loss
+        # (and gradient) of the un-accumulated minibatch.
+        value = sums.num / jnp.maximum(den, 1.0) + aux_loss_coef * out["aux_loss"] / U
+        return value, (sums, extra)
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def minibatch_step(carry, mb):
+        params, opt_state = carry
+        mb = jax.tree.map(lambda x: _constrain_rows(x, row_spec, mesh), mb)
+        den = objective.denominator(mb["mask"])  # whole-minibatch normaliser, mask only
+        if U == 1:
+            (_, (sums, extra)), grads = grad_fn(params, mb, den)
+        else:
+            micro = _chunk_rows(mb, U, row_spec, mesh)
+
+            def acc(g_sum, m):
+                (_, aux), g = grad_fn(params, m, den)
+                return jax.tree.map(jnp.add, g_sum, g), aux
+
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            grads, (sums_u, extra_u) = jax.lax.scan(acc, zeros, micro)
+            sums = sums_u.reduce_stacked()
+            extra = {
+                "entropy_sum": extra_u["entropy_sum"].sum(),
+                "tokens": extra_u["tokens"].sum(),
+                "logp_diff_sum": extra_u["logp_diff_sum"].sum(),
+                "logp_diff_absmax": extra_u["logp_diff_absmax"].max(),
+                "aux_loss": extra_u["aux_loss"].mean(),
+            }
+        loss, m = sums.finalize()
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        tokens = jnp.maximum(extra["tokens"], 1.0)
+        m = dict(m)
+        m.update(
+            loss=loss,
+            grad_norm=optax.global_norm(grads),
+            update_norm=optax.global_norm(updates),
+            entropy=extra["entropy_sum"] / tokens,
+            aux_loss=extra["aux_loss"],
+            logp_diff_mean=extra["logp_diff_sum"] / tokens,
+            logp_diff_absmax=extra["logp_diff_absmax"],
+        )
+        return (params, opt_state), m
+
+    def update(state: TrainState, batch: dict, shuffle_key: jax.Array):
+        B = batch["mask"].shape[0]
+        chex.assert_shape(batch["adv"], (B,))
+        key = jax.random.wrap_key_data(shuffle_key)
+        if shuffle:
+            perms = [jax.random.permutation(jax.random.fold_in(key, e), B) for e in range(num_epochs)]
+        else:
+            perms = [jnp.arange(B) for _ in range(num_epochs)]
+        idx = jnp.stack(perms).reshape(num_epochs * K, B // K)  # [μK, Bm] rows of each minibatch
+
+        def body(carry, rows):
+            mb = jax.tree.map(lambda x: jnp.take(x, rows, axis=0), batch)
+            return minibatch_step(carry, mb)
+
+        (params, opt_state), ms = jax.lax.scan(body, (state.params, state.opt_state), idx)
+        metrics = {}
+        for k, v in ms.items():
+            if k.endswith("_min"):
+                metrics[k] = v.min()
+            elif k.endswith("_max") or k == "logp_diff_absmax":
+                metrics[k] = v.max()
+            else:
+                metrics[k] = v.mean()
+        metrics["grad_norm_max"] = ms["grad_norm"].max()
+        # Before any update of this step: the trainer's log-probs vs the rollout's.
+        metrics["logp_diff_mean"] = ms["logp_diff_mean"][0]
+        metrics["logp_diff_absmax"] = ms["logp_diff_absmax"][0]
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+        return new_state, metrics
+
+    return update

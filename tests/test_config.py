@@ -1,0 +1,177 @@
+"""Config machinery: typed get_config arguments, CLI overrides, sweeps, early validation."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+from ml_collections import config_dict
+
+from gspo_jax import config as config_lib
+from gspo_jax.config import ConfigError
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARITH = os.path.join(REPO, "configs", "arith.py")
+
+
+def get_config(arg=None):
+    return config_lib.load_config_file(ARITH + (f":{arg}" if arg else ""))
+
+
+def test_parse_arg_types_and_defaults():
+    a = config_lib.parse_arg(
+        "n=3,x=0.5,flag,name=gmpo,opt=2.5",
+        n=1,
+        x=0.1,
+        flag=False,
+        name="gspo",
+        opt=config_dict.placeholder(float),
+        other=config_dict.placeholder(int),
+    )
+    assert (a.n, a.x, a.flag, a.name, a.opt, a.other) == (3, 0.5, True, "gmpo", 2.5, None)
+    assert isinstance(a.n, int) and isinstance(a.x, float)
+    assert config_lib.parse_arg("flag=false", flag=True).flag is False
+    assert config_lib.parse_arg("t=(1,2)", t=(0,)).t == (1, 2)
+
+
+@pytest.mark.parametrize(
+    "arg, match",
+    [
+        ("nope=1", "unknown config argument 'nope'.*valid arguments"),
+        ("n=abc", "expected int"),
+        ("flag=maybe", "not a boolean"),
+        ("n", "needs a value"),
+    ],
+)
+def test_parse_arg_errors(arg, match):
+    with pytest.raises(ValueError, match=match):
+        config_lib.parse_arg(arg, n=1, flag=False)
+
+
+def test_arith_config_args():
+    c = get_config("runlocal,objective=grpo,eps=0.2,seed=3,steps=5,lr=2e-5")
+    assert c.runlocal and c.model.preset == "tiny"
+    assert c.objective.name == "grpo" and c.objective.eps_low == c.objective.eps_high == 0.2
+    assert c.seed == 3 and c.rl.num_steps == 5 and c.optimizer.learning_rate == 2e-5
+    default = get_config()
+    assert default.objective.name == "gspo" and default.objective.eps_low is None
+    assert config_lib.objective_overrides(default.objective) == {}
+    with pytest.raises(ValueError, match="unknown config argument 'objetive'"):
+        get_config("objetive=grpo")
+    # The result is locked: a typo'd field cannot be added silently.
+    with pytest.raises(AttributeError):
+        default.rl.grup_size = 4
+
+
+def test_arith_sweep_covers_objectives_and_eps():
+    spec = importlib.util.spec_from_file_location("arith_cfg", ARITH)
+    arith = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(arith)
+    runs = arith.get_sweep("seeds=2")
+    names = [r["name"] for r in runs]
+    assert len(names) == len(set(names)) == 2 * 10
+    objs = {r["overrides"]["objective.name"] for r in runs}
+    assert objs == {"grpo", "dapo", "dr_grpo", "gspo", "gspo_token", "luspo", "gmpo"}
+    eps_runs = {
+        (r["overrides"]["objective.name"], r["overrides"]["objective.eps_low"])
+        for r in runs
+        if "objective.eps_low" in r["overrides"]
+    }
+    assert eps_runs == {("grpo", 3e-4), ("gspo", 0.2), ("gspo", 3e-4)}
+    # every run's overrides apply to the config (keys exist, types match)
+    for r in runs[:10]:
+        c = ml_collections.ConfigDict(get_config("runlocal"))
+        c.unlock()
+        for k, v in r["overrides"].items():
+            node = c
+            *path, last = k.split(".")
+            for p in path:
+                node = node[p]
+            node[last] = v
+
+
+def test_override_key_check_names_path():
+    c = get_config()
+    config_lib.check_override_keys(c, ["--config.objective.eps_low=0.2", "--workdir=x"])
+    with pytest.raises(ConfigError, match=r"objective has no field 'eps_lo'.*eps_low"):
+        config_lib.check_override_keys(c, ["--config.objective.eps_lo=0.2"])
+    with pytest.raises(ConfigError, match="<top level> has no field 'rll'"):
+        config_lib.check_override_keys(c, ["--config.rll.group_size=2"])
+
+
+def _main(*args, timeout=60):
+    env = dict(os.environ, PYTHONPATH=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "gspo_jax.main", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+    )
+
+
+def test_cli_wrong_key_and_type_fail_clearly(tmp_path):
+    r = _main(f"--config={ARITH}:runlocal", f"--workdir={tmp_path}", "--config.objective.epslow=1")
+    assert r.returncode != 0
+    assert "unknown config key 'objective.epslow'" in r.stderr
+    r = _main(f"--config={ARITH}:runlocal", f"--workdir={tmp_path}", "--config.rl.group_size=abc")
+    assert r.returncode != 0 and "group_size" in r.stderr and "abc" in r.stderr
+    r = _main(f"--config={ARITH}:runlocal,bogus=1", f"--workdir={tmp_path}")
+    assert r.returncode != 0 and "unknown config argument 'bogus'" in r.stderr
+    assert not os.listdir(tmp_path)  # nothing was written
+
+
+def _cfg(**rl):
+    c = ml_collections.ConfigDict(get_config("runlocal"))
+    c.unlock()
+    for k, v in rl.items():
+        c.rl[k] = v
+    return c
+
+
+def test_validate_accepts_default_and_runlocal(tmp_path):
+    config_lib.validate(get_config(), str(tmp_path / "a"))
+    config_lib.validate(get_config("runlocal"), str(tmp_path / "b"))
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(group_size=1), "group_size=1.*at least 2|2 or more"),
+        (dict(prompts_per_step=6), "does not divide over the data axis"),
+        (dict(num_minibatches=3), "num_minibatches=3"),
+        (dict(temperature=0.0), "temperature"),
+        (dict(routing_replay=True), "needs an MoE model"),
+        (dict(advantage_estimator="ppo"), "advantage_estimator='ppo'"),
+    ],
+)
+def test_validate_rejects(change, match, tmp_path):
+    # 8 simulated devices (conftest): the data axis has 8 shards.
+    with pytest.raises(ConfigError, match=match):
+        config_lib.validate(_cfg(**change), str(tmp_path))
+
+
+def test_validate_objective_and_mesh(tmp_path):
+    c = _cfg()
+    c.objective.name = "ppo"
+    with pytest.raises(ConfigError, match="config.objective.*gspo"):
+        config_lib.validate(c, str(tmp_path))
+    c = _cfg()
+    c.objective.eps_low = 1.5
+    with pytest.raises(ConfigError, match="eps_low"):
+        config_lib.validate(c, str(tmp_path))
+    c = _cfg()
+    c.mesh.data, c.mesh.tensor = 3, 1
+    with pytest.raises(ConfigError, match="config.mesh"):
+        config_lib.validate(c, str(tmp_path))
+
+
+def test_validate_unwritable_workdir(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    # (chmod cannot make a directory unwritable for root; a path under a file fails for everyone)
+    with pytest.raises(ConfigError, match="not writable.*--workdir"):
+        config_lib.validate(get_config("runlocal"), str(blocker / "run"))
