@@ -154,18 +154,17 @@ def make_train_iterator(
 ) -> grain.DatasetIterator:
     """Infinite iterator of training batches for this process.
 
-    ``batch_size`` is the global number of prompts per step; each process gets
-    batch_size // process_count of them from its own shard (so P below is that share). Batches:
-    prompt [P, Lp] int32, prompt_length [P] int32 and ``task.record_fields`` ([P] or [P, ...]).
-    The iterator's get_state() / set_state() resume exactly at the next batch.
+    ``batch_size`` is the number of prompts per batch *on this process* (P); a multi-host run
+    passes global_batch // process_count and every process reads its own disjoint shard of the
+    records. Batches: prompt [P, Lp] int32, prompt_length [P] int32 and ``task.record_fields``
+    ([P] or [P, ...]). The iterator's get_state() / set_state() resume exactly at the next batch.
     """
-    if batch_size < 1 or batch_size % process_count:
-        raise ValueError(f"batch_size={batch_size} must be a positive multiple of "
-                         f"process_count={process_count} (it is the global batch).")
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size} must be >= 1 (prompts per process).")
     ds = record_dataset(task, split, seed=seed, data_dir=data_dir, process_index=process_index,
                         process_count=process_count)
     ds = ds.map(lambda r: encode_record(task, r))
-    ds = ds.batch(batch_size // process_count, drop_remainder=True, batch_fn=collate)
+    ds = ds.batch(batch_size, drop_remainder=True, batch_fn=collate)
     # Records are small and already on local disk: reading in the calling thread is fastest on a
     # few shared cores and keeps the iterator state trivially exact.
     return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))

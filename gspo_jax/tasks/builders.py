@@ -52,8 +52,7 @@ class _TaskBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
         return {split: self._generate_examples(split) for split in ("train", "test")}
 
     def _generate_examples(self, split: str):
-        for i, record in enumerate(self.builder_config.task.generate_split(split)):
-            yield i, record
+        yield from enumerate(self.builder_config.task.generate_split(split))
 
 
 class GspoArith(_TaskBuilder):
