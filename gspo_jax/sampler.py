@@ -25,8 +25,8 @@ How it works (and why):
 - Log-probs: logits pass through models.scale_logits / token_logprob_entropy, the functions
   response_logprobs uses, so sampler and trainer agree to float32 rounding. temperature=0 is
   greedy (argmax) and its log-probs are reported at temperature 1.
-- One compile per (graphdef, shapes, num_samples, max_new_tokens, temperature, top_k, top_p,
-  eos_id, pad_id): parameters, prompts, lengths and the RNG are traced arguments, so new prompt
+- One compile per (graphdef, shapes, num_samples, max_new_tokens, temperature, top_k, top_p):
+  parameters, prompts, lengths, the RNG, eos_id and pad_id are traced arguments, so new prompt
   contents never recompile. Changing temperature does (it is a static Python float so that the
   division is bit-identical to response_logprobs').
 - The loop stops when every row has emitted EOS or after max_new_tokens.
@@ -131,8 +131,8 @@ def sample_token(logits: jax.Array, key, *, temperature: float, top_k: int, top_
     return tok, logp, sample_logp
 
 
-def _generate(graphdef, state, prompts, prompt_lengths, rng, *, num_samples, max_new_tokens,
-              temperature, top_k, top_p, eos_id, pad_id):
+def _generate(graphdef, state, prompts, prompt_lengths, rng, eos_id, pad_id, *, num_samples,
+              max_new_tokens, temperature, top_k, top_p):
     _TRACES["generate"] += 1
     model = nnx.merge(graphdef, state)
     G, T = num_samples, max_new_tokens
@@ -188,8 +188,7 @@ def _generate(graphdef, state, prompts, prompt_lengths, rng, *, num_samples, max
                         lengths=jnp.sum(final.mask, axis=-1).astype(jnp.int32))
 
 
-_STATIC = ("graphdef", "num_samples", "max_new_tokens", "temperature", "top_k", "top_p",
-           "eos_id", "pad_id")
+_STATIC = ("graphdef", "num_samples", "max_new_tokens", "temperature", "top_k", "top_p")
 _generate_jit = jax.jit(_generate, static_argnames=_STATIC)
 
 
@@ -237,6 +236,6 @@ def generate(model, prompts, prompt_lengths, *, num_samples: int, max_new_tokens
     chex.assert_type([prompts, prompt_lengths], [int, int])
     graphdef, state = nnx.split(model)
     return _generate_jit(graphdef, state, prompts, prompt_lengths, rng,
+                         jnp.asarray(eos_id, jnp.int32), jnp.asarray(pad_id, jnp.int32),
                          num_samples=int(num_samples), max_new_tokens=int(max_new_tokens),
-                         temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
-                         eos_id=int(eos_id), pad_id=int(pad_id))
+                         temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))

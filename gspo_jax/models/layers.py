@@ -11,6 +11,8 @@ the router run in float32.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -21,6 +23,13 @@ from gspo_jax.sharding import logical_constraint
 _NEG_INF = -1e30  # finite: a row with every key masked can never produce NaN
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _truncated_normal(key, shape, dtype, std):
+    # One compiled initializer per (shape, dtype): eager construction would otherwise compile
+    # every primitive of truncated_normal separately for every parameter shape.
+    return std * jax.random.truncated_normal(key, -2.0, 2.0, shape, dtype)
+
+
 def make_param(rngs: nnx.Rngs | None, shape, axes, cfg: ModelConfig, init: str = "normal",
                std: float | None = None) -> nnx.Param:
     """A float32 parameter with logical axis names (out_sharding metadata, sharded lazily)."""
@@ -29,7 +38,7 @@ def make_param(rngs: nnx.Rngs | None, shape, axes, cfg: ModelConfig, init: str =
         value = jnp.ones(shape, dtype)
     else:
         std = cfg.init_std if std is None else std
-        value = std * jax.random.truncated_normal(rngs.params(), -2.0, 2.0, shape, dtype)
+        value = _truncated_normal(rngs.params(), tuple(shape), dtype, float(std))
     return nnx.Param(value, out_sharding=tuple(axes), eager_sharding=False)
 
 
