@@ -131,6 +131,30 @@ def sample_token(logits: jax.Array, key, *, temperature: float, top_k: int, top_
     return tok, logp, sample_logp
 
 
+def prefill(model, prompts, prompt_lengths, *, num_samples: int, cache_len: int):
+    """Prefills each of the P prompts once and shares the result with its G samples.
+
+    prompts [P, Lp], prompt_lengths [P] -> (logits [B, V] f32 predicting the first response
+    token, cache: per layer {"k","v"} [B, cache_len, K, Dh], n [B] prompt lengths per row).
+    Attention runs over the Lp prompt slots only; the cache is then zero-extended to cache_len
+    and repeated G times. Only the last real prompt position's logits are computed.
+    """
+    P, Lp = prompts.shape
+    G = num_samples
+    n = prompt_lengths.astype(jnp.int32)  # [P]
+    slot = jnp.arange(Lp, dtype=jnp.int32)
+    valid = slot[None, :] < n[:, None]  # [P, Lp]
+    pos = jnp.broadcast_to(slot, (P, Lp))
+    out = model.forward(prompts.astype(jnp.int32), pos, attention_mask(valid, slot),
+                        token_mask=valid, cache=model.init_cache(P, Lp), write_index=0)
+    h_last = jnp.take_along_axis(out["hidden"], (n - 1)[:, None, None], axis=1)[:, 0]  # [P, D]
+    logits = jnp.repeat(model.logits(h_last), G, axis=0)  # [B, V]
+    cache = jax.tree.map(
+        lambda c: jnp.repeat(jnp.pad(c, ((0, 0), (0, cache_len - Lp), (0, 0), (0, 0))), G, 0),
+        out["cache"])  # [B, cache_len, K, Dh]
+    return logits, cache, jnp.repeat(n, G)
+
+
 def _generate(graphdef, state, prompts, prompt_lengths, rng, eos_id, pad_id, *, num_samples,
               max_new_tokens, temperature, top_k, top_p):
     _TRACES["generate"] += 1
@@ -139,19 +163,8 @@ def _generate(graphdef, state, prompts, prompt_lengths, rng, eos_id, pad_id, *, 
     P, Lp = prompts.shape
     B, S = P * G, Lp + T
     slot = jnp.arange(S, dtype=jnp.int32)
-    n = prompt_lengths.astype(jnp.int32)  # [P]
     settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-
-    # Prefill: P rows, each prompt once; keys are the valid prompt slots.
-    prompt_valid = slot[None, :] < n[:, None]  # [P, S]
-    mask = attention_mask(prompt_valid, jnp.arange(Lp, dtype=jnp.int32))  # [P, Lp, S]
-    pos = jnp.broadcast_to(jnp.arange(Lp, dtype=jnp.int32), (P, Lp))
-    out = model.forward(prompts.astype(jnp.int32), pos, mask, token_mask=prompt_valid[:, :Lp],
-                        cache=model.init_cache(P, S), write_index=0)
-    h_last = jnp.take_along_axis(out["hidden"], (n - 1)[:, None, None], axis=1)[:, 0]  # [P, D]
-    logits0 = jnp.repeat(model.logits(h_last), G, axis=0)  # [B, V]
-    cache = jax.tree.map(lambda c: jnp.repeat(c, G, axis=0), out["cache"])  # [B, S, K, Dh]
-    n_b = jnp.repeat(n, G)  # [B]
+    logits0, cache, n_b = prefill(model, prompts, prompt_lengths, num_samples=G, cache_len=S)
 
     tok, lp, slp = sample_token(logits0, jax.random.fold_in(rng, 0), **settings)
     zeros = jnp.zeros((B, T), jnp.float32)
@@ -200,7 +213,8 @@ def generate(model, prompts, prompt_lengths, *, num_samples: int, max_new_tokens
     prompts [P, Lp] int32 right-padded, prompt_lengths [P] int32 (1 <= n <= Lp). Returns a
     SampleOutput with B = P * num_samples group-contiguous rows (row b from prompt b // G). See the
     module docstring for the fields. rng: a fresh key per call (e.g. fold_in(key, step)).
-    temperature 0 = greedy; top_k 0 = off; top_p 1 = off. Raises ValueError for settings or
+    temperature 0 = greedy; top_k 0 = off; top_p 1 = off; eos_id -1 = no early stop (benchmarks).
+    Raises ValueError for settings or
     shapes the cache cannot hold, before compiling anything.
     """
     cfg = model.cfg
@@ -225,9 +239,9 @@ def generate(model, prompts, prompt_lengths, *, num_samples: int, max_new_tokens
         raise ValueError(f"top_p={top_p} must be in (0, 1] (1 = off).")
     if temperature < 0:
         raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy).")
-    if not 0 <= eos_id < cfg.vocab_size or not 0 <= pad_id < cfg.vocab_size:
+    if not -1 <= eos_id < cfg.vocab_size or not 0 <= pad_id < cfg.vocab_size:
         raise ValueError(f"eos_id={eos_id} and pad_id={pad_id} must be token ids in "
-                         f"[0, {cfg.vocab_size}).")
+                         f"[0, {cfg.vocab_size}) (eos_id=-1: never stop early).")
     if not isinstance(prompt_lengths, jax.core.Tracer):
         lengths = np.asarray(prompt_lengths)
         if lengths.min() < 1 or lengths.max() > Lp:
