@@ -106,16 +106,20 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     c.eval.every = 20  # RL steps; 0 = only at the start and the end
     c.eval.at_start = True  # evaluate the base policy before RL (the summary's "base")
     c.eval.split = "test"
-    c.eval.num_problems = 200
-    c.eval.pass_k = 0  # 0 = greedy only (pass@k sampling costs k rollouts per problem)
+    c.eval.num_problems = 200  # 0 = no evaluation at all
+    c.eval.pass_k = 1  # samples per problem for pass@k / sample accuracy (costs k rollouts)
     c.eval.max_new_tokens = 0  # 0 = rl.max_new_tokens
+    c.eval.batch_size = 64
+    c.eval.seed = 0
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every = 20
     c.checkpoint.max_to_keep = 2
     c.checkpoint.async_save = True
 
+    # Mesh axis sizes (-1 fills the remaining devices); a TPU pod slice might use data=-1, fsdp=4.
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
+    c.num_devices = -1  # -1 = every device; n = the first n (single-process comparisons)
 
     c.log = ml_collections.ConfigDict()
     c.log.tensorboard = True

@@ -28,6 +28,7 @@ import os
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -164,6 +165,14 @@ class Checkpointer:
             ),
         )
         return restored["state"], dict(restored["meta"])
+
+    def restore_arrays(self, step: int) -> Any:
+        """The saved train-state pytree as host numpy arrays, without a target (for comparisons
+        and notebooks; containers come back as dicts/lists)."""
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore())
+        )
+        return jax.tree.map(np.asarray, restored["state"])
 
     def wait(self) -> None:
         """Blocks until any asynchronous save is committed to disk."""

@@ -252,7 +252,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
 
     process_count = jax.process_count()
     try:
-        mesh = sharding.make_mesh(dict(config.mesh))
+        mesh = sharding.make_mesh(dict(config.mesh), devices=mesh_devices(config))
     except ValueError as e:
         raise ConfigError(f"config.mesh: {e}") from None
     dp = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -313,6 +313,23 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
             )
     if workdir is not None:
         check_workdir_writable(workdir)
+
+
+def mesh_devices(config: ml_collections.ConfigDict) -> list:
+    """The devices the mesh spans: all of them, or the first config.num_devices (single-process
+    only; lets one process compare a 1-device run with an 8-device run)."""
+    import jax
+
+    n = config.get("num_devices", -1)
+    if n is None or n < 0:
+        return list(jax.devices())
+    if jax.process_count() > 1:
+        raise ConfigError("config.num_devices must be -1 (all devices) in a multi-process run")
+    if not 1 <= n <= jax.device_count():
+        raise ConfigError(
+            f"config.num_devices={n}, but {jax.device_count()} devices exist; use -1 for all"
+        )
+    return list(jax.devices()[:n])
 
 
 def resolve_estimator(config: ml_collections.ConfigDict) -> str:

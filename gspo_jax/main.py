@@ -12,6 +12,8 @@ a local two-process run) pass the coordinator explicitly:
         --process_id=0      # and =1 in a second shell
 
 Restarting the same command in the same workdir resumes from the latest checkpoint.
+``--prepare_only`` builds the dataset and the cached warm start and exits (run it once on one host
+before a multi-host run, which loads the cached warm start but does not train it).
 
 The entry point is thin on purpose (DESIGN.md convention 3): everything it does is available to
 notebooks and tests as ``gspo_jax.trainer.train(config, workdir)``.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from gspo_jax import config as config_lib
@@ -39,6 +41,9 @@ _COORDINATOR = flags.DEFINE_string(
 )
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (multihost).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (multihost).")
+_PREPARE_ONLY = flags.DEFINE_bool(
+    "prepare_only", False, "Only prepare the data and the cached warm start, then exit."
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -66,12 +71,18 @@ def init_distributed(
 
 
 def main(argv: list[str]) -> None:
+    if not flags.FLAGS["verbosity"].present:
+        # orbax logs every checkpoint step at INFO; keep the terminal for the progress bar.
+        logging.set_verbosity(logging.WARNING)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; use --config.x.y=value overrides")
     if _MULTIHOST.value or _COORDINATOR.value:
         init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     from gspo_jax import trainer  # after distributed init: importing models may touch devices
 
+    if _PREPARE_ONLY.value:
+        trainer.prepare(_CONFIG.value, _WORKDIR.value)
+        return
     trainer.train(_CONFIG.value, _WORKDIR.value)
 
 

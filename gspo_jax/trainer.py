@@ -28,6 +28,7 @@ orbax writes checkpoint shards from every process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -204,11 +205,18 @@ def base_params(run: Run, cache_dir: str) -> tuple[Any, float]:
     """The initial policy's parameters on the mesh (warm start or random), and the seconds spent."""
     config = run.config
     t0 = time.time()
-    if config.init.kind == "warmstart":
+    if config.init.kind == "warmstart" and jax.process_count() > 1:
+        params = _load_cached_warmstart(run, cache_dir)
+    elif config.init.kind == "warmstart":
         from gspo_jax import warmstart
 
         model = warmstart.get_base_model(
-            run.task, run.model_cfg, config.init.warmstart, cache_dir
+            run.task,
+            run.model_cfg,
+            config.init.warmstart,
+            cache_dir,
+            data_dir=config.data.data_dir or None,
+            progress=config.log.progress and metrics_lib.is_writer_process(),
         )
         _, params, _ = _split_model(model)
         params = jax.device_put(params, run.state_shardings)
@@ -220,6 +228,45 @@ def base_params(run: Run, cache_dir: str) -> tuple[Any, float]:
             f"config.init.kind={config.init.kind!r}; valid: 'warmstart', 'random'"
         )
     return params, time.time() - t0
+
+
+def _warmstart_path(run: Run, cache_dir: str) -> str:
+    from gspo_jax import warmstart
+
+    warm_cfg = warmstart.as_warm_config(run.config.init.warmstart)
+    key = warmstart.cache_key(run.task, run.model_cfg, warm_cfg)
+    return os.path.abspath(os.path.join(cache_dir, "warmstart", f"{run.task.name}_{key}"))
+
+
+def _load_cached_warmstart(run: Run, cache_dir: str):
+    """Multi-host: restore the cached warm start straight into its mesh shardings.
+
+    warmstart.get_base_model restores onto one local device (and would train on every host at
+    once when the cache is cold), which a multi-process run cannot do; here every process reads
+    only its shards. The cache must exist: fill it once with a single-process
+    ``python -m gspo_jax.main ... --prepare_only`` (same config, shared filesystem).
+    """
+    import orbax.checkpoint as ocp
+
+    path = _warmstart_path(run, cache_dir)
+    if not os.path.exists(os.path.join(path, "meta.json")):
+        raise config_lib.ConfigError(
+            f"multi-host run: the warm start is not cached at {path}. Run the same command once "
+            "in a single process with --prepare_only (it trains and caches the base policy), on "
+            "a filesystem every host sees, then launch the multi-host run."
+        )
+    abstract = nnx.eval_shape(lambda: models.Transformer(run.model_cfg, rngs=nnx.Rngs(0)))
+    graphdef, abs_state = nnx.split(abstract)
+    shardings = sharding.state_shardings(abs_state, run.mesh)
+    target = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abs_state, shardings
+    )
+    restored = ocp.StandardCheckpointer().restore(
+        os.path.join(path, "params"), nnx.to_pure_dict(target)
+    )
+    nnx.replace_by_pure_dict(abs_state, restored)
+    _, params, _ = _split_model(nnx.merge(graphdef, abs_state))
+    return params
 
 
 def _cache_dir(config) -> str:
@@ -308,13 +355,29 @@ def make_prepare_fn(run: Run):
 # ------------------------------------------------------------------------------ evaluation
 
 
-def evaluate(run: Run, params) -> dict[str, float]:
-    """Held-out evaluation with the tasks' evaluation function, as eval/ metrics."""
+def evaluate(run: Run, params) -> dict[str, float] | None:
+    """Held-out evaluation with the tasks' evaluation function, as eval/ metrics.
+
+    None when evaluation is off (config.eval.num_problems = 0).
+    """
     from gspo_jax import evaluation
 
     ev = run.config.eval
+    if ev.num_problems <= 0:
+        return None
+    mesh_ctx = sharding.use_mesh(run.mesh)
+    if jax.process_count() > 1:
+        # evaluation.evaluate reads the sampler's outputs with np.asarray, which needs whole
+        # arrays in this process: every process evaluates its own single-device copy of the
+        # parameters (the same numbers on every host; fine for the models this runs on CPUs, a
+        # pod-scale model would need an evaluation loop over sharded outputs instead).
+        replicated = NamedSharding(run.mesh, PartitionSpec())
+        params = jax.jit(lambda p: p, out_shardings=replicated)(params)
+        local = jax.local_devices()[0]
+        params = jax.tree.map(lambda x: jax.device_put(x.addressable_data(0), local), params)
+        mesh_ctx = contextlib.nullcontext()
     model = nnx.merge(run.graphdef, params, run.rest)
-    with sharding.use_mesh(run.mesh):
+    with mesh_ctx:
         out = evaluation.evaluate(
             model,
             run.task,
@@ -322,6 +385,9 @@ def evaluate(run: Run, params) -> dict[str, float]:
             num_problems=ev.num_problems,
             pass_k=ev.pass_k,
             max_new_tokens=ev.max_new_tokens or run.config.rl.max_new_tokens,
+            batch_size=ev.batch_size,
+            seed=ev.seed,
+            data_dir=run.config.data.data_dir or None,
         )
     scalars = {}
     for k, v in dict(out).items():
@@ -341,6 +407,30 @@ def _eval_summary(m: dict[str, float] | None) -> dict[str, float] | None:
 # ------------------------------------------------------------------------------ the loop
 
 
+def prepare(config: ml_collections.ConfigDict, workdir: str | None = None) -> None:
+    """Validates the config, prepares the dataset and trains/caches the warm start, then returns.
+
+    Run it once single-process before a multi-host run (``main --prepare_only``): the multi-host
+    loader reads the cached warm start but does not train it.
+    """
+    from gspo_jax import data
+
+    config_lib.validate(config, workdir)
+    task = make_task(config)
+    data.prepare(task, config.data.data_dir or None)
+    if config.init.kind == "warmstart":
+        from gspo_jax import warmstart
+
+        warmstart.get_base_model(
+            task,
+            build_model_config(config, task),
+            config.init.warmstart,
+            _cache_dir(config),
+            data_dir=config.data.data_dir or None,
+            progress=config.log.progress,
+        )
+
+
 def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None = None
           ) -> dict | None:
     """Runs (or resumes) the experiment ``config`` in ``workdir``; returns the summary dict.
@@ -354,7 +444,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
     config_lib.validate(config, workdir)
     config = ml_collections.ConfigDict(config)  # a private copy (resolved fields go in it)
     rl = config.rl
-    mesh = sharding.make_mesh(dict(config.mesh))
+    mesh = sharding.make_mesh(dict(config.mesh), devices=config_lib.mesh_devices(config))
     task = make_task(config)
     model_cfg = build_model_config(config, task)
     objective = objectives.get_objective(
@@ -424,7 +514,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
             opt_state=opt_state,
             rng=jax.device_put(jax.random.key_data(jax.random.PRNGKey(config.seed)), replicated),
         )
-        if config.eval.at_start:
+        if config.eval.at_start and config.eval.num_problems > 0:
             t0 = time.time()
             base_eval = evaluate(run, state.params)
             base_eval["time/eval_s"] = time.time() - t0
@@ -526,7 +616,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
             })
             metrics_lib.check_finite(m, step + 1)
             done = step + 1
-            if done == rl.num_steps or (config.eval.every and done % config.eval.every == 0):
+            due = done == rl.num_steps or (config.eval.every and done % config.eval.every == 0)
+            if due and config.eval.num_problems > 0:
                 te = time.time()
                 last_eval = evaluate(run, state.params)
                 m.update(last_eval)
@@ -547,7 +638,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
     if stop_after is not None and int(jax.device_get(state.step)) < rl.num_steps:
         return None
 
-    if last_eval is None and rl.num_steps > start:
+    if last_eval is None:
         last_eval = evaluate(run, state.params)
     wall = prior_wall + time.time() - t_start
     summary = {

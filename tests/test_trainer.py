@@ -1,0 +1,212 @@
+"""End-to-end trainer runs (runlocal size): outputs, exact resume, 1 vs 8 devices, multi-host.
+
+All runs share one tiny warm start and one TFDS data dir (module fixture), and a persistent
+compilation cache, so that repeated runs of the same shapes do not recompile.
+
+Runs (4 RL steps each, checkpoints every 2):
+  single   1 device, uninterrupted
+  split    1 device, stopped after 3 steps (a "crash" one step past the step-2 checkpoint), then
+           restarted in the same workdir: must equal `single` exactly (parameters and metrics)
+  sharded  8 simulated devices: must equal `single` to float32 tolerance
+  multi    2 processes x 4 simulated devices (jax.distributed on 127.0.0.1, gloo): must equal
+           `sharded`; only process 0 writes
+"""
+
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from gspo_jax import checkpoint as checkpoint_lib
+from gspo_jax import config as config_lib
+from gspo_jax import metrics as metrics_lib
+from gspo_jax import trainer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARITH = os.path.join(REPO, "configs", "arith.py")
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trainer")
+    dirs = {k: str(root / k) for k in ("cache", "data", "xla")}
+    jax.config.update("jax_compilation_cache_dir", dirs["xla"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    dirs["root"] = str(root)
+    yield dirs
+    jax.config.update("jax_compilation_cache_dir", None)
+
+
+def overrides(shared) -> dict:
+    """Config overrides (dotted keys) every run of this module uses."""
+    return {
+        "init.cache_dir": shared["cache"],
+        "data.data_dir": shared["data"],
+        "log.progress": False,
+        "rl.num_steps": STEPS,
+        "checkpoint.every": 2,
+        "eval.every": 0,
+        "eval.num_problems": 8,
+        "eval.batch_size": 8,
+    }
+
+
+def make_config(shared, **extra) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict(config_lib.load_config_file(ARITH + ":runlocal"))
+    for k, v in {**overrides(shared), **extra}.items():
+        node = c
+        *path, last = k.split(".")
+        for p in path:
+            node = node[p]
+        node[last] = v
+    return c
+
+
+def final_params(workdir, step=STEPS):
+    ck = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every=1)
+    arrays = ck.restore_arrays(step)
+    ck.close()
+    return arrays
+
+
+def records(workdir, drop_time=True):
+    recs = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+    if drop_time:
+        recs = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in recs]
+    return recs
+
+
+def assert_trees(a, b, **tol):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(la) == len(lb) > 0
+    for x, y in zip(la, lb, strict=True):
+        if tol:
+            np.testing.assert_allclose(x, y, **tol)
+        else:
+            np.testing.assert_array_equal(x, y)
+
+
+def assert_records(a, b, **tol):
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b, strict=True):
+        assert ra.keys() == rb.keys(), (ra.keys() ^ rb.keys())
+        for k in ra:
+            if tol:
+                np.testing.assert_allclose(ra[k], rb[k], err_msg=f"{k} at step {ra['step']}", **tol)
+            else:
+                assert ra[k] == rb[k], f"{k} at step {ra['step']}: {ra[k]} != {rb[k]}"
+
+
+@pytest.fixture(scope="module")
+def single(shared):
+    wd = os.path.join(shared["root"], "single")
+    summary = trainer.train(make_config(shared, num_devices=1), wd)
+    return wd, summary
+
+
+@pytest.fixture(scope="module")
+def sharded(shared):
+    wd = os.path.join(shared["root"], "sharded")
+    trainer.train(make_config(shared, num_devices=8), wd)
+    return wd
+
+
+def test_run_writes_metrics_tensorboard_checkpoints_summary(single):
+    wd, summary = single
+    recs = records(wd, drop_time=False)
+    assert [r["step"] for r in recs] == [0, 1, 2, 3, 4]  # 0: the base evaluation
+    for key in (
+        "rollout/reward", "rollout/correct", "rollout/format", "rollout/response_len_mean",
+        "rollout/response_len_max", "rollout/truncated_frac", "rollout/frac_zero_std_groups",
+        "rollout/logp_diff_mean", "train/loss", "train/clip_frac", "train/clip_frac_low",
+        "train/clip_frac_high", "train/seq_clip_frac", "train/ratio_mean", "train/ratio_min",
+        "train/ratio_max", "train/entropy", "train/grad_norm", "train/lr", "time/rollout_s",
+        "time/reward_s", "time/update_s", "time/tokens_per_s",
+    ):
+        assert key in recs[1], key
+    assert "eval/greedy_accuracy" in recs[0] and "eval/greedy_accuracy" in recs[-1]
+    # the policy actually moved (a test of equality below would be vacuous otherwise)
+    assert any(r["train/grad_norm"] > 0 for r in recs[1:])
+    # sampler and trainer compute the same log-probs (GSPO's ε = 3e-4 depends on it)
+    assert all(abs(r["rollout/logp_diff_mean"]) < 1e-5 for r in recs[1:])
+    assert glob.glob(os.path.join(wd, "tb", "events.out.tfevents.*"))
+    assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["2", "4"]
+    assert json.load(open(os.path.join(wd, "config.json")))["objective"]["name"] == "gspo"
+    on_disk = json.load(open(os.path.join(wd, "summary.json")))
+    assert on_disk["steps"] == STEPS and on_disk["wall_s"] > 0
+    assert set(on_disk["base"]) >= {"greedy_accuracy", "mean_response_length"}
+    assert on_disk["final"]["greedy_accuracy"] == summary["final"]["greedy_accuracy"]
+
+
+def test_interrupted_run_resumes_exactly(shared, single):
+    wd = os.path.join(shared["root"], "split")
+    cfg = make_config(shared, num_devices=1)
+    assert trainer.train(cfg, wd, stop_after=3) is None  # "crash" after step 3
+    assert [r["step"] for r in records(wd)] == [0, 1, 2, 3]
+    assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["2"]  # step 3 is lost
+    assert not os.path.exists(os.path.join(wd, "summary.json"))
+    summary = trainer.train(cfg, wd)  # the same command again: resumes from step 2
+    assert summary["steps"] == STEPS
+    assert_trees(final_params(wd), final_params(single[0]))
+    assert_records(records(wd), records(single[0]))
+
+
+def test_eight_devices_equal_one(single, sharded):
+    assert_trees(final_params(sharded), final_params(single[0]), rtol=2e-5, atol=2e-6)
+    assert_records(records(sharded), records(single[0]), rtol=1e-4, atol=1e-5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_all(procs, timeout):
+    """Waits for every process; if one fails, stops the others (they would wait at a barrier)."""
+    deadline = time.time() + timeout
+    while any(p.poll() is None for p in procs) and time.time() < deadline:
+        if any(p.poll() not in (None, 0) for p in procs):
+            break
+        time.sleep(0.5)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    return [p.communicate()[0] for p in procs]
+
+
+@pytest.mark.slow
+def test_two_process_run_equals_one_process(shared, sharded):
+    wd = os.path.join(shared["root"], "multi")
+    port = _free_port()
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=REPO,
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        JAX_PLATFORMS="cpu",
+        JAX_COMPILATION_CACHE_DIR=shared["xla"],
+    )
+    flags = [f"--config.{k}={v}" for k, v in overrides(shared).items()]
+    procs = []
+    for i in range(2):
+        cmd = [sys.executable, "-m", "gspo_jax.main", f"--config={ARITH}:runlocal",
+               f"--workdir={wd}", f"--coordinator_address=127.0.0.1:{port}",
+               "--num_processes=2", f"--process_id={i}", *flags]
+        procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = _wait_all(procs, timeout=600)
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    assert "== summary" in outs[0] and "== summary" not in outs[1]  # only process 0 prints
+    assert len(glob.glob(os.path.join(wd, "tb", "events.out.tfevents.*"))) == 1
+    assert_trees(final_params(wd), final_params(sharded), rtol=2e-5, atol=2e-6)
+    assert_records(records(wd), records(sharded), rtol=1e-4, atol=1e-5)
