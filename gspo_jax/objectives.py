@@ -114,7 +114,7 @@ def kl_estimate(x: jax.Array, estimator: str = "k3") -> jax.Array:
     if estimator == "k2":
         return 0.5 * jnp.square(x)
     if estimator == "k3":
-        # max(·, 0) only matters past the clamp (x > 4.9e8), where expm1(20) − x would turn negative.
+        # max(·, 0) only matters past the clamp (x > e^20), where expm1(20) − x turns negative.
         return jnp.maximum(jnp.expm1(clip(x, -EXP_CLAMP, EXP_CLAMP)) - x, 0.0)
     raise ValueError(f"unknown kl_estimator {estimator!r}; valid: {KL_ESTIMATORS}")
 
@@ -317,6 +317,16 @@ class Objective:
         else:
             pg_num = self._aggregate_response_losses(terms.loss, n_tok)
         num = pg_num
+        if ref_logp is not None:
+            x = jnp.where(valid, ref_logp - logp, 0.0)  # [B, T] log π_ref/π_θ, 0 on padding
+            kl = kl_estimate(x, self.kl_estimator)  # [B, T] KL_{i,t}, 0 on padding
+            kl_rows = (kl * mask).sum(-1)  # [B] Σ_t KL_{i,t}
+            kl_num = self._aggregate_token_sums(kl_rows, n_tok)
+            if terms.loss.ndim == 2:  # one pass over ℓ + β·KL (pg_num, kl_num: metrics only)
+                per_token = (terms.loss + self.kl_coef * kl) * mask
+                num = self._aggregate_token_sums(per_token.sum(-1), n_tok)
+            else:
+                num = pg_num + self.kl_coef * kl_num
 
         sg = jax.lax.stop_gradient
         row_low, row_high = _clipped_tokens(sg(terms.clip_gap), adv, mask, n_tok)  # [B], [B]
@@ -343,10 +353,6 @@ class Objective:
             per_row = (dual * mask).sum(-1) if dual.ndim == 2 else dual * n_tok
             metrics["dual_clip_tokens"] = per_row.sum()
         if ref_logp is not None:
-            x = jnp.where(valid, ref_logp - logp, 0.0)  # [B, T] log π_ref/π_θ, 0 on padding
-            kl_rows = (kl_estimate(x, self.kl_estimator) * mask).sum(-1)  # [B] Σ_t KL_{i,t}
-            kl_num = self._aggregate_token_sums(kl_rows, n_tok)
-            num = num + self.kl_coef * kl_num
             metrics["kl_ref_sum"] = kl_rows.sum()
             metrics["kl_num"] = kl_num
         metrics = {k: sg(v) for k, v in metrics.items()}
@@ -469,7 +475,9 @@ def _validate(obj: Objective) -> None:
     ):
         raise ValueError(f"max_len must be None (padded T) or an int >= 1, got {obj.max_len!r}")
     if not _is_number(obj.kl_coef) or not obj.kl_coef >= 0:
-        raise ValueError(f"kl_coef must be a number >= 0 (0 disables the KL term), got {obj.kl_coef!r}")
+        raise ValueError(
+            f"kl_coef must be a number >= 0 (0 disables the KL term), got {obj.kl_coef!r}"
+        )
     if obj.kl_estimator not in KL_ESTIMATORS:
         raise ValueError(f"unknown kl_estimator {obj.kl_estimator!r}; valid: {KL_ESTIMATORS}")
     if obj.dual_clip is not None and (not _is_number(obj.dual_clip) or not obj.dual_clip > 1):

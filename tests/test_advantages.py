@@ -94,7 +94,10 @@ def test_group_size_one_raises_naming_the_fix(estimator):
     [
         (dict(rewards=np.ones(10, np.float32), group_size=4), "not a multiple of group_size=4"),
         (dict(rewards=np.ones((2, 4), np.float32), group_size=4), r"reshape\(-1\)"),
-        (dict(rewards=np.ones(8, np.float32), group_size=4, estimator="ppo"), "grpo.*dr_grpo.*rloo"),
+        (
+            dict(rewards=np.ones(8, np.float32), group_size=4, estimator="ppo"),
+            "grpo.*dr_grpo.*rloo",
+        ),
         (dict(rewards=np.ones(8, np.float32), group_size=0), "group_size"),
         (dict(rewards=np.ones(8, np.float32), group_size=4.0), "group_size"),
         (dict(rewards=np.ones(8, np.float32), group_size=4, eps=-1.0), "eps"),

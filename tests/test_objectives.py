@@ -27,7 +27,7 @@ WITH_KL = {name: objectives.get_objective(name, kl_coef=0.1) for name in PRESETS
 # ----------------------------------------------------------------------------- helpers
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def value_and_grad(obj: objectives.Objective, with_ref: bool):
     """Jitted ((loss, metrics), d loss / d logp) of obj; cached so each objective compiles once."""
     if with_ref:
@@ -89,7 +89,9 @@ def reference_loss(xp, sg, obj, logp, old_logp, adv, mask, ref_logp=None):
         per_token = surrogate(clamped_exp(log_s_it), A)
     else:  # geometric
         sigma = xp.sign(A_i)[:, None]
-        d_star = sigma * xp.minimum(sigma * delta, sigma * xp.clip(delta, -obj.eps_low, obj.eps_high))
+        d_star = sigma * xp.minimum(
+            sigma * delta, sigma * xp.clip(delta, -obj.eps_low, obj.eps_high)
+        )
         ratio = clamped_exp(xp.where(valid, d_star, 0.0).sum(-1) / xp.maximum(n, 1.0))
         L = -A_i * ratio
         if obj.dual_clip is not None:
@@ -148,7 +150,9 @@ def reference_value(obj, *arrays):
 
 
 def reference_grad(obj, logp, old_logp, adv, mask, ref_logp=None):
-    fn = lambda lp: reference_loss(jnp, jax.lax.stop_gradient, obj, lp, old_logp, adv, mask, ref_logp)
+    fn = lambda lp: reference_loss(
+        jnp, jax.lax.stop_gradient, obj, lp, old_logp, adv, mask, ref_logp
+    )
     return np.asarray(jax.grad(fn)(jnp.asarray(logp)))
 
 
@@ -163,7 +167,9 @@ def test_preset_matches_reference_formula(name, seed, drift):
     obj = WITH_KL[name]
     logp, old_logp, adv, mask, ref_logp = make_batch(seed=seed, drift=drift)
     loss, metrics, grad = run(obj, logp, old_logp, adv, mask, ref_logp)
-    np.testing.assert_allclose(loss, reference_value(obj, logp, old_logp, adv, mask, ref_logp), rtol=1e-5)
+    np.testing.assert_allclose(
+        loss, reference_value(obj, logp, old_logp, adv, mask, ref_logp), rtol=1e-5
+    )
     np.testing.assert_allclose(
         grad, reference_grad(obj, logp, old_logp, adv, mask, ref_logp), rtol=1e-5, atol=1e-8
     )
@@ -190,7 +196,9 @@ def test_every_aggregation_matches_reference(name, aggregation):
     logp, old_logp, adv, mask, _ = make_batch(seed=2, drift=0.1)
     loss, _, grad = run(obj, logp, old_logp, adv, mask)
     np.testing.assert_allclose(loss, reference_value(obj, logp, old_logp, adv, mask), rtol=1e-5)
-    np.testing.assert_allclose(grad, reference_grad(obj, logp, old_logp, adv, mask), rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(
+        grad, reference_grad(obj, logp, old_logp, adv, mask), rtol=1e-5, atol=1e-8
+    )
 
 
 @pytest.mark.parametrize("name", ["grpo", "dapo", "gspo_token"])
@@ -199,7 +207,9 @@ def test_per_token_advantages_match_reference(name):
     logp, old_logp, adv, mask, _ = make_batch(seed=3, drift=0.5, per_token_adv=True)
     loss, metrics, grad = run(obj, logp, old_logp, adv, mask)
     np.testing.assert_allclose(loss, reference_value(obj, logp, old_logp, adv, mask), rtol=1e-5)
-    np.testing.assert_allclose(grad, reference_grad(obj, logp, old_logp, adv, mask), rtol=1e-5, atol=1e-8)
+    np.testing.assert_allclose(
+        grad, reference_grad(obj, logp, old_logp, adv, mask), rtol=1e-5, atol=1e-8
+    )
     for key, want in reference_metrics(obj, logp, old_logp, adv, mask).items():
         np.testing.assert_allclose(metrics[key], want, rtol=1e-4, atol=1e-7, err_msg=key)
 
@@ -209,7 +219,9 @@ def test_kl_estimators_match_reference(estimator):
     obj = objectives.get_objective("dapo", kl_coef=0.3, kl_estimator=estimator)
     logp, old_logp, adv, mask, ref_logp = make_batch(seed=4)
     loss, _, grad = run(obj, logp, old_logp, adv, mask, ref_logp)
-    np.testing.assert_allclose(loss, reference_value(obj, logp, old_logp, adv, mask, ref_logp), rtol=1e-5)
+    np.testing.assert_allclose(
+        loss, reference_value(obj, logp, old_logp, adv, mask, ref_logp), rtol=1e-5
+    )
     np.testing.assert_allclose(
         grad, reference_grad(obj, logp, old_logp, adv, mask, ref_logp), rtol=1e-5, atol=1e-8
     )
@@ -284,7 +296,7 @@ def test_length_compounding_table():
     delta = np.full(mask.shape, math.log(1.001), np.float32)
     log_s = np.asarray(objectives.sequence_log_ratio(jnp.asarray(delta * mask), jnp.asarray(mask)))
     product = np.exp(log_s.astype(np.float64) * lengths)
-    np.testing.assert_allclose(product, 1.001 ** lengths, rtol=1e-4)
+    np.testing.assert_allclose(product, 1.001**lengths, rtol=1e-4)
     np.testing.assert_allclose(product, [1.105, 1.668, 7.374, 148.0], rtol=2e-3)
     gspo = jax.jit(objectives.get_objective("gspo"))
     _, metrics = gspo(delta, np.zeros_like(delta), np.ones(4, np.float32), mask)
@@ -367,7 +379,7 @@ def test_luspo_is_length_times_gspo_per_response():
     logp, old_logp, adv, mask, _ = make_batch(seed=6, drift=1e-3)
     gspo, luspo = objectives.get_objective("gspo"), objectives.get_objective("luspo")
     for i in np.flatnonzero(mask.sum(-1)):
-        row = lambda x: x[i:i + 1]
+        row = lambda x, i=i: x[i : i + 1]
         g = run(gspo, *map(row, (logp, old_logp, adv, mask)))
         lu = run(luspo, *map(row, (logp, old_logp, adv, mask)))
         np.testing.assert_allclose(lu[0], mask[i].sum() * g[0], rtol=1e-6)
@@ -392,7 +404,7 @@ def test_gmpo_unclipped_is_at_most_grpo_in_magnitude():
     grpo = objectives.get_objective("grpo", eps_low=0.999999, eps_high=1e3)
     gm_sum = gr_sum = 0.0
     for i in np.flatnonzero(mask.sum(-1)):
-        row = lambda x: x[i:i + 1]
+        row = lambda x, i=i: x[i : i + 1]
         gm = abs(run(gmpo, *map(row, (logp, old_logp, adv, mask)))[0])
         gr = abs(run(grpo, *map(row, (logp, old_logp, adv, mask)))[0])
         assert gm <= gr * (1 + 1e-6), i
@@ -464,7 +476,9 @@ def test_wild_log_ratios_give_finite_loss_and_gradient(name, sign):
     """Log-ratios of ±1e4 (and a KL log-ratio of ±1e4) stay finite through the exp clamp."""
     obj = WITH_KL[name]
     logp, old_logp, adv, mask, _ = make_batch(seed=13)
-    wild = (old_logp + sign * 1e4 * np.sign(np.arange(B * T).reshape(B, T) % 3 - 1)).astype(np.float32)
+    wild = (old_logp + sign * 1e4 * np.sign(np.arange(B * T).reshape(B, T) % 3 - 1)).astype(
+        np.float32
+    )
     loss, metrics, grad = run(obj, wild, old_logp, adv, mask, old_logp)
     assert np.isfinite(loss) and np.isfinite(grad).all()
     assert all(np.isfinite(v) for v in metrics.values()), metrics

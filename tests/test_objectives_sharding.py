@@ -38,7 +38,7 @@ def objective(name):
     return objectives.get_objective(name, kl_coef=0.1, dual_clip=3.0)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def unsharded(name):
     obj = objective(name)
     return jax.jit(jax.value_and_grad(lambda lp, *rest: obj(lp, *rest), has_aux=True))
@@ -75,7 +75,7 @@ def test_jit_with_batch_sharded_inputs_equals_unsharded(name, mesh):
     assert_same(got, reference(name, batch))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shard_mapped(name, mesh):
     """loss of the whole batch from per-shard Sums combined with Sums.psum, and its gradient."""
     obj = objective(name)
@@ -96,7 +96,7 @@ def test_shard_map_with_psum_of_sums_equals_unsharded(name, mesh):
     assert_same(got, reference(name, batch))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def micro_step(name):
     """Sums of one micro-batch, and the gradient of its num / (the minibatch's den)."""
     obj = objective(name)
