@@ -80,11 +80,11 @@ def reference_loss(xp, sg, obj, logp, old_logp, adv, mask, ref_logp=None):
         return loss
 
     log_s = delta.sum(-1) / xp.maximum(n, 1.0)
-    if obj.ratio == "token":
+    if obj.ratio_level == "token":
         per_token = surrogate(clamped_exp(delta), A)
-    elif obj.ratio == "sequence":
+    elif obj.ratio_level == "sequence":
         per_token = surrogate(clamped_exp(log_s), A_i)[:, None] * xp.ones_like(mask)
-    elif obj.ratio == "sequence_token":
+    elif obj.ratio_level == "sequence_token":
         log_s_it = logp - sg(logp) + sg(log_s)[:, None]
         per_token = surrogate(clamped_exp(log_s_it), A)
     else:  # geometric
@@ -120,10 +120,10 @@ def reference_metrics(obj, logp, old_logp, adv, mask):
     delta = np.where(valid, logp - old_logp, 0.0)
     A = adv if adv.ndim == 2 else np.repeat(adv[:, None], mask.shape[1], 1)
     s = np.exp(delta.sum(-1) / np.maximum(n, 1))
-    if obj.ratio == "token":
+    if obj.ratio_level == "token":
         rho, units = np.exp(delta), valid
         low, high = (rho < 1 - obj.eps_low) & (A < 0), (rho > 1 + obj.eps_high) & (A > 0)
-    elif obj.ratio == "geometric":
+    elif obj.ratio_level == "geometric":
         rho, units = s, n > 0
         low, high = (delta < -obj.eps_low) & (A < 0), (delta > obj.eps_high) & (A > 0)
     else:
@@ -564,5 +564,5 @@ def test_advantages_tuple_passed_as_adv_raises_with_a_hint():
 def test_objective_is_hashable_and_overrides_compose():
     a = objectives.get_objective("gspo", eps_low=0.2, eps_high=0.2)
     assert a == objectives.get_objective("gspo", eps_high=0.2, eps_low=0.2) and hash(a)
-    assert (a.ratio, a.aggregation, a.eps_low) == ("sequence", "seq-mean-token-mean", 0.2)
+    assert (a.ratio_level, a.aggregation, a.eps_low) == ("sequence", "seq-mean-token-mean", 0.2)
     assert objectives.get_objective("luspo").aggregation == "seq-mean-token-sum"
