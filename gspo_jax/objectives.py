@@ -53,7 +53,8 @@ Gradients flow through `num` only (metric sums are stop-gradient); jax.grad thro
 `.psum(...).finalize()[0]` inside shard_map gives the global gradient.
 
 Metric sums are additive (`*_tokens`, `*_sum`, `tokens`, `rows`, `ratio_count`, `pg_num`,
-`kl_num`) except `ratio_min` / `ratio_max` (combined by min / max). Finalised metrics:
+`kl_num`) except `ratio_min` / `ratio_max` (combined by min / max; ±inf in a part with no ratio
+unit, the identity of min / max). Finalised metrics:
   clip_frac, clip_frac_low, clip_frac_high   per response token (a clipped response clips all of
                                              its tokens); low: ρ < 1 − eps_low with A < 0,
                                              high: ρ > 1 + eps_high with A > 0
@@ -82,7 +83,6 @@ import jax
 import jax.numpy as jnp
 
 EXP_CLAMP = 20.0  # exp(±20) ≈ 4.9e8 / 2.1e-9: large but finite
-_F32_MAX = float(jnp.finfo(jnp.float32).max)
 
 RATIO_LEVELS = ("token", "sequence", "sequence_token", "geometric")
 AGGREGATIONS = (
@@ -104,13 +104,10 @@ OVERRIDABLE_FIELDS = (
 
 
 # ----------------------------------------------------------------------------- building blocks
-# Clips and indicators are written with min / max / sign rather than jnp.clip or compare+select:
-# same values, but XLA:CPU fuses min/max/sign into the reduction that consumes them, where a
-# clamp or select would first materialise a [B, T] temporary (GPU/TPU fuse either form).
 
 
 def clip(x: jax.Array, low, high) -> jax.Array:
-    """min(max(x, low), high)."""
+    """min(max(x, low), high); its gradient is 1 inside the range and 0 outside."""
     return jnp.minimum(jnp.maximum(x, low), high)
 
 
@@ -146,51 +143,38 @@ def sequence_log_ratio(delta: jax.Array, mask: jax.Array) -> jax.Array:
 def clipped_surrogate(ratio, adv, eps_low: float, eps_high: float, dual_clip=None):
     """L_u = −min(ρ·A, clip(ρ, 1 − eps_low, 1 + eps_high)·A), then min(L_u, −c·A) where A < 0.
 
-    ratio and adv broadcast against each other (e.g. [B, T] with [B, 1]).
+    Evaluated as −A·min(ρ, 1 + eps_high) for A >= 0 and −A·max(ρ, 1 − eps_low) for A < 0: the
+    same function (min(ρ, clip(ρ)) = min(ρ, 1 + eps_high), max(ρ, clip(ρ)) = max(ρ, 1 − eps_low)),
+    gradient included, in fewer operations per token. ratio and adv broadcast ([B, T] with [B, 1]).
     """
-    loss = -jnp.minimum(ratio * adv, clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv)
+    bounded = jnp.where(
+        adv >= 0, jnp.minimum(ratio, 1.0 + eps_high), jnp.maximum(ratio, 1.0 - eps_low)
+    )
+    loss = -adv * bounded
     if dual_clip is not None:
         loss = jnp.where(adv < 0, jnp.minimum(loss, -dual_clip * adv), loss)
     return loss
 
 
-def _positive(x: jax.Array) -> jax.Array:
-    """The indicator x > 0 as 1.0 / 0.0 (sign of relu; see the note above)."""
-    return jnp.sign(jnp.maximum(x, 0.0))
+def _tokens_per_row(indicator: jax.Array, mask: jax.Array, n_tok: jax.Array) -> jax.Array:
+    """[B] tokens per response where a unit indicator holds; a response-level [B] indicator
+    counts all |y_i| tokens of its response (a clipped response clips all its tokens)."""
+    if indicator.ndim == 2:
+        # The barrier keeps XLA from turning later sums of these row counts into second passes
+        # over [B, T] (it rewrites reduce(reduce(x)) as one reduce of x).
+        return jax.lax.optimization_barrier(jnp.where(indicator, mask, 0.0).sum(-1))
+    return jnp.where(indicator, n_tok, 0.0)
 
 
-def _clip_excess(x: jax.Array, low, high) -> jax.Array:
-    """> 0 above [low, high], < 0 below it, 0 inside: the sign of x − clip(x, low, high), written
-    without the clamp XLA would canonicalise min(max(·)) to (which XLA:CPU won't fuse)."""
-    return jnp.maximum(x - high, 0.0) - jnp.maximum(low - x, 0.0)
-
-
-def _masked_min(x: jax.Array, units: jax.Array) -> jax.Array:
-    """min of x over units == 1 (x finite); the float32 max when there is no unit."""
-    return jnp.min(x + (1.0 - units) * _F32_MAX)
-
-
-def _masked_max(x: jax.Array, units: jax.Array) -> jax.Array:
-    return jnp.max(x - (1.0 - units) * _F32_MAX)
-
-
-def _clipped_tokens(gap, adv, mask, n_tok):
-    """Clipped tokens per response [B], on the low (A < 0) and the high (A > 0) side.
-
-    gap has the sign of ρ − clip(ρ), per clip unit ([B, T] tokens or [B] responses). A unit is
-    clipped when the clip moved its ratio against the advantage, A·(ρ − clip(ρ)) > 0: for A > 0
-    that is ρ > 1 + eps_high, for A < 0 it is ρ < 1 − eps_low. A clipped response clips all its
-    |y_i| tokens.
-    """
-    if gap.ndim == 1:
-        clipped = _positive(adv * gap) * n_tok  # [B]
-    elif adv.ndim == 1:  # sign(A) is constant along a row: count once, split by the sign after
-        clipped = (_positive(adv[:, None] * gap) * mask).sum(-1)  # [B]
-    else:  # per-token advantages: count each side
-        low = (_positive(jnp.minimum(adv, 0.0) * gap) * mask).sum(-1)
-        high = (_positive(jnp.maximum(adv, 0.0) * gap) * mask).sum(-1)
-        return low, high
-    return jnp.where(adv < 0, clipped, 0.0), jnp.where(adv > 0, clipped, 0.0)
+def _clipped_tokens_per_row(terms, adv, mask, n_tok):
+    """[B] clipped tokens per response on the low (A < 0) and the high (A > 0) side."""
+    if adv.ndim == 1 and terms.clip_low.ndim == 2:
+        # sign(A_i) is constant along a row, so one count of either side splits by that sign.
+        clipped = _tokens_per_row(terms.clip_low | terms.clip_high, mask, n_tok)
+        return jnp.where(adv < 0, clipped, 0.0), jnp.where(adv > 0, clipped, 0.0)
+    return _tokens_per_row(terms.clip_low, mask, n_tok), _tokens_per_row(
+        terms.clip_high, mask, n_tok
+    )
 
 
 # ----------------------------------------------------------------------------- sums
@@ -263,8 +247,9 @@ class _PolicyTerms(NamedTuple):
 
     loss: jax.Array  # ℓ per unit: [B, T] per token (finite, masked when summed) or [B] L_i
     ratio: jax.Array  # ρ per unit, same shape as loss (for the dual-clip count)
-    clip_gap: jax.Array  # sign of ρ − clip(ρ) per clip unit, [B, T] or [B] (log space for gmpo)
-    log_ratio: jax.Array  # log of the reported ratio: δ [B, T] (token ratios) or log s_i [B]
+    clip_low: jax.Array  # bool per clip unit, [B, T] or [B]: ρ < 1 − eps_low with A < 0
+    clip_high: jax.Array  # bool per clip unit, [B, T] or [B]: ρ > 1 + eps_high with A > 0
+    reported: jax.Array  # the ratio for ratio_mean/min/max: w [B, T] or s_i [B], unclipped
 
 
 @dataclasses.dataclass(frozen=True)
@@ -347,29 +332,27 @@ class Objective:
                 num = pg_num + self.kl_coef * kl_num
 
         sg = jax.lax.stop_gradient
-        row_low, row_high = _clipped_tokens(sg(terms.clip_gap), adv, mask, n_tok)  # [B], [B]
-        log_ratio = sg(terms.log_ratio)
-        units = mask if log_ratio.ndim == 2 else nonempty.astype(jnp.float32)  # ratio units
+        row_low, row_high = _clipped_tokens_per_row(terms, adv, mask, n_tok)  # [B], [B]
+        ratio = sg(terms.reported)  # [B, T] per token or [B] per response; > 0
+        units = mask if ratio.ndim == 2 else nonempty.astype(jnp.float32)  # ratio units, 0/1
         metrics = {
             "tokens": n_tok.sum(),
             "rows": nonempty.sum().astype(jnp.float32),
             "clip_low_tokens": row_low.sum(),
             "clip_high_tokens": row_high.sum(),
             "seq_clip_sum": ((row_low + row_high) / jnp.maximum(n_tok, 1.0)).sum(),
-            "ratio_sum": (clamped_exp(log_ratio) * units).sum(),
-            "ratio_count": units.sum(),
-            # Clamped, so a part with no unit gives e^±20: still the identity of min / max.
-            "ratio_min": clamped_exp(_masked_min(log_ratio, units)),
-            "ratio_max": clamped_exp(_masked_max(log_ratio, units)),
+            "ratio_sum": (ratio * units).sum(),
+            "ratio_count": n_tok.sum() if ratio.ndim == 2 else units.sum(),
+            "ratio_min": jnp.where(units > 0, ratio, jnp.inf).min(),  # inf: identity of min
+            "ratio_max": (ratio * units).max(),  # ratios are > 0, so 0 is the identity of max
             # k3 of x = log π_θ/π_old at tokens sampled from π_old: estimates KL[π_old ‖ π_θ].
-            "approx_kl_sum": (kl_estimate(sg(delta), "k3") * mask).sum(),
+            "approx_kl_sum": jnp.where(valid, kl_estimate(sg(delta), "k3"), 0.0).sum(),
             "pg_num": pg_num,
         }
         if self.dual_clip is not None:  # A < 0 and ρ > c: the dual clip bounds the loss
             unit_adv = adv[:, None] if terms.ratio.ndim > adv.ndim else adv
-            dual = _positive(jnp.minimum(unit_adv, 0.0) * (self.dual_clip - sg(terms.ratio)))
-            per_row = (dual * mask).sum(-1) if dual.ndim == 2 else dual * n_tok
-            metrics["dual_clip_tokens"] = per_row.sum()
+            dual = (unit_adv < 0) & (sg(terms.ratio) > self.dual_clip)
+            metrics["dual_clip_tokens"] = _tokens_per_row(dual, mask, n_tok).sum()
         if ref_logp is not None:
             metrics["kl_ref_sum"] = kl_rows.sum()
             metrics["kl_num"] = kl_num
@@ -380,13 +363,21 @@ class Objective:
 # ----------------------------------------------------------------------------- ratio levels
 
 
+def _clipped(ratio, adv, obj):
+    """Where the clip is the active branch: (ρ < 1 − eps_low and A < 0, ρ > 1 + eps_high and A > 0).
+
+    Padding needs no care here: the metrics count these through the mask.
+    """
+    return (ratio < 1.0 - obj.eps_low) & (adv < 0), (ratio > 1.0 + obj.eps_high) & (adv > 0)
+
+
 def _token_terms(obj, delta, adv, mask, n_tok, nonempty):
     """GRPO / DAPO / Dr. GRPO: w_{i,t} = exp(δ_{i,t}), clipped token by token."""
     w = clamped_exp(delta)  # [B, T] w_{i,t}
     A = adv if adv.ndim == 2 else adv[:, None]  # A_{i,t} [B, T] or A_i [B, 1]
     loss = clipped_surrogate(w, A, obj.eps_low, obj.eps_high, obj.dual_clip)  # [B, T]
-    gap = _clip_excess(w, 1.0 - obj.eps_low, 1.0 + obj.eps_high)
-    return _PolicyTerms(loss, w, gap, delta)
+    low, high = _clipped(w, A, obj)
+    return _PolicyTerms(loss, w, low, high, w)
 
 
 def _sequence_terms(obj, delta, adv, mask, n_tok, nonempty):
@@ -394,12 +385,16 @@ def _sequence_terms(obj, delta, adv, mask, n_tok, nonempty):
     log_s = sequence_log_ratio(delta, mask)  # [B] log s_i
     s = clamped_exp(log_s)  # [B] s_i
     loss = clipped_surrogate(s, adv, obj.eps_low, obj.eps_high, obj.dual_clip)  # [B] L_i
-    gap = _clip_excess(s, 1.0 - obj.eps_low, 1.0 + obj.eps_high)
-    return _PolicyTerms(jnp.where(nonempty, loss, 0.0), s, gap, log_s)
+    low, high = _clipped(s, adv, obj)
+    return _PolicyTerms(jnp.where(nonempty, loss, 0.0), s, low, high, s)
 
 
 def _sequence_token_terms(obj, delta, adv, mask, n_tok, nonempty):
     """GSPO-token: s_{i,t} = sg[s_i]·π_θ(y_{i,t})/sg[π_θ(y_{i,t})]: value s_i, gradient per token."""
+    if adv.ndim == 1:
+        # With one A_i per response GSPO-token equals GSPO in value and gradient (GSPO eq. 14;
+        # tested against this per-token path with a per-token A that is constant per response).
+        return _sequence_terms(obj, delta, adv, mask, n_tok, nonempty)
     sg = jax.lax.stop_gradient
     log_s = sequence_log_ratio(delta, mask)  # [B] log s_i
     s = clamped_exp(log_s)  # [B] s_i
@@ -408,10 +403,9 @@ def _sequence_token_terms(obj, delta, adv, mask, n_tok, nonempty):
     # needs no per-token exp. ds_i/dlog s_i is 0 past the exp clamp, as for the other ratios.
     slope = jnp.where(jnp.abs(log_s) < EXP_CLAMP, s, 0.0)  # [B]
     s_it = sg(s)[:, None] + sg(slope)[:, None] * (delta - sg(delta))  # [B, T] s_{i,t}
-    A = adv if adv.ndim == 2 else adv[:, None]
-    loss = clipped_surrogate(s_it, A, obj.eps_low, obj.eps_high, obj.dual_clip)  # [B, T]
-    gap = _clip_excess(s_it, 1.0 - obj.eps_low, 1.0 + obj.eps_high)
-    return _PolicyTerms(loss, s_it, gap, log_s)
+    loss = clipped_surrogate(s_it, adv, obj.eps_low, obj.eps_high, obj.dual_clip)  # [B, T]
+    low, high = _clipped(s_it, adv, obj)
+    return _PolicyTerms(loss, s_it, low, high, s)
 
 
 def _geometric_terms(obj, delta, adv, mask, n_tok, nonempty):
@@ -425,9 +419,10 @@ def _geometric_terms(obj, delta, adv, mask, n_tok, nonempty):
     if obj.dual_clip is not None:
         loss = jnp.where(adv < 0, jnp.minimum(loss, -obj.dual_clip * adv), loss)
     # Reported: the unclipped geometric mean s_i; clipped: tokens whose δ the clip moved.
-    log_s = sequence_log_ratio(delta, mask)  # [B]
-    gap = _clip_excess(delta, -obj.eps_low, obj.eps_high)
-    return _PolicyTerms(jnp.where(nonempty, loss, 0.0), ratio, gap, log_s)
+    s = clamped_exp(sequence_log_ratio(delta, mask))  # [B]
+    low = (delta < -obj.eps_low) & (adv < 0)[:, None]  # [B, T]
+    high = (delta > obj.eps_high) & (adv > 0)[:, None]  # [B, T]
+    return _PolicyTerms(jnp.where(nonempty, loss, 0.0), ratio, low, high, s)
 
 
 _RATIO_TERMS = {
