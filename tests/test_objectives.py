@@ -214,6 +214,18 @@ def test_per_token_advantages_match_reference(name):
         np.testing.assert_allclose(metrics[key], want, rtol=1e-4, atol=1e-7, err_msg=key)
 
 
+@pytest.mark.parametrize("name", ["gspo", "gmpo"])
+def test_dual_clip_on_response_level_ratios_matches_reference(name):
+    obj = objectives.get_objective(name, dual_clip=1.05)
+    logp, old_logp, adv, mask, _ = make_batch(seed=3, drift=0.5)
+    loss, metrics, grad = run(obj, logp, old_logp, adv, mask)
+    np.testing.assert_allclose(loss, reference_value(obj, logp, old_logp, adv, mask), rtol=1e-5)
+    np.testing.assert_allclose(
+        grad, reference_grad(obj, logp, old_logp, adv, mask), rtol=1e-5, atol=1e-8
+    )
+    assert metrics["dual_clip_frac"] > 0  # the dual clip is active in this batch
+
+
 @pytest.mark.parametrize("estimator", objectives.KL_ESTIMATORS)
 def test_kl_estimators_match_reference(estimator):
     obj = objectives.get_objective("dapo", kl_coef=0.3, kl_estimator=estimator)
