@@ -48,8 +48,8 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
 
     c.task = ml_collections.ConfigDict()
     c.task.name = "arith"
-    # Knobs of tasks.get_task(name, **kwargs); the arithmetic task's defaults (1-5 digit operands).
-    c.task.kwargs = ml_collections.ConfigDict(dict(max_digits=5))
+    # Knobs of tasks.get_task(name, **kwargs); {} = the task's own defaults.
+    c.task.kwargs = ml_collections.ConfigDict()
 
     c.data = ml_collections.ConfigDict()
     c.data.data_dir = ""  # "" = the TFDS default under the cache dir
@@ -71,7 +71,7 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     c.rl.num_steps = 60
     c.rl.prompts_per_step = 16  # P
     c.rl.group_size = 8  # G
-    c.rl.max_new_tokens = 40  # T: fits the worked format of 5-digit sums (38 tokens with EOS)
+    c.rl.max_new_tokens = 0  # T; 0 = task.max_response_len (fits the longest worked answer)
     c.rl.temperature = 1.0
     c.rl.top_k = 0
     c.rl.top_p = 1.0
@@ -132,7 +132,6 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
         c.rl.num_steps = 4
         c.rl.prompts_per_step = 8
         c.rl.group_size = 4
-        c.rl.max_new_tokens = 16
         c.eval.every = 2
         c.eval.num_problems = 16
         c.checkpoint.every = 2

@@ -119,7 +119,13 @@ class Checkpointer:
             enable_async_checkpointing=async_save,
         )
         self._manager = ocp.CheckpointManager(
-            self.directory, options=options, item_names=("state", "data_iter", "meta")
+            self.directory,
+            options=options,
+            item_handlers={
+                "state": ocp.StandardCheckpointHandler(),
+                "data_iter": DataIteratorHandler(),
+                "meta": ocp.JsonCheckpointHandler(),
+            },
         )
 
     def latest_step(self) -> int | None:
@@ -169,8 +175,17 @@ class Checkpointer:
     def restore_arrays(self, step: int) -> Any:
         """The saved train-state pytree as host numpy arrays, without a target (for comparisons
         and notebooks; containers come back as dicts/lists)."""
+        meta = self._manager.item_metadata(step)["state"]
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        # An explicit single-device target: the saved shardings may name devices of another
+        # topology (e.g. a multi-process run), which orbax cannot restore onto by itself.
+        target = jax.tree.map(
+            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+            meta,
+            is_leaf=lambda m: hasattr(m, "shape") and hasattr(m, "dtype"),
+        )
         restored = self._manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore())
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
         )
         return jax.tree.map(np.asarray, restored["state"])
 

@@ -290,8 +290,11 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
             f"config.rl.temperature={rl.temperature}: RL needs sampling (temperature > 0); "
             "greedy decoding is for evaluation only"
         )
-    if rl.max_new_tokens < 1:
-        raise ConfigError(f"config.rl.max_new_tokens={rl.max_new_tokens} must be >= 1")
+    if rl.max_new_tokens < 0:
+        raise ConfigError(
+            f"config.rl.max_new_tokens={rl.max_new_tokens} must be >= 1 (or 0 for the task's "
+            "max_response_len)"
+        )
     opt = config.optimizer
     if opt.learning_rate <= 0 or opt.schedule not in ("constant", "cosine", "linear"):
         raise ConfigError(

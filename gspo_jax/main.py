@@ -47,29 +47,6 @@ _PREPARE_ONLY = flags.DEFINE_bool(
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def init_distributed(
-    coordinator_address: str | None = None,
-    num_processes: int | None = None,
-    process_id: int | None = None,
-) -> None:
-    """jax.distributed.initialize, with gloo collectives when the platform is the CPU.
-
-    Must run before any JAX computation. On a TPU pod all three arguments can be None (JAX reads
-    them from the environment); on CPUs they are required.
-    """
-    import jax
-
-    if jax.config.jax_platforms in (None, "", "cpu") or "cpu" in str(jax.config.jax_platforms):
-        # Cross-process collectives on CPU devices go through gloo (TCP); without it a
-        # multi-process CPU computation fails at the first all-reduce.
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(
-        coordinator_address=coordinator_address,
-        num_processes=num_processes,
-        process_id=process_id,
-    )
-
-
 def main(argv: list[str]) -> None:
     if not flags.FLAGS["verbosity"].present:
         # orbax logs every checkpoint step at INFO; keep the terminal for the progress bar.
@@ -77,11 +54,15 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; use --config.x.y=value overrides")
     if _MULTIHOST.value or _COORDINATOR.value:
-        init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+        from gspo_jax import distributed
+
+        distributed.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     from gspo_jax import trainer  # after distributed init: importing models may touch devices
 
     if _PREPARE_ONLY.value:
-        trainer.prepare(_CONFIG.value, _WORKDIR.value)
+        from gspo_jax import experiment
+
+        experiment.prepare(_CONFIG.value, _WORKDIR.value)
         return
     trainer.train(_CONFIG.value, _WORKDIR.value)
 

@@ -110,10 +110,18 @@ def truncate_jsonl(path: str, max_step: int) -> None:
     os.replace(tmp, path)
 
 
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
 def read_jsonl(path: str) -> list[dict[str, float]]:
-    """Reads a metrics.jsonl file into a list of dicts (for tests, the sweep collector, notebooks)."""
+    """Reads a metrics.jsonl file into a list of dicts (for tests, the sweep collector, notebooks).
+
+    Non-finite values, stored as the strings "nan" / "inf" / "-inf", come back as floats.
+    """
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        recs = [json.loads(line) for line in f if line.strip()]
+    return [{k: _NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in r.items()}
+            for r in recs]
 
 
 def _jsonable(x: Any) -> Any:

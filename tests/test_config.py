@@ -1,6 +1,7 @@
 """Config machinery: typed get_config arguments, CLI overrides, sweeps, early validation."""
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -175,3 +176,39 @@ def test_validate_unwritable_workdir(tmp_path):
     # (chmod cannot make a directory unwritable for root; a path under a file fails for everyone)
     with pytest.raises(ConfigError, match="not writable.*--workdir"):
         config_lib.validate(get_config("runlocal"), str(blocker / "run"))
+
+
+def _sweep_module():
+    spec = importlib.util.spec_from_file_location(
+        "sweep_launcher", os.path.join(REPO, "experiments", "sweep.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sweep_expands_to_commands_and_collects_tables(tmp_path, capsys):
+    sweep = _sweep_module()
+    assert sweep.main(["--config", f"{ARITH}:runlocal", "--sweep", "seeds=1",
+                       "--workdir", str(tmp_path), "--dry_run", "--config.rl.num_steps=2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 10
+    assert all("gspo_jax.main" in ln and "--config.rl.num_steps=2" in ln for ln in lines)
+    assert any("--config.objective.name=gspo --config.objective.eps_low=0.2" in ln for ln in lines)
+    # collection: one finished run, one missing
+    runs = sweep.load_sweep(ARITH, "seeds=1")[:2]
+    wd = tmp_path / runs[0]["name"]
+    wd.mkdir()
+    (wd / "summary.json").write_text(json.dumps({
+        "base": {"greedy_accuracy": 0.3, "mean_response_length": 6.0},
+        "final": {"greedy_accuracy": 0.5, "mean_response_length": 20.0},
+        "steps": 2, "wall_s": 9.0}))
+    (wd / "metrics.jsonl").write_text(
+        json.dumps({"step": 1, "train/clip_frac": 0.1, "rollout/reward": 0.4}) + "\n"
+        + json.dumps({"step": 2, "train/clip_frac": 0.3, "rollout/reward": 0.6}) + "\n")
+    rows = sweep.collect(runs, str(tmp_path))
+    assert rows[0]["status"] == "ok" and rows[1]["status"] == "missing"
+    assert rows[0]["delta_acc"] == pytest.approx(0.2)
+    assert rows[0]["mean_clip_frac"] == pytest.approx(0.2) and rows[0]["last_reward"] == 0.6
+    md = sweep.write_tables(rows, str(tmp_path))
+    assert md.startswith("| run |") and (tmp_path / "results.csv").exists()

@@ -104,7 +104,8 @@ def assert_records(a, b, **tol):
             if tol:
                 np.testing.assert_allclose(ra[k], rb[k], err_msg=f"{k} at step {ra['step']}", **tol)
             else:
-                assert ra[k] == rb[k], f"{k} at step {ra['step']}: {ra[k]} != {rb[k]}"
+                same = ra[k] == rb[k] or (np.isnan(ra[k]) and np.isnan(rb[k]))
+                assert same, f"{k} at step {ra['step']}: {ra[k]} != {rb[k]}"
 
 
 @pytest.fixture(scope="module")
@@ -210,3 +211,22 @@ def test_two_process_run_equals_one_process(shared, sharded):
     assert len(glob.glob(os.path.join(wd, "tb", "events.out.tfevents.*"))) == 1
     assert_trees(final_params(wd), final_params(sharded), rtol=2e-5, atol=2e-6)
     assert_records(records(wd), records(sharded), rtol=1e-4, atol=1e-5)
+
+
+def test_non_finite_loss_stops_after_last_good_checkpoint(shared, single, monkeypatch):
+    real_step = trainer.rl_step
+
+    def poisoned(run, phases, state, batch, **kw):
+        state, m = real_step(run, phases, state, batch, **kw)
+        if int(jax.device_get(state.step)) == 3:
+            m["train/loss"] = float("nan")
+        return state, m
+
+    monkeypatch.setattr(trainer, "rl_step", poisoned)
+    wd = os.path.join(shared["root"], "nan")
+    with pytest.raises(metrics_lib.NonFiniteError, match="train/loss=nan at step 3"):
+        trainer.train(make_config(shared, num_devices=1), wd)
+    assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["2"]  # committed, not tmp
+    assert [r["step"] for r in records(wd)] == [0, 1, 2]  # the bad step was not logged
+    assert not os.path.exists(os.path.join(wd, "summary.json"))
+    assert_trees(final_params(wd, step=2), final_params(single[0], step=2))

@@ -112,10 +112,10 @@ def test_schedules_and_step_keys():
 
 
 def test_row_sharding_helpers_on_eight_devices():
-    from gspo_jax import trainer
+    from gspo_jax import distributed
 
     mesh = sharding.make_mesh({"data": -1})
     x = np.arange(32).reshape(16, 2)
-    g = trainer.to_global(x, mesh)
+    g = distributed.to_global(x, mesh)
     assert g.sharding.spec[0] == "data" and g.shape == (16, 2)
-    np.testing.assert_array_equal(trainer.to_local(g), x)
+    np.testing.assert_array_equal(distributed.to_local(g), x)

@@ -1,0 +1,251 @@
+"""What an experiment is built from: task, model config, objective, optimizer, mesh, base policy.
+
+    run = experiment.build_run(config, workdir)      # validates first: ConfigError names the fix
+    params, seconds = experiment.base_params(run)    # warm start (cached) or random, on the mesh
+    state = experiment.initial_state(run, params)
+
+Nothing here runs an RL step (that is trainer.py); notebooks and benchmarks use these functions to
+get the same objects the trainer uses.
+
+Dimension legend: none (configuration objects and parameter pytrees).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from gspo_jax import config as config_lib
+from gspo_jax import metrics as metrics_lib
+from gspo_jax import models, objectives, sharding
+from gspo_jax import train_step as ts
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything built from the config before the first step."""
+
+    config: ml_collections.ConfigDict
+    workdir: str
+    mesh: Any
+    task: Any
+    model_cfg: models.ModelConfig
+    objective: objectives.Objective
+    estimator: str
+    graphdef: Any
+    rest: Any  # non-trainable model state (empty for the Transformer)
+    tx: Any
+    schedule: Any
+    state_shardings: Any
+    updates_per_step: int
+    abs_params: Any  # ShapeDtypeStructs with shardings: the restore target
+
+
+def _model_overrides(config) -> dict:
+    over = {k: v for k, v in config.model.items() if k != "preset" and v is not None}
+    return over
+
+
+def build_model_config(config, task) -> models.ModelConfig:
+    return models.get_model_config(
+        config.model.preset, vocab_size=task.tokenizer.vocab_size, **_model_overrides(config)
+    )
+
+
+def make_task(config):
+    from gspo_jax import tasks
+
+    return tasks.get_task(config.task.name, **dict(config.task.kwargs))
+
+
+def _split_model(model):
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    return graphdef, params, rest
+
+
+def abstract_params(model_cfg, mesh, seed: int):
+    """(graphdef, params ShapeDtypeStructs with their mesh shardings, rest) without allocating."""
+    abstract = nnx.eval_shape(lambda: models.Transformer(model_cfg, rngs=nnx.Rngs(seed)))
+    graphdef, params, rest = _split_model(abstract)
+    shardings = sharding.state_shardings(params, mesh)
+    abs_params = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params, shardings
+    )
+    return graphdef, abs_params, rest, shardings
+
+
+def abstract_state(run: Run, abs_params) -> ts.TrainState:
+    """The TrainState's shapes and shardings (the restore target), without allocating."""
+    compiled = jax.jit(run.tx.init).lower(abs_params).compile()
+    opt_shapes = jax.eval_shape(run.tx.init, abs_params)
+    abs_opt = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        opt_shapes,
+        compiled.output_shardings,
+    )
+    replicated = NamedSharding(run.mesh, PartitionSpec())
+    return ts.TrainState(
+        step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
+        params=abs_params,
+        opt_state=abs_opt,
+        rng=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=replicated),
+    )
+
+
+def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
+    """The initial policy's parameters on the mesh (warm start or random), and the seconds spent."""
+    config = run.config
+    cache_dir = cache_dir or cache_dir_of(config)
+    t0 = time.time()
+    if config.init.kind == "warmstart" and jax.process_count() > 1:
+        params = _load_cached_warmstart(run, cache_dir)
+    elif config.init.kind == "warmstart":
+        from gspo_jax import warmstart
+
+        model = warmstart.get_base_model(
+            run.task,
+            run.model_cfg,
+            config.init.warmstart,
+            cache_dir,
+            data_dir=config.data.data_dir or None,
+            progress=config.log.progress and metrics_lib.is_writer_process(),
+        )
+        _, params, _ = _split_model(model)
+        params = jax.device_put(params, run.state_shardings)
+    elif config.init.kind == "random":
+        model = sharding.create_sharded_model(run.model_cfg, run.mesh, config.seed)
+        _, params, _ = _split_model(model)
+    else:
+        raise config_lib.ConfigError(
+            f"config.init.kind={config.init.kind!r}; valid: 'warmstart', 'random'"
+        )
+    return params, time.time() - t0
+
+
+def _warmstart_path(run: Run, cache_dir: str) -> str:
+    from gspo_jax import warmstart
+
+    warm_cfg = warmstart.as_warm_config(run.config.init.warmstart)
+    key = warmstart.cache_key(run.task, run.model_cfg, warm_cfg)
+    return os.path.abspath(os.path.join(cache_dir, "warmstart", f"{run.task.name}_{key}"))
+
+
+def _load_cached_warmstart(run: Run, cache_dir: str):
+    """Multi-host: restore the cached warm start straight into its mesh shardings.
+
+    warmstart.get_base_model restores onto one local device (and would train on every host at
+    once when the cache is cold), which a multi-process run cannot do; here every process reads
+    only its shards. The cache must exist: fill it once with a single-process
+    ``python -m gspo_jax.main ... --prepare_only`` (same config, shared filesystem).
+    """
+    import orbax.checkpoint as ocp
+
+    path = _warmstart_path(run, cache_dir)
+    if not os.path.exists(os.path.join(path, "meta.json")):
+        raise config_lib.ConfigError(
+            f"multi-host run: the warm start is not cached at {path}. Run the same command once "
+            "in a single process with --prepare_only (it trains and caches the base policy), on "
+            "a filesystem every host sees, then launch the multi-host run."
+        )
+    abstract = nnx.eval_shape(lambda: models.Transformer(run.model_cfg, rngs=nnx.Rngs(0)))
+    graphdef, abs_state = nnx.split(abstract)
+    shardings = sharding.state_shardings(abs_state, run.mesh)
+    target = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abs_state, shardings
+    )
+    restored = ocp.StandardCheckpointer().restore(
+        os.path.join(path, "params"), nnx.to_pure_dict(target)
+    )
+    nnx.replace_by_pure_dict(abs_state, restored)
+    _, params, _ = _split_model(nnx.merge(graphdef, abs_state))
+    return params
+
+
+def cache_dir_of(config) -> str:
+    if config.init.cache_dir:
+        return config.init.cache_dir
+    return os.environ.get(
+        "GSPO_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gspo_jax")
+    )
+
+
+def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
+    """Validates ``config`` (ConfigError naming the fix) and builds everything but the state."""
+    config_lib.validate(config, workdir)
+    config = ml_collections.ConfigDict(config)  # a private copy
+    rl = config.rl
+    mesh = sharding.make_mesh(dict(config.mesh), devices=config_lib.mesh_devices(config))
+    task = make_task(config)
+    if rl.max_new_tokens <= 0:
+        rl.max_new_tokens = task.max_response_len
+    model_cfg = build_model_config(config, task)
+    objective = objectives.get_objective(
+        config.objective.name, **config_lib.objective_overrides(config.objective)
+    )
+    updates_per_step = rl.num_epochs * rl.num_minibatches
+    tx, schedule = ts.make_optimizer(config.optimizer, rl.num_steps * updates_per_step)
+    graphdef, abs_params, rest, state_sh = abstract_params(model_cfg, mesh, config.seed)
+    if jax.tree.leaves(rest):
+        raise NotImplementedError("models with non-parameter state are not supported")
+    return Run(
+        config=config,
+        workdir=os.path.abspath(workdir) if workdir else "",
+        mesh=mesh,
+        task=task,
+        model_cfg=model_cfg,
+        objective=objective,
+        estimator=config_lib.resolve_estimator(config),
+        graphdef=graphdef,
+        rest=rest,
+        tx=tx,
+        schedule=schedule,
+        state_shardings=state_sh,
+        updates_per_step=updates_per_step,
+        abs_params=abs_params,
+    )
+
+
+def initial_state(run: Run, params) -> ts.TrainState:
+    """Step 0: the given (base) parameters, a fresh optimizer state, the run's base key."""
+    with sharding.use_mesh(run.mesh):
+        opt_state = jax.jit(run.tx.init)(params)
+    replicated = NamedSharding(run.mesh, PartitionSpec())
+    key = jax.random.key_data(jax.random.key(run.config.seed))
+    return ts.TrainState(
+        step=jax.device_put(jnp.zeros((), jnp.int32), replicated),
+        params=params,
+        opt_state=opt_state,
+        rng=jax.device_put(key, replicated),
+    )
+
+
+def prepare(config: ml_collections.ConfigDict, workdir: str | None = None) -> None:
+    """Validates the config, prepares the dataset and trains/caches the warm start, then returns.
+
+    Run it once single-process before a multi-host run (``main --prepare_only``): the multi-host
+    loader reads the cached warm start but does not train it.
+    """
+    from gspo_jax import data
+
+    config_lib.validate(config, workdir)
+    task = make_task(config)
+    data.prepare(task, config.data.data_dir or None)
+    if config.init.kind == "warmstart":
+        from gspo_jax import warmstart
+
+        warmstart.get_base_model(
+            task,
+            build_model_config(config, task),
+            config.init.warmstart,
+            cache_dir_of(config),
+            data_dir=config.data.data_dir or None,
+            progress=config.log.progress,
+        )
