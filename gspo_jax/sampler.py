@@ -56,6 +56,11 @@ class SampleOutput:
     logp: jax.Array  # [B, T] float32, temperature-scaled policy (0 where mask is 0)
     sample_logp: jax.Array  # [B, T] float32, truncated sampling distribution (0 where masked)
     lengths: jax.Array  # [B] int32 = mask.sum(-1)
+    # MoE only, with return_routes=True: experts used at every slot of the prompt+response
+    # layout, [L, B, Lp + T, k] int32, ready for response_logprobs(..., routes=...) (Routing
+    # Replay). The last slot's token is never fed to the model; its routes are 0 (they cannot
+    # affect any log-prob).
+    routes: jax.Array | None = None
 
 
 @flax.struct.dataclass
@@ -67,6 +72,7 @@ class _LoopState:
     sample_logp: jax.Array  # [B, T]
     done: jax.Array  # [B] bool: EOS already emitted
     cache: list  # per layer {"k", "v"} [B, S, K, Dh]
+    routes: jax.Array | None  # [L, B, S, k] int32 when routes are requested
 
 
 def truncate_logits(scaled: jax.Array, top_k: int, top_p: float) -> jax.Array:
@@ -131,13 +137,15 @@ def sample_token(logits: jax.Array, key, *, temperature: float, top_k: int, top_
     return tok, logp, sample_logp
 
 
-def prefill(model, prompts, prompt_lengths, *, num_samples: int, cache_len: int):
+def prefill(model, prompts, prompt_lengths, *, num_samples: int, cache_len: int,
+            return_routes: bool = False):
     """Prefills each of the P prompts once and shares the result with its G samples.
 
     prompts [P, Lp], prompt_lengths [P] -> (logits [B, V] f32 predicting the first response
     token, cache: per layer {"k","v"} [B, cache_len, K, Dh], n [B] prompt lengths per row).
     Attention runs over the Lp prompt slots only; the cache is then zero-extended to cache_len
     and repeated G times. Only the last real prompt position's logits are computed.
+    With return_routes (MoE), also the prompt routes [L, B, cache_len, k] (zeros after Lp).
     """
     P, Lp = prompts.shape
     G = num_samples
@@ -146,17 +154,22 @@ def prefill(model, prompts, prompt_lengths, *, num_samples: int, cache_len: int)
     valid = slot[None, :] < n[:, None]  # [P, Lp]
     pos = jnp.broadcast_to(slot, (P, Lp))
     out = model.forward(prompts.astype(jnp.int32), pos, attention_mask(valid, slot),
-                        token_mask=valid, cache=model.init_cache(P, Lp), write_index=0)
+                        token_mask=valid, cache=model.init_cache(P, Lp), write_index=0,
+                        return_routes=return_routes)
     h_last = jnp.take_along_axis(out["hidden"], (n - 1)[:, None, None], axis=1)[:, 0]  # [P, D]
     logits = jnp.repeat(model.logits(h_last), G, axis=0)  # [B, V]
     cache = jax.tree.map(
         lambda c: jnp.repeat(jnp.pad(c, ((0, 0), (0, cache_len - Lp), (0, 0), (0, 0))), G, 0),
         out["cache"])  # [B, cache_len, K, Dh]
+    if return_routes:
+        routes = jnp.pad(jnp.repeat(out["routes"], G, axis=1),
+                         ((0, 0), (0, 0), (0, cache_len - Lp), (0, 0)))  # [L, B, cache_len, k]
+        return logits, cache, jnp.repeat(n, G), routes
     return logits, cache, jnp.repeat(n, G)
 
 
 def _generate(graphdef, state, prompts, prompt_lengths, rng, eos_id, pad_id, *, num_samples,
-              max_new_tokens, temperature, top_k, top_p):
+              max_new_tokens, temperature, top_k, top_p, return_routes):
     _TRACES["generate"] += 1
     model = nnx.merge(graphdef, state)
     G, T = num_samples, max_new_tokens
@@ -164,7 +177,9 @@ def _generate(graphdef, state, prompts, prompt_lengths, rng, eos_id, pad_id, *, 
     B, S = P * G, Lp + T
     slot = jnp.arange(S, dtype=jnp.int32)
     settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-    logits0, cache, n_b = prefill(model, prompts, prompt_lengths, num_samples=G, cache_len=S)
+    pre = prefill(model, prompts, prompt_lengths, num_samples=G, cache_len=S,
+                  return_routes=return_routes)
+    logits0, cache, n_b = pre[:3]
 
     tok, lp, slp = sample_token(logits0, jax.random.fold_in(rng, 0), **settings)
     zeros = jnp.zeros((B, T), jnp.float32)
@@ -172,7 +187,8 @@ def _generate(graphdef, state, prompts, prompt_lengths, rng, eos_id, pad_id, *, 
         step=jnp.array(1, jnp.int32),
         tokens=jnp.full((B, T), pad_id, jnp.int32).at[:, 0].set(tok),
         mask=zeros.at[:, 0].set(1.0), logp=zeros.at[:, 0].set(lp),
-        sample_logp=zeros.at[:, 0].set(slp), done=tok == eos_id, cache=cache)
+        sample_logp=zeros.at[:, 0].set(slp), done=tok == eos_id, cache=cache,
+        routes=pre[3] if return_routes else None)
 
     def cond(s: _LoopState):
         return (s.step < T) & ~jnp.all(s.done)
@@ -183,7 +199,7 @@ def _generate(graphdef, state, prompts, prompt_lengths, rng, eos_id, pad_id, *, 
         prev = jax.lax.dynamic_slice_in_dim(s.tokens, t - 1, 1, axis=1)  # [B, 1]
         key_valid = (slot[None, :] < n_b[:, None]) | ((slot >= Lp) & (slot <= q_slot))[None, :]
         o = model.forward(prev, (n_b + t - 1)[:, None], key_valid[:, None, :],
-                          cache=s.cache, write_index=q_slot)
+                          cache=s.cache, write_index=q_slot, return_routes=return_routes)
         new_tok, new_lp, new_slp = sample_token(
             model.logits(o["hidden"][:, 0]), jax.random.fold_in(rng, t), **settings)
         alive = ~s.done
@@ -193,21 +209,25 @@ def _generate(graphdef, state, prompts, prompt_lengths, rng, eos_id, pad_id, *, 
             step=t + 1, tokens=put(s.tokens, new_tok), mask=put(s.mask, alive.astype(jnp.float32)),
             logp=put(s.logp, jnp.where(alive, new_lp, 0.0)),
             sample_logp=put(s.sample_logp, jnp.where(alive, new_slp, 0.0)),
-            done=s.done | (new_tok == eos_id), cache=o["cache"])
+            done=s.done | (new_tok == eos_id), cache=o["cache"],
+            routes=jax.lax.dynamic_update_slice_in_dim(s.routes, o["routes"], q_slot, axis=2)
+            if return_routes else None)
 
     final = jax.lax.while_loop(cond, body, init)
     return SampleOutput(tokens=final.tokens, mask=final.mask, logp=final.logp,
                         sample_logp=final.sample_logp,
-                        lengths=jnp.sum(final.mask, axis=-1).astype(jnp.int32))
+                        lengths=jnp.sum(final.mask, axis=-1).astype(jnp.int32),
+                        routes=final.routes)
 
 
-_STATIC = ("graphdef", "num_samples", "max_new_tokens", "temperature", "top_k", "top_p")
+_STATIC = ("graphdef", "num_samples", "max_new_tokens", "temperature", "top_k", "top_p",
+           "return_routes")
 _generate_jit = jax.jit(_generate, static_argnames=_STATIC)
 
 
 def generate(model, prompts, prompt_lengths, *, num_samples: int, max_new_tokens: int, rng,
              temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, eos_id: int,
-             pad_id: int = 0) -> SampleOutput:
+             pad_id: int = 0, return_routes: bool = False) -> SampleOutput:
     """Samples num_samples responses for each of P right-padded prompts.
 
     prompts [P, Lp] int32 right-padded, prompt_lengths [P] int32 (1 <= n <= Lp). Returns a
@@ -215,7 +235,8 @@ def generate(model, prompts, prompt_lengths, *, num_samples: int, max_new_tokens
     module docstring for the fields. rng: a fresh key per call (e.g. fold_in(key, step)).
     temperature 0 = greedy; top_k 0 = off; top_p 1 = off; eos_id -1 = no early stop (benchmarks).
     Raises ValueError for settings or
-    shapes the cache cannot hold, before compiling anything.
+    shapes the cache cannot hold, before compiling anything. return_routes (MoE only): also
+    return the experts used at every slot (SampleOutput.routes) for Routing Replay.
     """
     cfg = model.cfg
     prompts = jnp.asarray(prompts)
@@ -237,6 +258,8 @@ def generate(model, prompts, prompt_lengths, *, num_samples: int, max_new_tokens
         raise ValueError(f"top_k={top_k} must be in [0, vocab_size={cfg.vocab_size}] (0 = off).")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p={top_p} must be in (0, 1] (1 = off).")
+    if return_routes and not cfg.is_moe:
+        raise ValueError("return_routes=True needs an MoE model (num_experts > 0).")
     if temperature < 0:
         raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy).")
     if not -1 <= eos_id < cfg.vocab_size or not 0 <= pad_id < cfg.vocab_size:
@@ -252,4 +275,5 @@ def generate(model, prompts, prompt_lengths, *, num_samples: int, max_new_tokens
     return _generate_jit(graphdef, state, prompts, prompt_lengths, rng,
                          jnp.asarray(eos_id, jnp.int32), jnp.asarray(pad_id, jnp.int32),
                          num_samples=int(num_samples), max_new_tokens=int(max_new_tokens),
-                         temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+                         temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
+                         return_routes=bool(return_routes))

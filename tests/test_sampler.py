@@ -19,7 +19,7 @@ LENGTHS = np.array([6, 2, 4], np.int32)
 EOS, PAD = 1, 0
 
 TEMP, G, T = 0.7, 4, 8  # the common sampler settings: most tests share one compile
-logprobs = nnx.jit(models.response_logprobs, static_argnames=("temperature",))
+logprobs = nnx.jit(models.response_logprobs, static_argnames=("temperature", "return_routes"))
 
 
 @nnx.jit
@@ -87,13 +87,23 @@ def test_sampler_logp_equals_response_logprobs(dense, top_k, top_p):
         np.testing.assert_array_equal(out.sample_logp, out.logp)
 
 
-def test_moe_sampler_logp_equals_response_logprobs(moe):
+def test_moe_sampler_logp_and_routes_equal_response_logprobs(moe):
     prompts, lengths = _prompts(moe.cfg.vocab_size)
     out = sampler.generate(moe, prompts, lengths, num_samples=G, max_new_tokens=T,
-                           rng=jax.random.key(1), temperature=TEMP, eos_id=EOS)
-    ref = logprobs(moe, jnp.repeat(prompts, G, 0), jnp.repeat(lengths, G), out.tokens,
-                   temperature=TEMP)
+                           rng=jax.random.key(1), temperature=TEMP, eos_id=EOS,
+                           return_routes=True)
+    rows = (jnp.repeat(prompts, G, 0), jnp.repeat(lengths, G), out.tokens)
+    ref = logprobs(moe, *rows, temperature=TEMP, return_routes=True)
     np.testing.assert_allclose(ref["logp"] * out.mask, out.logp, atol=1e-5)
+    # The rollout's routes are the teacher-forced pass's routes at every slot that matters:
+    # valid prompt slots and fed response tokens (all but the last response slot).
+    S = LP + T
+    slot = np.arange(S)
+    n = np.repeat(LENGTHS, G)[:, None]
+    fed = (slot[None] < n) | ((slot[None] >= LP) & (slot[None] < LP + T - 1))
+    np.testing.assert_array_equal(np.asarray(out.routes)[:, fed], np.asarray(ref["routes"])[:, fed])
+    replay = logprobs(moe, *rows, temperature=TEMP, routes=out.routes)
+    np.testing.assert_allclose(replay["logp"] * out.mask, out.logp, atol=1e-5)
 
 
 def test_greedy_is_argmax_and_deterministic(dense):

@@ -12,6 +12,8 @@ response token sits at the same slot, so the sampler's KV-cache write is one dyn
 
 from __future__ import annotations
 
+import math
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -131,19 +133,19 @@ class Transformer(nnx.Module):
         return self.logits(self.forward(tokens, positions, mask, token_mask=key_valid)["hidden"])
 
 
-def param_count(model_or_state, active: bool = False) -> int:
-    """Number of parameters (works on abstract models). active=True counts, for MoE, only the
-    k of E experts a token uses (the "A3B" in Qwen3-30B-A3B)."""
-    state = nnx.state(model_or_state, nnx.Param) if isinstance(model_or_state, nnx.Module) \
-        else model_or_state
+def param_count(model: nnx.Module, active: bool = False) -> int:
+    """Number of parameters (works on abstract models from nnx.eval_shape).
+
+    active=True counts, for MoE, only the k of E experts one token uses (the "A3B" of
+    Qwen3-30B-A3B); the router and everything outside the experts count in full.
+    """
+    cfg = model.cfg
     total = 0
-    cfg = model_or_state.cfg if isinstance(model_or_state, nnx.Module) else None
-    for path, leaf in jax.tree_util.tree_leaves_with_path(state):
-        n = int(jnp.size(leaf)) if not hasattr(leaf, "shape") else int(
-            jnp.prod(jnp.asarray(leaf.shape)))
-        keys = [str(getattr(p, "key", getattr(p, "name", p))) for p in path]
-        if active and cfg is not None and cfg.is_moe and any(
-                k in ("gate_proj", "up_proj", "down_proj") for k in keys) and "mlp" in keys:
+    for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param)):
+        n = math.prod(leaf.shape)
+        names = {str(getattr(p, "key", p)) for p in path}
+        if active and cfg.is_moe and "mlp" in names and names & {"gate_proj", "up_proj",
+                                                                  "down_proj"}:
             n = n * cfg.experts_per_token // cfg.num_experts
         total += n
     return total

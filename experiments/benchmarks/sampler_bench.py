@@ -1,0 +1,338 @@
+"""Sampler benchmark: gspo_jax.sampler.generate vs a no-KV-cache sampler and the peers.
+
+Dimension legend: P prompts, G samples per prompt, B = P * G rows, Lp prompt length,
+T new tokens, S = Lp + T, V vocab, D hidden.
+
+Workload (issue 3): P=16 prompts x G=8 samples, prompt 64, 128 new tokens, temperature 1, full
+vocabulary (top_k 0, top_p 1), no early stop, random weights, at two Qwen3-style shapes:
+  small: V 512, D 256, 4 layers, 8 / 4 heads, head_dim 32, SwiGLU 768, tied
+  wide:  V 151,936, D 1,024, 4 layers, 16 / 8 heads, head_dim 128, SwiGLU 3,072, tied
+Figures per shape: decode tokens/s (B * (T - 1) / (total - prefill)), prefill seconds, total
+tokens/s (B * T / total). Baselines measured in the same process:
+  (a) no_cache: static-shape JAX sampler that runs a full forward pass over the [B, S] buffer
+      at every step (same model code and sampling function, no KV cache, no shared prefix).
+      Every step costs the same (fixed buffer), so it is timed over --nocache-steps steps
+      (8 at small, 2 at wide: the full 128 steps would take tens of minutes) and reported as
+      tokens/s.
+  (b) peers, when installed (pip install -e ".[peers]"; skipped with a message otherwise):
+      Tunix's Sampler (prompts repeated G times: it has no samples-per-prompt option) and
+      Hugging Face transformers' Qwen3ForCausalLM.generate (torch CPU, num_return_sequences=G,
+      top_k=0), both with random weights of the same shape.
+Shared-prefix prefill: prefill of P prompts (each once, cache repeated G times) vs P * G
+repeated prompts, prompt 1,024, 32 new tokens of cache, at "small".
+
+Each figure: warm-up call first (compile time reported separately), median of --repeats runs.
+    python experiments/benchmarks/sampler_bench.py [--shapes small,wide] [--out PATH]
+Expected runtime on 2 shared CPU cores: small ~2 min, wide (32 new tokens) ~5-10 min.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from gspo_jax import models, sampler
+
+SHAPES = {
+    "small": dict(vocab_size=512, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
+                  head_dim=32, mlp_dim=768, tie_embeddings=True),
+    "wide": dict(vocab_size=151_936, hidden_size=1024, num_layers=4, num_heads=16,
+                 num_kv_heads=8, head_dim=128, mlp_dim=3072, tie_embeddings=True),
+}
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def timed(fn, repeats: int, label: str = ""):
+    """(first-call seconds, median seconds of `repeats` further calls)."""
+    if label:
+        log(f"timing {label} (1 warm-up + {repeats} repeats)")
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn())
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return first, statistics.median(times)
+
+
+def make_model(shape: str, max_seq_len: int, seed: int = 0):
+    cfg = models.get_model_config("small", **SHAPES[shape], max_seq_len=max_seq_len)
+    return models.Transformer(cfg, rngs=nnx.Rngs(seed))
+
+
+def bench_ours(model, prompts, lengths, G, T, repeats):
+    kw = dict(num_samples=G, max_new_tokens=T, temperature=1.0, eos_id=-1)
+    key = jax.random.key(0)
+    first, total = timed(lambda: sampler.generate(model, prompts, lengths, rng=key, **kw).tokens,
+                         repeats, "ours")
+    graphdef, state = nnx.split(model)
+    pre = jax.jit(lambda st, p, n: sampler.prefill(nnx.merge(graphdef, st), p, n, num_samples=G,
+                                                   cache_len=prompts.shape[1] + T))
+    _, prefill_s = timed(lambda: pre(state, prompts, lengths), repeats, "ours prefill")
+    B = prompts.shape[0] * G
+    return {"compile_s": first - total, "total_s": total, "prefill_s": prefill_s,
+            "decode_tps": B * (T - 1) / max(total - prefill_s, 1e-9), "total_tps": B * T / total}
+
+
+def make_nocache_sampler(model, P, Lp, G, steps):
+    """Static-shape sampler without a KV cache: every step re-runs the whole [B, S] buffer."""
+    graphdef, state = nnx.split(model)
+    S = Lp + steps
+
+    @jax.jit
+    def run(state, prompts, rng):
+        m = nnx.merge(graphdef, state)
+        B = P * G
+        buf = jnp.zeros((B, S), jnp.int32).at[:, :Lp].set(jnp.repeat(prompts, G, 0))
+        mask = models.attention_mask(jnp.ones((B, S), bool), jnp.arange(S))
+        pos = jnp.broadcast_to(jnp.arange(S), (B, S))
+
+        def step(t, buf):
+            h = m.forward(buf, pos, mask)["hidden"]  # [B, S, D]: the full recomputation
+            h_t = jax.lax.dynamic_index_in_dim(h, Lp + t - 1, axis=1, keepdims=False)
+            tok, _, _ = sampler.sample_token(m.logits(h_t), jax.random.fold_in(rng, t),
+                                             temperature=1.0, top_k=0, top_p=1.0)
+            return jax.lax.dynamic_update_slice_in_dim(buf, tok[:, None], Lp + t, axis=1)
+
+        return jax.lax.fori_loop(0, steps, step, buf)
+
+    return lambda prompts: run(state, prompts, jax.random.key(0))
+
+
+def bench_nocache(model, prompts, G, steps, repeats):
+    P, Lp = prompts.shape
+    fn = make_nocache_sampler(model, P, Lp, G, steps)
+    first, total = timed(lambda: fn(prompts), repeats, f"no-cache sampler ({steps} steps)")
+    return {"compile_s": first - total, "steps": steps, "total_s": total,
+            "total_tps": P * G * steps / total}
+
+
+def bench_prefill_sharing(model, P, G, Lp, T, repeats):
+    """Prefill seconds of P prompts shared by G samples vs P * G separately prefilled prompts."""
+    graphdef, state = nnx.split(model)
+    rng = np.random.default_rng(1)
+    prompts = jnp.asarray(rng.integers(0, model.cfg.vocab_size, (P, Lp)), jnp.int32)
+    lengths = jnp.full((P,), Lp, jnp.int32)
+
+    def pre(p, n, g):
+        f = jax.jit(lambda st, p, n: sampler.prefill(nnx.merge(graphdef, st), p, n,
+                                                     num_samples=g, cache_len=Lp + T))
+        return lambda: f(state, p, n)
+
+    _, shared = timed(pre(prompts, lengths, G), repeats, f"shared prefill (prompt {Lp})")
+    _, repeated = timed(pre(jnp.repeat(prompts, G, 0), jnp.repeat(lengths, G), 1), repeats,
+                        f"repeated prefill (prompt {Lp})")
+    return {"shared_s": shared, "repeated_s": repeated, "speedup": repeated / shared}
+
+
+# ----------------------------------------------------------------------------- peers
+
+
+def bench_hf(shape, prompts_np, G, T, repeats):
+    try:
+        import torch
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+    except ImportError as e:  # optional extra
+        return {"skipped": f"transformers/torch not installed ({e}); pip install -e '.[peers]'"}
+    s = SHAPES[shape]
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=s["vocab_size"], hidden_size=s["hidden_size"],
+                      intermediate_size=s["mlp_dim"], num_hidden_layers=s["num_layers"],
+                      num_attention_heads=s["num_heads"], num_key_value_heads=s["num_kv_heads"],
+                      head_dim=s["head_dim"], tie_word_embeddings=True,
+                      max_position_embeddings=4096)
+    model = Qwen3ForCausalLM(cfg).eval()
+    ids = torch.as_tensor(prompts_np, dtype=torch.long)
+    P = ids.shape[0]
+
+    def run(max_new):
+        with torch.no_grad():
+            return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                  do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                                  max_new_tokens=max_new, min_new_tokens=max_new,
+                                  num_return_sequences=G, pad_token_id=0, eos_token_id=None)
+
+    first, total = timed(lambda: run(T), repeats, "hf generate")
+    _, prefill_s = timed(lambda: run(1), repeats, "hf prefill (1 new token)")
+    B = P * G
+    return {"total_s": total, "prefill_s": prefill_s, "warmup_s": first,
+            "decode_tps": B * (T - 1) / max(total - prefill_s, 1e-9), "total_tps": B * T / total,
+            "torch_threads": torch.get_num_threads()}
+
+
+def bench_tunix(shape, prompts_np, G, T, repeats):
+    try:
+        from tunix.generate import sampler as tunix_sampler
+        from tunix.models.qwen3 import model as tunix_qwen3
+    except ImportError as e:
+        return {"skipped": f"google-tunix not installed ({e}); pip install -e '.[peers]'"}
+    s = SHAPES[shape]
+    P, Lp = prompts_np.shape
+    cfg = tunix_qwen3.ModelConfig(
+        num_layers=s["num_layers"], vocab_size=s["vocab_size"], embed_dim=s["hidden_size"],
+        hidden_dim=s["mlp_dim"], num_heads=s["num_heads"], head_dim=s["head_dim"],
+        num_kv_heads=s["num_kv_heads"], rope_theta=1_000_000, norm_eps=1e-6,
+        use_tied_embedding=True)
+    model = tunix_qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
+    tok = _IdTokenizer(s["vocab_size"])
+    smp = tunix_sampler.Sampler(
+        transformer=model, tokenizer=tok,
+        cache_config=tunix_sampler.CacheConfig(cache_size=Lp + T + 8, num_layers=s["num_layers"],
+                                               num_kv_heads=s["num_kv_heads"],
+                                               head_dim=s["head_dim"]))
+    texts = [tok.decode(list(r)) for r in np.repeat(prompts_np, G, 0)]
+
+    def run(max_new):
+        # top_p=1.0 selects Tunix's sampling mode (None would be greedy) over the full vocab;
+        # eos -1 never matches, so no row stops early.
+        return smp(texts, max_generation_steps=max_new, temperature=1.0, top_k=None, top_p=1.0,
+                   echo=False, max_prompt_length=Lp, seed=0, eos_tokens=[-1]).tokens
+
+    first, total = timed(lambda: run(T), repeats, "tunix sampler")
+    _, prefill_s = timed(lambda: run(1), repeats, "tunix prefill (1 new token)")
+    B = P * G
+    return {"total_s": total, "prefill_s": prefill_s, "warmup_s": first,
+            "decode_tps": B * (T - 1) / max(total - prefill_s, 1e-9), "total_tps": B * T / total}
+
+
+class _IdTokenizer:
+    """Token ids as space-separated integers, so Tunix's string interface is a no-op mapping.
+    Id 0 is pad; bos_id 0 makes Tunix add no BOS (the prompts keep exactly Lp tokens)."""
+
+    def __init__(self, vocab_size):
+        self.vocab_size = vocab_size
+
+    def encode(self, text, **kw):
+        return [int(t) for t in text.split()]
+
+    def decode(self, ids, **kw):
+        return " ".join(str(int(i)) for i in ids)
+
+    def pad_id(self):
+        return 0
+
+    def bos_id(self):
+        return 0
+
+    def eos_id(self):
+        return 2
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def run_shape(shape, a):
+    T = a.new_tokens if shape == "small" else a.wide_new_tokens
+    log(f"shape {shape}: building model")
+    P, G, Lp = a.P, a.G, a.prompt_len
+    model = make_model(shape, max_seq_len=max(Lp + T, a.prefill_prompt_len + 32) + 8)
+    rng = np.random.default_rng(0)
+    prompts_np = rng.integers(3, SHAPES[shape]["vocab_size"], (P, Lp)).astype(np.int32)
+    prompts, lengths = jnp.asarray(prompts_np), jnp.full((P,), Lp, jnp.int32)
+    res = {"new_tokens": T, "ours": bench_ours(model, prompts, lengths, G, T, a.repeats)}
+    steps = min(T, a.nocache_steps if shape == "small" else a.nocache_steps_wide)
+    res["no_cache"] = bench_nocache(model, prompts, G, steps, max(1, a.repeats - 1))
+    if shape == "small" or a.prefill_wide:
+        res["prefill_sharing"] = bench_prefill_sharing(model, P, G, a.prefill_prompt_len, 32,
+                                                       max(1, a.repeats - 1))
+    if a.peers:
+        res["tunix"] = bench_tunix(shape, prompts_np, G, T, max(1, a.repeats - 1))
+        res["hf"] = bench_hf(shape, prompts_np, G, T, max(1, a.repeats - 1))
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="small,wide")
+    ap.add_argument("--P", type=int, default=16)
+    ap.add_argument("--G", type=int, default=8)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--wide-new-tokens", type=int, default=32)
+    ap.add_argument("--nocache-steps", type=int, default=8, help="no-cache steps timed (small)")
+    ap.add_argument("--nocache-steps-wide", type=int, default=2, help="no-cache steps (wide)")
+    ap.add_argument("--prefill-prompt-len", type=int, default=1024)
+    ap.add_argument("--prefill-wide", action="store_true", help="also time prefill sharing at wide")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-peers", dest="peers", action="store_false")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+
+    figures, targets, results = {}, {}, {}
+    for shape in a.shapes.split(","):
+        r = results[shape] = run_shape(shape, a)
+        o = r["ours"]
+        figures[f"{shape}/decode_tps"] = o["decode_tps"]
+        figures[f"{shape}/prefill_s"] = o["prefill_s"]
+        figures[f"{shape}/total_tps"] = o["total_tps"]
+        figures[f"{shape}/compile_s"] = o["compile_s"]
+        figures[f"{shape}/no_cache_total_tps"] = r["no_cache"]["total_tps"]
+        figures[f"{shape}/speedup_vs_no_cache"] = o["total_tps"] / r["no_cache"]["total_tps"]
+        targets[f"{shape}/speedup_vs_no_cache"] = {"op": ">=", "threshold": 5.0}
+        peers = {k: r[k] for k in ("tunix", "hf") if k in r and "skipped" not in r[k]}
+        for k, v in peers.items():
+            for f in ("decode_tps", "prefill_s", "total_tps"):
+                figures[f"{shape}/{k}_{f}"] = v[f]
+        if peers:
+            best = max(v["total_tps"] for v in peers.values())
+            figures[f"{shape}/total_tps_vs_best_peer"] = o["total_tps"] / best
+            targets[f"{shape}/total_tps_vs_best_peer"] = {"op": ">=", "threshold": 1.5}
+        if "prefill_sharing" in r:
+            figures[f"{shape}/prefill_sharing_speedup"] = r["prefill_sharing"]["speedup"]
+            targets[f"{shape}/prefill_sharing_speedup"] = {"op": ">=", "threshold": 0.6 * a.G}
+
+    print(f"\nsampler benchmark: P={a.P} x G={a.G}, prompt {a.prompt_len}, temperature 1, "
+          f"full vocab, no early stop ({jax.devices()[0].platform}, {len(jax.devices())} dev)")
+    hdr = f"{'shape':<7}{'sampler':<10}{'T':>5}{'decode tok/s':>14}{'prefill s':>11}" \
+          f"{'total tok/s':>13}{'vs ours':>9}"
+    print(hdr)
+    print("-" * len(hdr))
+    for shape, r in results.items():
+        o = r["ours"]
+        rows = [("ours", o), ("no_cache", r["no_cache"])]
+        rows += [(k, r[k]) for k in ("tunix", "hf") if k in r]
+        for name, v in rows:
+            if "skipped" in v:
+                print(f"{shape:<7}{name:<10}  skipped: {v['skipped']}")
+                continue
+            steps = v.get("steps", r["new_tokens"])
+            print(f"{shape:<7}{name:<10}{steps:>5}{v.get('decode_tps', float('nan')):>14.0f}"
+                  f"{v.get('prefill_s', float('nan')):>11.3f}{v['total_tps']:>13.0f}"
+                  f"{o['total_tps'] / v['total_tps']:>8.1f}x")
+        if "prefill_sharing" in r:
+            ps = r["prefill_sharing"]
+            print(f"{shape:<7}prefill sharing (prompt {a.prefill_prompt_len}): shared "
+                  f"{ps['shared_s']:.3f} s vs repeated {ps['repeated_s']:.3f} s = "
+                  f"{ps['speedup']:.1f}x (target >= {0.6 * a.G:.1f}x)")
+        print(f"{shape:<7}compile (ours): {o['compile_s']:.1f} s")
+    print("\ntargets:")
+    for name, t in targets.items():
+        v = figures[name]
+        ok = v >= t["threshold"] if t["op"] == ">=" else v <= t["threshold"]
+        print(f"  {name:<36} {v:8.2f} {t['op']} {t['threshold']:<6} {'PASS' if ok else 'MISS'}")
+    if a.out:
+        os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+        with open(a.out, "w") as f:
+            json.dump({"machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
+                                   "devices": [str(d) for d in jax.devices()],
+                                   "jax": jax.__version__},
+                       "figures": figures, "targets": targets, "details": results}, f, indent=2)
+    return figures
+
+
+if __name__ == "__main__":
+    main()
