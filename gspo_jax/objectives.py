@@ -81,6 +81,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 
@@ -534,4 +535,9 @@ def _check_inputs(obj, logp, old_logp, adv, mask, ref_logp):
             "advantages [B, T] need a per-token ratio: grpo, dapo, dr_grpo or gspo_token"
         )
     ref_logp = None if ref_logp is None else _as_float32(ref_logp)
-    return _as_float32(logp), _as_float32(old_logp), _as_float32(adv), _as_float32(mask), ref_logp
+    logp, old_logp, adv, mask = (_as_float32(x) for x in (logp, old_logp, adv, mask))
+    # The checks above raise ValueError with the fix; these chex asserts state the boundary's
+    # contract (trace-time only, free at run time) for readers and for later edits.
+    chex.assert_equal_shape([logp, old_logp, mask] + ([ref_logp] if ref_logp is not None else []))
+    chex.assert_type([logp, old_logp, adv, mask], float)
+    return logp, old_logp, adv, mask, ref_logp
