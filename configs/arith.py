@@ -68,7 +68,7 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     c.init.warmstart = ml_collections.ConfigDict()  # warmstart.get_base_model's warm_cfg; {} = its defaults
 
     c.rl = ml_collections.ConfigDict()
-    c.rl.num_steps = 60
+    c.rl.num_steps = 120  # the greedy policy switches to the worked format around step 80-100
     c.rl.prompts_per_step = 16  # P
     c.rl.group_size = 8  # G
     c.rl.max_new_tokens = 0  # T; 0 = task.max_response_len (fits the longest worked answer)
@@ -103,7 +103,7 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     c.optimizer.grad_clip = 1.0
 
     c.eval = ml_collections.ConfigDict()
-    c.eval.every = 20  # RL steps; 0 = only at the start and the end
+    c.eval.every = 40  # RL steps; 0 = only at the start and the end
     c.eval.at_start = True  # evaluate the base policy before RL (the summary's "base")
     c.eval.split = "test"
     c.eval.num_problems = 200  # 0 = no evaluation at all
@@ -113,7 +113,7 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     c.eval.seed = 0
 
     c.checkpoint = ml_collections.ConfigDict()
-    c.checkpoint.every = 20
+    c.checkpoint.every = 40
     c.checkpoint.max_to_keep = 2
     c.checkpoint.async_save = True
 
@@ -128,7 +128,7 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     if runlocal:
         c.task.kwargs = ml_collections.ConfigDict(dict(max_digits=2, num_train=2000, num_test=200))
         c.model.preset = "tiny"
-        c.init.warmstart = ml_collections.ConfigDict(dict(steps=30))
+        c.init.warmstart = ml_collections.ConfigDict(dict(steps=100))
         c.rl.num_steps = 4
         c.rl.prompts_per_step = 8
         c.rl.group_size = 4

@@ -16,7 +16,8 @@ MFU of the update: the model's matmul FLOPs (the standard 6·N·tokens count: 2 
 token forward, x3 with the backward, plus attention scores and the response-only unembedding)
 divided by the update time, against this machine's practical peak: a jitted float32 matmul
 (2048^3) measured in the same process, in the same run. XLA's own count of the compiled update's
-FLOPs is reported next to it as a cross-check.
+FLOPs is reported next to it as a cross-check (it counts a scanned loop body once, so it reads
+about 1/(μ·K) of the model count).
 
 The policy is the config's (the warm start, when it is cached: realistic response lengths);
 --random_init uses an untrained model instead (responses run to max_new_tokens).
@@ -138,14 +139,15 @@ def main(argv=None) -> int:
         update_gflop_per_s=model_flops / med["update"] / 1e9,
         matmul_peak_gflop_per_s=peak / 1e9,
         update_mfu=model_flops / med["update"] / peak,
+        first_step_over_steady=first["time/step_s"] / med["step"],
         warmstart_s=warm_s,
     )
     targets = {
         # The update is a small model on a CPU: a few percent of matmul peak is what XLA gets at
         # these shapes; below 1 % would mean something pathological (e.g. recompiling every call).
         "update_mfu": {"op": ">=", "threshold": 0.01},
-        # A second step must not recompile: the steady step is far below the first one.
-        "compile_update_s": {"op": ">=", "threshold": 0.0},
+        # Steps after the first must not recompile: the first (compiling) step is far slower.
+        "first_step_over_steady": {"op": ">=", "threshold": 3.0},
         "step_tokens_per_s": {"op": ">=", "threshold": 100.0},
     }
 
