@@ -71,7 +71,7 @@ class _LoopState:
     logp: jax.Array  # [B, T]
     sample_logp: jax.Array  # [B, T]
     done: jax.Array  # [B] bool: EOS already emitted
-    cache: list  # per layer {"k", "v"} [B, S, K, Dh]
+    cache: list  # per layer {"k": [B, K, Dh, S], "v": [B, K, S, Dh]}
     routes: jax.Array | None  # [L, B, S, k] int32 when routes are requested
 
 
@@ -142,7 +142,8 @@ def prefill(model, prompts, prompt_lengths, *, num_samples: int, cache_len: int,
     """Prefills each of the P prompts once and shares the result with its G samples.
 
     prompts [P, Lp], prompt_lengths [P] -> (logits [B, V] f32 predicting the first response
-    token, cache: per layer {"k","v"} [B, cache_len, K, Dh], n [B] prompt lengths per row).
+    token, cache: per layer {"k": [B, K, Dh, cache_len], "v": [B, K, cache_len, Dh]},
+    n [B] prompt lengths per row).
     Attention runs over the Lp prompt slots only; the cache is then zero-extended to cache_len
     and repeated G times. Only the last real prompt position's logits are computed.
     With return_routes (MoE), also the prompt routes [L, B, cache_len, k] (zeros after Lp).
@@ -158,9 +159,12 @@ def prefill(model, prompts, prompt_lengths, *, num_samples: int, cache_len: int,
                         return_routes=return_routes)
     h_last = jnp.take_along_axis(out["hidden"], (n - 1)[:, None, None], axis=1)[:, 0]  # [P, D]
     logits = jnp.repeat(model.logits(h_last), G, axis=0)  # [B, V]
-    cache = jax.tree.map(
-        lambda c: jnp.repeat(jnp.pad(c, ((0, 0), (0, cache_len - Lp), (0, 0), (0, 0))), G, 0),
-        out["cache"])  # [B, cache_len, K, Dh]
+    def extend(c, slot_axis):  # zero-extend the slot axis to cache_len, repeat rows G times
+        pad = [(0, 0)] * c.ndim
+        pad[slot_axis] = (0, cache_len - Lp)
+        return jnp.repeat(jnp.pad(c, pad), G, axis=0)
+
+    cache = [{"k": extend(c["k"], 3), "v": extend(c["v"], 2)} for c in out["cache"]]
     if return_routes:
         routes = jnp.pad(jnp.repeat(out["routes"], G, axis=1),
                          ((0, 0), (0, 0), (0, cache_len - Lp), (0, 0)))  # [L, B, cache_len, k]

@@ -69,7 +69,7 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 class Attention(nnx.Module):
     """Grouped-query attention with per-head q/k RMSNorm and an optional KV cache.
 
-    The cache is a dict {"k", "v"} of [B, Sk, K, Dh] arrays; new keys/values are written at slot
+    The cache is a dict {"k": [B, K, Dh, Sk], "v": [B, K, Sk, Dh]}; new keys/values go to slot
     `write_index` (one scalar for all rows: the sampler's layout puts every row's t-th generated
     token at the same slot Lp + t, so the write is a dynamic_update_slice, not a scatter).
     """
@@ -90,27 +90,36 @@ class Attention(nnx.Module):
         cdt = cfg.compute_dtype
         B, S, _ = x.shape
         K, Dh = cfg.num_kv_heads, cfg.head_dim
+        Gq = cfg.num_heads // K
         q = jnp.einsum("bsd,dhk->bshk", x, self.q_proj[...].astype(cdt))
         k = jnp.einsum("bsd,dhk->bshk", x, self.k_proj[...].astype(cdt))
         v = jnp.einsum("bsd,dhk->bshk", x, self.v_proj[...].astype(cdt))
         q = apply_rope(self.q_norm(q), positions, cfg.rope_theta)
         k = apply_rope(self.k_norm(k), positions, cfg.rope_theta)
-        q = logical_constraint(q, ("batch", "length", "heads", "head_dim"))
+        # Heads-major layouts the two attention matmuls consume without a transpose: keys
+        # [B, K, Dh, Sk] (contract Dh, keys in the minor dimension), values [B, K, Sk, Dh].
+        # On XLA:CPU a decode step with keys as [B, K, Sk, Dh] was ~4x slower in the score
+        # matmul, and a [B, Sk, K, Dh] cache was transposed whole every step.
+        k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
         new_cache = None
         if cache is not None:
             k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype),
-                                             (0, write_index, 0, 0))
+                                             (0, 0, 0, write_index))
             v = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype),
-                                             (0, write_index, 0, 0))
+                                             (0, 0, write_index, 0))
             new_cache = {"k": k, "v": v}
-        k = logical_constraint(k, ("batch", "length", "kv_heads", "head_dim"))
-        v = logical_constraint(v, ("batch", "length", "kv_heads", "head_dim"))
-        qg = q.reshape(B, S, K, cfg.num_heads // K, Dh)  # [B, S, K, Gq, Dh]
-        scores = jnp.einsum("bskgd,btkd->bkgst", qg, k.astype(cdt),
-                            preferred_element_type=jnp.float32) * (Dh ** -0.5)
+        k = logical_constraint(k, ("batch", "kv_heads", "head_dim", "length"))
+        v = logical_constraint(v, ("batch", "kv_heads", "length", "head_dim"))
+        # Queries grouped by kv head: [B, K, Gq * S, Dh] (row = g * S + s).
+        qg = q.reshape(B, S, K, Gq, Dh).transpose(0, 2, 3, 1, 4).reshape(B, K, Gq * S, Dh)
+        qg = logical_constraint(qg, ("batch", "kv_heads", "length", "head_dim"))
+        scores = jnp.einsum("bkqd,bkdt->bkqt", qg, k.astype(cdt),
+                            preferred_element_type=jnp.float32)
+        scores = scores.reshape(B, K, Gq, S, -1) * (Dh ** -0.5)
         scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)  # [B, K, Gq, S, Sk]
-        probs = jax.nn.softmax(scores, axis=-1).astype(cdt)
-        out = jnp.einsum("bkgst,btkd->bskgd", probs, v.astype(cdt)).reshape(B, S, -1, Dh)
+        probs = jax.nn.softmax(scores, axis=-1).astype(cdt).reshape(B, K, Gq * S, -1)
+        out = jnp.einsum("bkqt,bktd->bkqd", probs, v.astype(cdt))
+        out = out.reshape(B, K, Gq, S, Dh).transpose(0, 3, 1, 2, 4).reshape(B, S, K * Gq, Dh)
         out = jnp.einsum("bshk,hkd->bsd", out, self.o_proj[...].astype(cdt))
         return out, new_cache
 

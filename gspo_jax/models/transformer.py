@@ -75,10 +75,11 @@ class Transformer(nnx.Module):
         return unembed(hidden, self.output_matrix(), self.cfg.compute_dtype)
 
     def init_cache(self, batch: int, length: int) -> list[dict]:
-        """Zeroed KV cache: per layer {"k", "v"} [batch, length, K, Dh] in the compute dtype."""
-        shape = (batch, length, self.cfg.num_kv_heads, self.cfg.head_dim)
-        return [{"k": jnp.zeros(shape, self.cfg.compute_dtype),
-                 "v": jnp.zeros(shape, self.cfg.compute_dtype)} for _ in self.layers]
+        """Zeroed KV cache: per layer {"k": [batch, K, Dh, length], "v": [batch, K, length, Dh]}
+        in the compute dtype (layouts chosen for the attention matmuls, see layers.Attention)."""
+        K, Dh, dt = self.cfg.num_kv_heads, self.cfg.head_dim, self.cfg.compute_dtype
+        return [{"k": jnp.zeros((batch, K, Dh, length), dt),
+                 "v": jnp.zeros((batch, K, length, Dh), dt)} for _ in self.layers]
 
     def forward(self, tokens, positions, mask, *, token_mask=None, cache=None, write_index=None,
                 routes=None, return_routes=False):
@@ -86,7 +87,8 @@ class Transformer(nnx.Module):
 
         tokens [B, S] int32, positions [B, S] int32, mask [B, S, Sk] bool (Sk = S without a cache,
         the cache length with one), token_mask [B, S] (MoE aux loss counts only these tokens),
-        cache: list of per-layer {"k","v"} [B, Sk, K, Dh] written at slot `write_index`,
+        cache: list of per-layer {"k": [B, K, Dh, Sk], "v": [B, K, Sk, Dh]} written at slot
+        `write_index`,
         routes [L, B, S, k] int32 (MoE Routing Replay) or None.
 
         Returns dict(hidden [B, S, D] final-normed, aux_loss scalar f32 (mean over layers; 0 for
