@@ -14,7 +14,7 @@ from gspo_jax.tasks import arithmetic, countdown, gsm8k
 
 @pytest.fixture(scope="module")
 def arith():
-    return tasks.get_task("arith", num_train=300, num_test=50)
+    return tasks.get_task("arith", max_digits=4, num_train=300, num_test=50)
 
 
 @pytest.fixture(scope="module")
@@ -80,44 +80,48 @@ def test_prompts_and_demonstrations_fit_their_lengths(arith, cd):
 
 
 def test_worked_text_and_carryless_sum():
-    assert arithmetic.worked_text(1234, 5678) == "W48=12,37=11,26=09,15=06A6912"
-    assert arithmetic.worked_text(95, 7) == "W57=12,90=10A102"
+    assert arithmetic.worked_text(1234, 5678, 4) == "W48=12,37=11,26=09,15=06A06912"
+    assert arithmetic.worked_text(95, 7, 2) == "W57=12,90=10A102"
+    assert arithmetic.worked_text(95, 7, 3) == "W57=12,90=10,00=01A0102"
     assert arithmetic.carryless_sum(1234, 5678) == 6802
     assert arithmetic.carryless_sum(95, 7) == 92
     assert arithmetic.carryless_sum(12, 34) == 46  # no carry: carry-less is right
 
 
 def test_demonstration_mix_follows_knobs():
-    task = tasks.get_task("arith", num_train=200, num_test=20, worked_fraction=0.3)
+    task = tasks.get_task("arith", max_digits=4, num_train=200, num_test=20, worked_fraction=0.3)
     rng = np.random.default_rng(0)
     record = dict(a=1234, b=5678, target=6912)
     demos = [task.demonstration(record, rng) for _ in range(2000)]
     worked = [d for d in demos if d.startswith("W")]
     assert 0.25 < len(worked) / len(demos) < 0.35
-    assert set(worked) == {"W48=12,37=11,26=09,15=06A6912"}
-    assert set(demos) - set(worked) == {"A6802"}  # direct demonstrations forget carries
-    correct = tasks.get_task("arith", num_train=200, num_test=20, direct_style="correct",
-                             worked_fraction=0.0)
-    assert correct.demonstration(record, rng) == "A6912"
+    assert set(worked) == {"W48=12,37=11,26=09,15=06A06912"}
+    assert set(demos) - set(worked) == {"A06802"}  # direct demonstrations forget carries
+    correct = tasks.get_task("arith", max_digits=4, num_train=200, num_test=20,
+                             direct_style="correct", worked_fraction=0.0)
+    assert correct.demonstration(record, rng) == "A06912"
 
 
 @pytest.mark.parametrize(
     "text,terminated,correct,fmt,worked",
     [
-        ("W48=12,37=11,26=09,15=06A6912", True, 1, 1, 1),  # worked, right
-        ("A6912", True, 1, 1, 0),  # direct, right
-        ("A6802", True, 0, 1, 0),  # carry mistake
-        ("W48=12,37=11,26=09,15=06A6902", True, 0, 1, 1),  # wrong worked answer
-        ("W48=1,A6912", True, 1, 0, 1),  # malformed scratchpad, right answer
-        ("A06912", True, 0, 1, 0),  # leading zero is not the canonical answer
-        ("A6912", False, 0, 0, 0),  # truncated (no eos)
+        ("W48=12,37=11,26=09,15=06A06912", True, 1, 1, 1),  # worked, right
+        ("A06912", True, 1, 1, 0),  # direct, right
+        ("A06802", True, 0, 1, 0),  # carry mistake
+        ("W48=12,37=11,26=09,15=06A06902", True, 0, 1, 1),  # wrong worked answer
+        ("W48=1,A06912", True, 1, 0, 1),  # malformed scratchpad, right answer
+        ("W48=12,37=11,26=09A06912", True, 1, 0, 1),  # a column missing: not the fixed width
+        ("A6912", True, 1, 0, 0),  # right value, not the fixed width
+        ("A0000000000006912", True, 0, 0, 0),  # too long to be read as a number
+        ("A０６９１２", True, 0, 0, 0),  # non-ASCII digits are not digits here
+        ("A06912", False, 0, 0, 0),  # truncated (no eos)
         ("W48=12,37=11,26", False, 0, 0, 1),  # truncated mid-scratchpad
         ("", True, 0, 0, 0),  # empty
         ("", False, 0, 0, 0),
         ("6912", True, 0, 0, 0),  # no answer marker
         ("A69A12", True, 0, 0, 0),
         ("A", True, 0, 0, 0),
-        ("A6912A", True, 0, 0, 0),
+        ("A06912A", True, 0, 0, 0),
     ],
 )
 def test_arith_verifier_hand_written(arith, text, terminated, correct, fmt, worked):
@@ -142,7 +146,8 @@ def test_arith_score_batch(arith):
     batch = dict(prompt=np.zeros((2, arith.max_prompt_len), np.int32),
                  prompt_length=np.ones(2, np.int32), a=np.array([1234, 5]),
                  b=np.array([5678, 7]), target=np.array([6912, 12]))
-    texts = ["A6912", "A6802", "W57=12A12", "A2"]  # group_size 2: rows 0,1 -> prompt 0
+    # group_size 2: rows 0, 1 answer prompt 0 (1234+5678), rows 2, 3 prompt 1 (5+7)
+    texts = ["A06912", "A06802", "W57=12,00=01,00=00,00=00A00012", "A00002"]
     tokens, mask = _rows(arith, texts)
     out = arith.score(batch, tokens, mask, group_size=2)
     assert set(out) == {"reward", "correct", "format", "worked"}
@@ -234,7 +239,7 @@ def test_gsm8k_answer_extraction():
 # ---------------------------------------------------------------------------- fuzz
 
 
-_ALL = {"arith": tasks.get_task("arith", num_train=10, num_test=10),
+_ALL = {"arith": tasks.get_task("arith", max_digits=4, num_train=10, num_test=10),
         "countdown": tasks.get_task("countdown", num_train=10, num_test=10),
         "gsm8k": tasks.get_task("gsm8k")}
 _RECORDS = {"arith": dict(a=1234, b=5678, target=6912),

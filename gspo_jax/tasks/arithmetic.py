@@ -1,31 +1,37 @@
 """Multi-digit addition where the response may work the sum out column by column.
 
-Prompt and the two response formats (``<eos>`` ends every response):
+Operands and answers are written with a fixed width (``max_digits`` digits per operand,
+``max_digits + 1`` for the answer, zero-padded), so every digit sits at a fixed position. Prompt
+and the two response formats for max_digits=4 (``<eos>`` ends every response):
 
-    prompt  "1234+5678="
-    worked  "W48=12,37=11,26=09,15=06A6912"   scratchpad, least significant column first:
-                                              digit of a, digit of b, "=", the column sum plus the
-                                              incoming carry as two digits; then "A" and the answer
-    direct  "A6912"                           the answer alone
+    prompt  "1234+0078="
+    worked  "W48=12,37=11,20=03,10=01A01312"   scratchpad, least significant column first:
+                                               digit of a, digit of b, "=", the column sum plus
+                                               the incoming carry as two digits; then "A" and
+                                               the answer
+    direct  "A01312"                           the answer alone
 
 Why this design (the default task must make response length matter, for LUSPO vs GSPO): writing the
 answer most-significant digit first needs every carry before the first digit is written, which a
-small model cannot do in one pass; the scratchpad goes least-significant first and writes each carry
-down, so every step is a local lookup. A worked answer is therefore far more often right.
+small model cannot learn to do in one pass; the scratchpad goes least-significant first and writes
+each carry down, so every step is a local lookup. A worked answer is therefore far more often right.
 
 Why the base policy is mediocre by construction (issue item 3): the warm-start demonstrations are
-mostly direct answers written by a demonstrator that *ignores carries* (carry-less addition:
-right only when no column carries), and only ``worked_fraction`` of them (default 30 %) are worked
-and correct. Trained to convergence, the policy reproduces that mix: its first token is "A" with
+mostly direct answers written by a demonstrator that *ignores carries* (carry-less addition: right
+only when no column carries), and only ``worked_fraction`` of them (default 30 %) are worked and
+correct. Trained to convergence, the policy reproduces that mix: its first token is "A" with
 probability ~0.7, so greedy decoding answers directly and is right only on carry-free problems
-(~30 % with operands of 1-5 digits), while at temperature 1 about 30 % of samples are worked and
+(~35 % with operands of 1-4 digits), while at temperature 1 about 30 % of samples are worked and
 mostly right. Longer supervised training cannot fix that (it only fits the mix better); RL can, by
-moving probability to "W". Operand lengths are drawn uniformly from [min_digits, max_digits] and
-each operand uniformly among numbers of that length.
+moving probability to "W". The fixed width makes the carry-less direct answer (a digit-wise lookup)
+and the scratchpad quick to learn, so the warm start converges within its few-minute CPU budget.
+Operand lengths are drawn uniformly from [min_digits, max_digits] and each operand uniformly among
+numbers of that length.
 
-Reward: correct (1/0: the digits after the last "A" equal the sum, and the response ended with
-eos) + format_weight * format (1/0: the whole response matches one of the two grammars). Extra part
-"worked" (1 if the response starts with "W") lets the trainer track the format shift.
+Reward: correct (1/0: the digits after the last "A" have the value of the sum, and the response
+ended with eos) + format_weight * format (1/0: the whole response matches one of the two grammars
+with the fixed widths). Extra part "worked" (1 if the response starts with "W") lets the trainer
+track the format shift.
 
 Dimension legend: none beyond task.py (records are scalars).
 """
@@ -42,8 +48,7 @@ from gspo_jax.tasks.task import Task, Verdict, check_split, split_seed
 from gspo_jax.tasks.tokenizer import CharTokenizer
 
 _ALPHABET = "0123456789+=,AW"
-_WORKED_RE = re.compile(r"W\d\d=\d\d(?:,\d\d=\d\d)*A\d+")
-_DIRECT_RE = re.compile(r"A\d+")
+_MAX_ANSWER_CHARS = 12  # longer digit strings are never a correct answer (and never int()-ed)
 
 
 def _digits_lsd(x: int, n: int) -> list[int]:
@@ -51,15 +56,14 @@ def _digits_lsd(x: int, n: int) -> list[int]:
     return [(x // 10**i) % 10 for i in range(n)]
 
 
-def worked_text(a: int, b: int) -> str:
-    """The correct scratchpad response for a + b."""
-    n = max(len(str(a)), len(str(b)))
+def worked_text(a: int, b: int, width: int) -> str:
+    """The correct scratchpad response for a + b with operands of ``width`` digits."""
     carry, cols = 0, []
-    for da, db in zip(_digits_lsd(a, n), _digits_lsd(b, n), strict=True):
+    for da, db in zip(_digits_lsd(a, width), _digits_lsd(b, width), strict=True):
         s = da + db + carry
         cols.append(f"{da}{db}={s:02d}")
         carry = s // 10
-    return "W" + ",".join(cols) + f"A{a + b}"
+    return "W" + ",".join(cols) + f"A{a + b:0{width + 1}d}"
 
 
 def carryless_sum(a: int, b: int) -> int:
@@ -87,8 +91,8 @@ class ArithmeticTask(Task):
         self,
         *,
         min_digits: int = 1,
-        max_digits: int = 5,
-        worked_fraction: float = 0.3,
+        max_digits: int = 3,
+        worked_fraction: float = 0.4,
         direct_style: str = "carryless",
         worked_error_rate: float = 0.0,
         format_weight: float = 0.1,
@@ -118,11 +122,15 @@ class ArithmeticTask(Task):
         self.worked_fraction, self.direct_style = worked_fraction, direct_style
         self.worked_error_rate, self.format_weight = worked_error_rate, format_weight
         self.tokenizer = CharTokenizer(_ALPHABET)
-        # bos + a + "+" + b + "=", rounded up to a multiple of 8.
-        self.max_prompt_len = -(-(2 * max_digits + 3) // 8) * 8
+        self.width = max_digits
+        # Exact lengths (no rounding): every padded slot costs compute in the warm start and RL.
+        # bos + a + "+" + b + "=".
+        self.max_prompt_len = 2 * max_digits + 3
         # "W" + columns ("dd=dd" and commas) + "A" + answer (max_digits + 1) + eos.
-        worked_len = 1 + 6 * max_digits - 1 + 1 + (max_digits + 1) + 1
-        self.max_response_len = -(-worked_len // 8) * 8
+        self.max_response_len = 1 + 6 * max_digits - 1 + 1 + (max_digits + 1) + 1
+        w = max_digits
+        self._worked_re = re.compile(rf"W[0-9]{{2}}=[0-9]{{2}}(?:,[0-9]{{2}}=[0-9]{{2}}){{{w - 1}}}A[0-9]{{{w + 1}}}")
+        self._direct_re = re.compile(rf"A[0-9]{{{w + 1}}}")
 
     # ---- data ---------------------------------------------------------------------------------
     def tfds_features(self) -> dict[str, Any]:
@@ -153,20 +161,20 @@ class ArithmeticTask(Task):
         test = self._problems("test", self.config["num_test"], set())
         pairs = test if split == "test" else self._problems(
             "train", self.config["num_train"], set(test))
-        return [dict(prompt=f"{a}+{b}=", a=a, b=b, target=a + b) for a, b in pairs]
+        w = self.width
+        return [dict(prompt=f"{a:0{w}d}+{b:0{w}d}=", a=a, b=b, target=a + b) for a, b in pairs]
 
     # ---- warm start ---------------------------------------------------------------------------
     def demonstration(self, record: Mapping[str, Any], rng: np.random.Generator) -> str:
         a, b = int(record["a"]), int(record["b"])
         if rng.random() < self.worked_fraction:
-            text = worked_text(a, b)
-            if rng.random() < self.worked_error_rate:  # one slipped column: a wrong worked answer
+            text = worked_text(a, b, self.width)
+            if rng.random() < self.worked_error_rate:  # one slipped digit: a wrong worked answer
                 wrong = a + b + int(rng.choice([-1, 1])) * 10 ** int(rng.integers(len(str(a + b))))
-                text = text[: text.rindex("A")] + f"A{max(wrong, 0)}"
+                text = text[: text.rindex("A")] + f"A{max(wrong, 0):0{self.width + 1}d}"
             return text
-        if self.direct_style == "carryless":
-            return f"A{carryless_sum(a, b)}"
-        return f"A{a + b}"
+        answer = carryless_sum(a, b) if self.direct_style == "carryless" else a + b
+        return f"A{answer:0{self.width + 1}d}"
 
     # ---- verifier -----------------------------------------------------------------------------
     def response_format(self, text: str) -> str:
@@ -174,11 +182,14 @@ class ArithmeticTask(Task):
 
     def verify(self, record: Mapping[str, Any], text: str, terminated: bool) -> Verdict:
         worked = float(text.startswith("W"))
-        grammar = _WORKED_RE if worked else _DIRECT_RE
+        grammar = self._worked_re if worked else self._direct_re
         well_formed = float(terminated and grammar.fullmatch(text) is not None)
-        # The answer is what follows the last "A"; compared as a string (no int() of arbitrary
-        # model output, no leading zeros accepted).
+        # The answer is what follows the last "A": any digit string with the sum's value (leading
+        # zeros allowed, so the fixed width is a format matter, not a correctness one), and
+        # bounded in length before int() sees it.
         answer = text[text.rfind("A") + 1:] if "A" in text else ""
-        correct = float(terminated and answer == str(int(record["target"])))
+        correct = float(terminated and 0 < len(answer) <= _MAX_ANSWER_CHARS
+                        and answer.isascii() and answer.isdigit()
+                        and int(answer) == int(record["target"]))
         return Verdict(reward=correct + self.format_weight * well_formed, correct=correct,
                        format=well_formed, extras={"worked": worked})

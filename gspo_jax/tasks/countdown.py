@@ -112,6 +112,9 @@ def parse_expression(text: str) -> tuple[int, list[int]] | None:
 class CountdownTask(Task):
     """Reach ``target`` from ``num_numbers`` numbers in [1, max_number] (the difficulty knobs).
 
+    The defaults (4 numbers up to 12, targets up to 99) leave about 29,600 distinct problems, of
+    which the splits take 21,000.
+
     Knobs: num_numbers, max_number, max_target, wrong_fraction (share of demonstrations with one
     operator changed), partial_weight, closeness_scale, format_weight, num_train, num_test, seed.
     """
@@ -124,7 +127,7 @@ class CountdownTask(Task):
         self,
         *,
         num_numbers: int = 4,
-        max_number: int = 9,
+        max_number: int = 12,
         max_target: int = 99,
         wrong_fraction: float = 0.0,
         partial_weight: float = 0.5,
@@ -154,10 +157,11 @@ class CountdownTask(Task):
         self.closeness_scale, self.format_weight = closeness_scale, format_weight
         self.tokenizer = CharTokenizer(_ALPHABET)
         nd, td = len(str(max_number)), len(str(max_target))
-        prompt_len = 1 + num_numbers * (nd + 1) + td + 1  # bos, "n," ... ":" target "="
-        self.max_prompt_len = -(-prompt_len // 8) * 8
-        # Demonstrations are flat: numbers and operators, plus eos; leave room for parentheses.
-        self.max_response_len = -(-(num_numbers * (nd + 1) + 4 + 1) // 8) * 8
+        # Exact lengths: bos, the numbers with commas, ":", target, "=".
+        self.max_prompt_len = 1 + num_numbers * (nd + 1) + td + 1
+        # Demonstrations are flat (numbers and operators, plus eos); 4 spare tokens for the
+        # parentheses a policy may learn to use.
+        self.max_response_len = num_numbers * (nd + 1) - 1 + 4 + 1
 
     # ---- data ---------------------------------------------------------------------------------
     def tfds_features(self) -> dict[str, Any]:
