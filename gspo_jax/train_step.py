@@ -163,16 +163,28 @@ def _forward(graphdef, params, rest, mb: dict, temperature: float, *, return_rou
 
 
 def make_logprob_fn(
-    graphdef, rest, *, temperature: float, num_chunks: int, return_routes: bool, row_spec, mesh
+    graphdef,
+    rest,
+    *,
+    temperature: float,
+    num_chunks: int,
+    return_routes: bool,
+    row_spec,
+    mesh,
+    replay_routes: bool = True,
 ) -> Callable:
     """(params, batch) -> dict(logp [B, T] (, routes [B, L, S, k])): a forward-only pass.
 
-    Used to recompute old_logp, for the reference model's ref_logp, and to record routes for
-    Routing Replay. Runs in ``num_chunks`` sequential chunks of rows to bound memory.
+    Used to recompute old_logp (replaying the batch's routes when it has them and
+    ``replay_routes``), for the reference model's ref_logp (its own routing: replay_routes=False),
+    or to record routes. Runs in ``num_chunks`` sequential chunks of
+    rows to bound memory.
     """
 
     def fn(params, batch):
-        fields = {k: batch[k] for k in ("prompts", "prompt_lengths", "responses", "mask")}
+        keys = ("prompts", "prompt_lengths", "responses", "mask")
+        keys += ("routes",) if replay_routes else ()
+        fields = {k: batch[k] for k in keys if k in batch}
         chunks = _chunk_rows(fields, num_chunks, row_spec, mesh)
 
         def one(mb):
@@ -269,8 +281,12 @@ def make_update_fn(
         return (params, opt_state), m
 
     def update(state: TrainState, batch: dict, shuffle_key: jax.Array):
-        B = batch["mask"].shape[0]
-        chex.assert_shape(batch["adv"], (B,))
+        B, T = batch["mask"].shape
+        chex.assert_shape([batch["responses"], batch["old_logp"]], (B, T))
+        chex.assert_shape([batch["adv"], batch["prompt_lengths"]], (B,))
+        chex.assert_rank(batch["prompts"], 2)
+        if B % K:
+            raise ValueError(f"{B} rows do not split into {K} minibatches; see config.validate")
         key = jax.random.wrap_key_data(shuffle_key)
         if shuffle:
             perms = [jax.random.permutation(jax.random.fold_in(key, e), B) for e in range(num_epochs)]

@@ -14,7 +14,8 @@ One RL step (DESIGN.md "data flow"):
     sampler.generate (G per prompt)        ─► tokens, mask, logp [B, T]  (jit, batch-sharded)
     task.score on this process's rows      ─► rewards [B_local] (numpy)  ─► global [B]
     advantages.group_advantages            ─► adv [B]
-    optional passes (jit): recompute old_logp / record MoE routes (Routing Replay) / ref_logp
+    optional passes (jit): recompute old_logp / ref_logp (MoE Routing Replay: the sampler
+                           returns its expert routes, and every update forward replays them)
     train_step.update (jit, donated state) ─► μ epochs × K minibatches of AdamW
     metrics (process 0) ─► periodic evaluation ─► orbax checkpoint
 
@@ -23,10 +24,16 @@ iterator's state is checkpointed, so restarting the same command in the same wor
 exactly: parameters and metrics equal those of an uninterrupted run. The same config gives the same
 results on one device and on a mesh of many (sharding changes only the order of float sums).
 
-Multi-host: every process runs this same loop (SPMD). Each loads 1/process_count of the prompts;
-jax.make_array_from_process_local_data assembles the global batch, and each process scores the
-response rows of its own prompts. Only process 0 writes metrics, config.json and summary.json;
-orbax writes checkpoint shards from every process.
+old_logp is the sampler's log-prob of each sampled token under the temperature-scaled policy (the
+quantity the trainer recomputes), not the top-k/top-p truncated sampling distribution, so the
+first minibatch's ratio is exactly 1; config.rl.recompute_old_logp=True recomputes it with a
+trainer forward instead, and either way the difference is logged (rollout/logp_diff_*).
+
+Multi-host: every process runs this same loop (SPMD) on its share of the prompts (see
+distributed.py: by default every host reads the global batch and keeps its rows, so results do not
+depend on the process count); jax.make_array_from_process_local_data assembles the global batch,
+and each process scores the response rows of its own prompts. Only process 0 writes metrics,
+config.json and summary.json; orbax writes checkpoint shards from every process.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ import os
 import time
 from typing import Any
 
+import chex
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -77,14 +85,19 @@ def make_rollout_fn(run: exp.Run):
             top_p=rl.top_p,
             eos_id=eos_id,
             pad_id=pad_id,
+            return_routes=rl.routing_replay,
         )
 
+    rows = distributed.row_spec(run.mesh)
     out_sh = sampler.SampleOutput(
         tokens=distributed.rows_sharding(run.mesh, 2),
         mask=distributed.rows_sharding(run.mesh, 2),
         logp=distributed.rows_sharding(run.mesh, 2),
         sample_logp=distributed.rows_sharding(run.mesh, 2),
         lengths=distributed.rows_sharding(run.mesh, 1),
+        # [L, B, S, k]: the rollout's expert choices, for Routing Replay
+        routes=NamedSharding(run.mesh, PartitionSpec(None, rows, None, None))
+        if rl.routing_replay else None,
     )
     return jax.jit(fn, out_shardings=out_sh)
 
@@ -96,6 +109,9 @@ def make_prepare_fn(run: exp.Run):
     eos_id = run.task.tokenizer.eos_id
 
     def fn(sample, rewards, prompts, lengths):
+        B = prompts.shape[0] * G
+        chex.assert_shape([sample.tokens, sample.mask, sample.logp], (B, T))
+        chex.assert_shape(rewards, (B,))
         adv, adv_metrics = advantages.group_advantages(
             rewards, G, estimator=run.estimator, eps=rl.adv_eps, std_ddof=rl.adv_std_ddof
         )
@@ -107,6 +123,8 @@ def make_prepare_fn(run: exp.Run):
             "old_logp": sample.logp,
             "adv": adv,
         }
+        if sample.routes is not None:  # Routing Replay: the update replays the rollout's experts
+            batch["routes"] = jnp.swapaxes(sample.routes, 0, 1)  # [B, L, S, k]
         batch = {k: jax.lax.with_sharding_constraint(v, distributed.rows_sharding(run.mesh, v.ndim))
                  for k, v in batch.items()}
         lens = sample.mask.sum(-1)  # [B]
@@ -196,14 +214,14 @@ def make_phases(run: exp.Run, state: ts.TrainState, with_ref: bool) -> Phases:
     rl = run.config.rl
     row_spec = distributed.row_spec(run.mesh)
     logprob = ref = None
-    if rl.recompute_old_logp or rl.routing_replay:
+    if rl.recompute_old_logp:
         logprob = jax.jit(ts.make_logprob_fn(
             run.graphdef, run.rest, temperature=rl.temperature, num_chunks=rl.num_minibatches,
-            return_routes=rl.routing_replay, row_spec=row_spec, mesh=run.mesh))
+            return_routes=False, row_spec=row_spec, mesh=run.mesh))
     if with_ref:
         ref = jax.jit(ts.make_logprob_fn(
             run.graphdef, run.rest, temperature=rl.temperature, num_chunks=rl.num_minibatches,
-            return_routes=False, row_spec=row_spec, mesh=run.mesh))
+            return_routes=False, row_spec=row_spec, mesh=run.mesh, replay_routes=False))
     update = jax.jit(
         ts.make_update_fn(
             run.graphdef,
@@ -255,10 +273,7 @@ def rl_step(run: exp.Run, phases: Phases, state: ts.TrainState, batch_local: dic
             diff = (out["logp"] - batch["old_logp"]) * batch["mask"]
             pass_m["recompute_logp_diff_mean"] = diff.sum() / jnp.maximum(batch["mask"].sum(), 1.0)
             pass_m["recompute_logp_diff_absmax"] = jnp.abs(diff).max()
-            if rl.recompute_old_logp:
-                batch["old_logp"] = out["logp"]
-            if rl.routing_replay:
-                batch["routes"] = out["routes"]
+            batch["old_logp"] = out["logp"]
         if phases.ref is not None:
             batch["ref_logp"] = phases.ref(ref_params, batch)["logp"]
         jax.block_until_ready(batch["old_logp"])
