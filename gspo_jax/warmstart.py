@@ -55,7 +55,7 @@ class WarmStartConfig:
     twice as many steps leave held-out greedy accuracy where it is (see the README figures).
     """
 
-    steps: int = 2400
+    steps: int = 2000
     batch_size: int = 16  # P: small batches, many updates (the compute per step is what is short)
     learning_rate: float = 1e-2
     warmup_steps: int = 50

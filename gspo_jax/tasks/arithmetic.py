@@ -2,31 +2,31 @@
 
 Operands and answers are written with a fixed width (``max_digits`` digits per operand,
 ``max_digits + 1`` for the answer, zero-padded), so every digit sits at a fixed position. Prompt
-and the two response formats for max_digits=4 (``<eos>`` ends every response):
+and the two response formats with the default max_digits=3 (``<eos>`` ends every response):
 
-    prompt  "1234+0078="
-    worked  "W48=12,37=11,20=03,10=01A01312"   scratchpad, least significant column first:
-                                               digit of a, digit of b, "=", the column sum plus
-                                               the incoming carry as two digits; then "A" and
-                                               the answer
-    direct  "A01312"                           the answer alone
+    prompt  "492+438="
+    worked  "W28=10,93=13,44=09A0930"   scratchpad, least significant column first: digit of a,
+                                        digit of b, "=", the column sum plus the incoming carry
+                                        as two digits; then "A" and the answer
+    direct  "A0930"                     the answer alone
 
-Why this design (the default task must make response length matter, for LUSPO vs GSPO): writing the
-answer most-significant digit first needs every carry before the first digit is written, which a
-small model cannot learn to do in one pass; the scratchpad goes least-significant first and writes
-each carry down, so every step is a local lookup. A worked answer is therefore far more often right.
+Why this design (the default task must make response length matter, for LUSPO vs GSPO): writing
+the answer most-significant digit first needs every carry before the first digit is written, which
+a small model does not learn to do in one pass; the scratchpad goes least-significant first and
+writes each carry down, so every step is a local lookup. A worked answer is therefore far more
+often right, and four times longer (24 vs 6 tokens).
 
 Why the base policy is mediocre by construction (issue item 3): the warm-start demonstrations are
 mostly direct answers written by a demonstrator that *ignores carries* (carry-less addition: right
-only when no column carries), and only ``worked_fraction`` of them (default 30 %) are worked and
-correct. Trained to convergence, the policy reproduces that mix: its first token is "A" with
-probability ~0.7, so greedy decoding answers directly and is right only on carry-free problems
-(~35 % with operands of 1-4 digits), while at temperature 1 about 30 % of samples are worked and
-mostly right. Longer supervised training cannot fix that (it only fits the mix better); RL can, by
-moving probability to "W". The fixed width makes the carry-less direct answer (a digit-wise lookup)
-and the scratchpad quick to learn, so the warm start converges within its few-minute CPU budget.
-Operand lengths are drawn uniformly from [min_digits, max_digits] and each operand uniformly among
-numbers of that length.
+only when no column carries, "A0820" above), and only ``worked_fraction`` of them (default 40 %)
+are worked and correct. Trained on that mix, the policy reproduces it: its first token is "A" with
+probability ~0.6, so greedy decoding answers directly and is right only on carry-free problems
+(~41 % of problems with operands of 1-3 digits), while at temperature 1 about 40 % of samples are
+worked and mostly right. Longer supervised training cannot fix that (it only fits the mix
+better); RL can, by moving probability to "W". The fixed width makes both the carry-less direct
+answer and the scratchpad position lookups, which a small model learns within the warm start's
+few-minute CPU budget. Operand lengths are drawn uniformly from [min_digits, max_digits] and each
+operand uniformly among numbers of that length.
 
 Reward: correct (1/0: the digits after the last "A" have the value of the sum, and the response
 ended with eos) + format_weight * format (1/0: the whole response matches one of the two grammars

@@ -18,11 +18,24 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 from typing import Any
 
 import tensorflow_datasets as tfds
 
 from gspo_jax.tasks.task import Task
+
+
+class _QuietCustomConfig(logging.Filter):
+    """Drops TFDS's per-call warnings about custom builder configs (every task config is one)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not ("Using custom data configuration" in msg
+                    or "has no dataset_info.json" in msg)
+
+
+logging.getLogger("absl").addFilter(_QuietCustomConfig())
 
 
 def config_hash(config: dict[str, Any]) -> str:

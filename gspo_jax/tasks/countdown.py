@@ -1,7 +1,7 @@
 """Countdown: combine the given numbers with + - * and parentheses to reach a target.
 
-    prompt    "2,3,5,7:27="           the numbers (sorted, so their order gives nothing away), target
-    response  "7*3+5-2"               an expression that uses every number exactly once
+    prompt    "6,8,16:88="            the numbers (sorted, so their order gives nothing away), target
+    response  "16*6-8"                an expression that uses every number exactly once
 
 Why this task: its rewards are not only 0/1. An expression that uses exactly the given numbers but
 misses the target earns partial credit that falls linearly with the distance to the target, which
@@ -112,8 +112,9 @@ def parse_expression(text: str) -> tuple[int, list[int]] | None:
 class CountdownTask(Task):
     """Reach ``target`` from ``num_numbers`` numbers in [1, max_number] (the difficulty knobs).
 
-    The defaults (4 numbers up to 12, targets up to 99) leave about 29,600 distinct problems, of
-    which the splits take 21,000.
+    The defaults (3 numbers up to 20, targets up to 99) leave about 10,000 distinct problems, of
+    which the splits take 7,000; the warm start makes a base that solves ~30 % of held-out
+    problems greedily (see the README figures).
 
     Knobs: num_numbers, max_number, max_target, wrong_fraction (share of demonstrations with one
     operator changed), partial_weight, closeness_scale, format_weight, num_train, num_test, seed.
@@ -126,14 +127,14 @@ class CountdownTask(Task):
     def __init__(
         self,
         *,
-        num_numbers: int = 4,
-        max_number: int = 12,
+        num_numbers: int = 3,
+        max_number: int = 20,
         max_target: int = 99,
         wrong_fraction: float = 0.0,
         partial_weight: float = 0.5,
         closeness_scale: float = 10.0,
         format_weight: float = 0.1,
-        num_train: int = 20000,
+        num_train: int = 6000,
         num_test: int = 1000,
         seed: int = 0,
     ):
