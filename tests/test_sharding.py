@@ -46,8 +46,9 @@ def test_logical_to_spec_drops_axes_that_do_not_fit():
 
 @pytest.fixture(scope="module", params=["tiny", "tiny_moe"])
 def pair(request):
-    """(single-device model, sharded model with the same seed, mesh)."""
-    cfg = models.get_model_config(request.param)
+    """(single-device model, sharded model with the same seed, mesh). One layer: the
+    partitioning is the same in every layer and each layer costs compile time."""
+    cfg = models.get_model_config(request.param, num_layers=1)
     mesh = sharding.make_mesh(MESHES[request.param])
     return (models.Transformer(cfg, rngs=nnx.Rngs(0)),
             sharding.create_sharded_model(cfg, mesh, rng_seed=0), mesh)
