@@ -10,7 +10,12 @@ S = Lp + T cache slots, V vocab, D hidden.
     out.tokens [B, T] int32 (pad_id after EOS), out.mask [B, T] f32 (1 up to and including EOS),
     out.logp [B, T] f32 (log-prob under softmax(logits / temperature): the trainer's old_logp),
     out.sample_logp [B, T] f32 (under the top-k/top-p truncated distribution actually sampled
-    from; == logp without truncation), out.lengths [B] int32.
+    from; == logp without truncation), out.lengths [B] int32, out.routes (MoE, only with
+    return_routes=True) [L, B, Lp + T, k] int32.
+
+The trainer's log-probs for the same rows: models.response_logprobs(model, jnp.repeat(prompts,
+G, 0), jnp.repeat(prompt_lengths, G), out.tokens, temperature=temperature) (and, for Routing
+Replay, routes=out.routes); its logp equals out.logp wherever out.mask is 1.
 
 How it works (and why):
 - Layout: prompts stay right-padded in slots [0, Lp); the t-th generated token of every row goes
