@@ -17,13 +17,14 @@ The sweep (objective x ε x seeds), launched by experiments/sweep.py:
     python experiments/sweep.py --config configs/arith.py:runlocal --sweep seeds=1 \
         --workdir runs/sweep_local --parallel 2
 
-Expected runtime (2-core CPU): about 4-5 min of warm start (cached afterwards, keyed by its config)
-plus about 4-5 min of RL, under 10 min in all; runlocal: well under a minute per run.
+Expected runtime (2-core CPU, 4m50s of CPU time): the warm start (2400 SFT steps, cached
+afterwards, keyed by its config) takes most of it, RL (80 steps, 3 evaluations) about 2 min on an
+idle machine; under 10 min in all. runlocal: about a minute per run, mostly compilation.
 
 Headline metric: eval/greedy_accuracy (held-out greedy accuracy), base vs final, in
-<workdir>/summary.json. The base policy answers most problems directly (wrong whenever a column
-carries); RL moves it to the worked, column-by-column format, which is mostly right: expect the
-final greedy accuracy at least 10 points above the base. Also watch rollout/response_len_mean (the
+<workdir>/summary.json. The base policy answers directly when greedy (wrong whenever a column
+carries: 0.395); RL moves it to the worked, column-by-column format, which is mostly right:
+measured 0.395 -> 0.880 (+48.5 points; seed 1: 0.850), the switch happening around step 45. Also watch rollout/response_len_mean (the
 worked format is longer), train/clip_frac (GSPO clips whole sequences) and rollout/logp_diff_mean
 (sampler vs trainer log-probs: must stay ~1e-7, or GSPO's ε = 3e-4 clips everything).
 
@@ -65,10 +66,27 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     c.init = ml_collections.ConfigDict()
     c.init.kind = "warmstart"  # or "random" (tests that need no good policy)
     c.init.cache_dir = ""  # "" = $GSPO_JAX_CACHE or ~/.cache/gspo_jax
-    c.init.warmstart = ml_collections.ConfigDict()  # warmstart.get_base_model's warm_cfg; {} = its defaults
+    # warmstart.get_base_model's warm_cfg, pinned field by field so that the base policy of this
+    # experiment does not move when the library's defaults do (every field keys the cache).
+    # 2400 steps: at 2000 the worked (scratchpad) format is not learned yet (33 % greedy accuracy
+    # when forced to start with "W", below the direct answers' 40 %, so RL moves away from it);
+    # at 2400 it is (77 %), and RL has a better format to find.
+    c.init.warmstart = ml_collections.ConfigDict(
+        dict(
+            steps=2400,
+            batch_size=16,
+            learning_rate=1e-2,
+            warmup_steps=50,
+            end_lr_ratio=0.1,
+            weight_decay=0.01,
+            grad_clip=1.0,
+            loss_norm="sequence",
+            seed=0,
+        )
+    )
 
     c.rl = ml_collections.ConfigDict()
-    c.rl.num_steps = 120  # the greedy policy switches to the worked format around step 80-100
+    c.rl.num_steps = 80  # the greedy policy switches to the worked format around step 40-50
     c.rl.prompts_per_step = 16  # P
     c.rl.group_size = 8  # G
     c.rl.max_new_tokens = 0  # T; 0 = task.max_response_len (fits the longest worked answer)
