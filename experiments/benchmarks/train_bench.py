@@ -144,8 +144,8 @@ def main(argv=None) -> int:
     )
     targets = {
         # The update is a small model on a CPU: a few percent of matmul peak is what XLA gets at
-        # these shapes; below 1 % would mean something pathological (e.g. recompiling every call).
-        "update_mfu": {"op": ">=", "threshold": 0.01},
+        # these shapes (measured ~40 % here); below 10 % would mean something pathological (e.g. recompiling every call).
+        "update_mfu": {"op": ">=", "threshold": 0.1},
         # Steps after the first must not recompile: the first (compiling) step is far slower.
         "first_step_over_steady": {"op": ">=", "threshold": 3.0},
         "step_tokens_per_s": {"op": ">=", "threshold": 100.0},
