@@ -161,7 +161,8 @@ def _fmt(v) -> str:
 
 def write_tables(rows: list[dict], root: str) -> str:
     """Writes results.csv and results.md under ``root``; returns the markdown table."""
-    cols: list[str] = []
+    override_cols = [c for r in rows for c in r if "." in c or c == "seed"]
+    cols: list[str] = ["run"] + list(dict.fromkeys(override_cols))  # the sweep's axes first
     for r in rows:
         cols += [c for c in r if c not in cols]
     with open(os.path.join(root, "results.csv"), "w", newline="") as f:
