@@ -328,8 +328,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
         workdir, resume_step=latest, tensorboard=config.log.tensorboard
     )
     writer.write_config(config)
-    log = metrics_lib.Progress(total=rl.num_steps, initial=latest or 0,
-                               enabled=None if config.log.progress else False)
+    notes = []  # printed above the progress bar, which starts after the warm start
 
     # ---- initial state: resume, or the base policy
     cache_dir = exp.cache_dir_of(config)
@@ -338,7 +337,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
     if latest is not None:
         state, meta = ckpt.restore(latest, exp.abstract_state(run, run.abs_params), data_iter)
         prior_wall = float(meta.get("wall_s", 0.0))
-        log.write(f"resumed from step {latest} in {workdir}")
+        notes.append(f"resumed from step {latest} in {workdir}")
         if os.path.exists(base_eval_path):
             with open(base_eval_path) as f:
                 base_eval = json.load(f)
@@ -357,8 +356,12 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
             if writer.enabled:
                 with open(base_eval_path, "w") as f:
                     json.dump(base_eval, f, indent=2)
-            log.write("base  " + _fmt_eval(base_eval))
+            notes.append("base  " + _fmt_eval(base_eval))
     phases = make_phases(run, state, with_ref=ref_params is not None)
+    log = metrics_lib.Progress(total=rl.num_steps, initial=latest or 0,
+                               enabled=None if config.log.progress else False)
+    for note in notes:
+        log.write(note)
 
     # ---- the loop
     start = int(jax.device_get(state.step))
