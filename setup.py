@@ -27,7 +27,7 @@ setup(
         "matplotlib>=3.8",
     ],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.5"],
+        "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.5", "scipy>=1.11"],
         # Peers for the sampler benchmark only; tests and CI never need them.
         "peers": ["google-tunix", "transformers", "torch==2.13.0"],
     },
