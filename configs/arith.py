@@ -17,9 +17,10 @@ The sweep (objective x ε x seeds), launched by experiments/sweep.py:
     python experiments/sweep.py --config configs/arith.py:runlocal --sweep seeds=1 \
         --workdir runs/sweep_local --parallel 2
 
-Expected runtime (2-core CPU, 4m50s of CPU time): the warm start (2400 SFT steps, cached
-afterwards, keyed by its config) takes most of it, RL (80 steps, 3 evaluations) about 2 min on an
-idle machine; under 10 min in all. runlocal: about a minute per run, mostly compilation.
+Expected runtime (this 2-core CPU, idle, from an empty cache): 3 min 48 s in all: dataset
+preparation, the warm start (2400 SFT steps, 162 s; cached afterwards, keyed by its config) and RL
+(80 steps with 3 evaluations, 53 s). With three other jobs on the two cores: 10 min. runlocal: about
+a minute per run, mostly compilation.
 
 Headline metric: eval/greedy_accuracy (held-out greedy accuracy), base vs final, in
 <workdir>/summary.json. The base policy answers directly when greedy (wrong whenever a column
