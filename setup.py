@@ -23,6 +23,8 @@ setup(
         "chex>=0.1.89",
         "numpy>=1.26",
         "tqdm>=4.66",
+        "absl-py>=1.0",
+        "etils[epath]>=1.5",
         "tensorboardX>=2.6",
         "matplotlib>=3.8",
     ],
