@@ -168,6 +168,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         lr=config_dict.placeholder(float),
     )
     c = base_config(a.runlocal)
+    apply_common_args(c, a)
+    c.lock()
+    return c
+
+
+def apply_common_args(c: ml_collections.ConfigDict, a) -> None:
+    """Applies the arguments every arith-family config takes (runlocal, seed, objective, eps,
+    steps, lr) to ``c``; shared with configs/arith_moe.py."""
     c.runlocal = a.runlocal
     c.seed = a.seed
     c.objective.name = a.objective
@@ -178,8 +186,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.rl.num_steps = a.steps
     if a.lr is not None:
         c.optimizer.learning_rate = a.lr
-    c.lock()
-    return c
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:

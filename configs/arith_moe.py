@@ -54,20 +54,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         routing_replay=False,
         aux_loss_coef=1e-3,
     )
-    c = _arith().base_config(a.runlocal)
-    c.runlocal = a.runlocal
-    c.seed = a.seed
+    arith = _arith()
+    c = arith.base_config(a.runlocal)
+    arith.apply_common_args(c, a)
     c.model.preset = "tiny_moe" if a.runlocal else "small_moe"
     c.rl.routing_replay = a.routing_replay
     c.rl.aux_loss_coef = a.aux_loss_coef
-    c.objective.name = a.objective
-    if a.eps is not None:
-        c.objective.eps_low = a.eps
-        c.objective.eps_high = a.eps
-    if a.steps is not None:
-        c.rl.num_steps = a.steps
-    if a.lr is not None:
-        c.optimizer.learning_rate = a.lr
     c.lock()
     return c
 

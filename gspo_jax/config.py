@@ -26,21 +26,16 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
+from gspo_jax import objectives
+
 
 class ConfigError(ValueError):
     """A configuration problem found before any step; the message names the problem and the fix."""
 
 
-# Objective fields a config may override; None means "the preset's value".
-OBJECTIVE_FIELDS = (
-    "eps_low",
-    "eps_high",
-    "aggregation",
-    "max_len",
-    "kl_coef",
-    "kl_estimator",
-    "dual_clip",
-)
+# Objective fields a config may override (None means "the preset's value"): the objective
+# library's own list, so a field added there is overridable here too.
+OBJECTIVE_FIELDS = objectives.OVERRIDABLE_FIELDS
 
 
 def _parse_bool(s: str) -> bool:
