@@ -26,8 +26,8 @@ from gspo_jax import evaluation, models, tasks, warmstart
 
 
 def _wall_s(task, model_cfg, warm_cfg, cache_dir) -> float:
-    key = warmstart.cache_key(task, model_cfg, warm_cfg)
-    with open(os.path.join(cache_dir, "warmstart", f"{task.name}_{key}", "meta.json")) as f:
+    with open(os.path.join(warmstart.cache_path(task, model_cfg, warm_cfg, cache_dir),
+                           "meta.json")) as f:
         return float(json.load(f)["wall_s"])
 
 
@@ -65,8 +65,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tasks", default="arith,countdown")
     parser.add_argument("--num_problems", type=int, default=512)
-    parser.add_argument("--cache_dir", default=os.environ.get(
-        "GSPO_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gspo_jax")))
+    parser.add_argument("--cache_dir", default=warmstart.default_cache_dir())
     parser.add_argument("--data_dir", default=None)
     parser.add_argument("--no_2x", action="store_true", help="skip the 2x-long warm start")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")

@@ -29,6 +29,8 @@ import os
 
 import jax
 import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from gspo_jax import data, sampler
 from gspo_jax.tasks.task import Task
@@ -38,6 +40,27 @@ def _formats(task: Task, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Format name of each response row."""
     return np.array([task.response_format(task.split_response(t, m)[0])
                      for t, m in zip(tokens, mask, strict=True)])
+
+
+def process_local_copy(model):
+    """The model with whole parameters on this process's first device.
+
+    evaluate scores the sampler's outputs on the host, which needs whole arrays in this process.
+    A model sharded over a multi-host mesh is first replicated (one all-gather) and each process
+    keeps its own copy: every host evaluates the same numbers, fine for the models that run on
+    CPUs here; a pod-scale model would want an evaluation loop over sharded outputs instead.
+    A model whose arrays this process already holds whole is returned unchanged.
+    """
+    graphdef, state = nnx.split(model)
+    leaves = jax.tree.leaves(state)
+    if all(getattr(x, "is_fully_addressable", True) for x in leaves):
+        return model
+    replicated = jax.tree.map(
+        lambda x: NamedSharding(x.sharding.mesh, PartitionSpec()), state)
+    state = jax.jit(lambda s: s, out_shardings=replicated)(state)
+    local = jax.local_devices()[0]
+    state = jax.tree.map(lambda x: jax.device_put(x.addressable_data(0), local), state)
+    return nnx.merge(graphdef, state)
 
 
 def evaluate(
@@ -54,9 +77,13 @@ def evaluate(
     data_dir: str | os.PathLike | None = None,
 ) -> dict[str, float]:
     """Greedy accuracy, pass@k (temperature sampling), response lengths and per-format accuracy
-    on the first ``num_problems`` problems of ``split`` (None = all of them)."""
+    on the first ``num_problems`` problems of ``split`` (None = all of them).
+
+    Works in multi-host runs: every process evaluates the same problems on its own copy of the
+    model (see process_local_copy) and returns the same metrics."""
     if pass_k < 1:
         raise ValueError(f"pass_k={pass_k} must be >= 1.")
+    model = process_local_copy(model)
     T = max_new_tokens or task.max_response_len
     key = jax.random.key(seed)
     greedy, samples, g_fmt, s_fmt = [], [], [], []

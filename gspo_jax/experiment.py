@@ -105,9 +105,7 @@ def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
     config = run.config
     cache_dir = cache_dir or cache_dir_of(config)
     t0 = time.time()
-    if config.init.kind == "warmstart" and jax.process_count() > 1:
-        params = _load_cached_warmstart(run, cache_dir)
-    elif config.init.kind == "warmstart":
+    if config.init.kind == "warmstart":
         from gspo_jax import warmstart
 
         model = warmstart.get_base_model(
@@ -117,9 +115,10 @@ def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
             cache_dir,
             data_dir=config.data.data_dir or None,
             progress=config.log.progress and metrics_lib.is_writer_process(),
+            mesh=run.mesh,
         )
         _, params, _ = _split_model(model)
-        params = jax.device_put(params, run.state_shardings)
+        params = jax.device_put(params, run.state_shardings)  # a no-op unless the rules differ
     elif config.init.kind == "random":
         model = sharding.create_sharded_model(run.model_cfg, run.mesh, config.seed)
         _, params, _ = _split_model(model)
@@ -130,51 +129,10 @@ def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
     return params, time.time() - t0
 
 
-def _warmstart_path(run: Run, cache_dir: str) -> str:
+def cache_dir_of(config) -> str:
     from gspo_jax import warmstart
 
-    warm_cfg = warmstart.as_warm_config(run.config.init.warmstart)
-    key = warmstart.cache_key(run.task, run.model_cfg, warm_cfg)
-    return os.path.abspath(os.path.join(cache_dir, "warmstart", f"{run.task.name}_{key}"))
-
-
-def _load_cached_warmstart(run: Run, cache_dir: str):
-    """Multi-host: restore the cached warm start straight into its mesh shardings.
-
-    warmstart.get_base_model restores onto one local device (and would train on every host at
-    once when the cache is cold), which a multi-process run cannot do; here every process reads
-    only its shards. The cache must exist: fill it once with a single-process
-    ``python -m gspo_jax.main ... --prepare_only`` (same config, shared filesystem).
-    """
-    import orbax.checkpoint as ocp
-
-    path = _warmstart_path(run, cache_dir)
-    if not os.path.exists(os.path.join(path, "meta.json")):
-        raise config_lib.ConfigError(
-            f"multi-host run: the warm start is not cached at {path}. Run the same command once "
-            "in a single process with --prepare_only (it trains and caches the base policy), on "
-            "a filesystem every host sees, then launch the multi-host run."
-        )
-    abstract = nnx.eval_shape(lambda: models.Transformer(run.model_cfg, rngs=nnx.Rngs(0)))
-    graphdef, abs_state = nnx.split(abstract)
-    shardings = sharding.state_shardings(abs_state, run.mesh)
-    target = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abs_state, shardings
-    )
-    restored = ocp.StandardCheckpointer().restore(
-        os.path.join(path, "params"), nnx.to_pure_dict(target)
-    )
-    nnx.replace_by_pure_dict(abs_state, restored)
-    _, params, _ = _split_model(nnx.merge(graphdef, abs_state))
-    return params
-
-
-def cache_dir_of(config) -> str:
-    if config.init.cache_dir:
-        return config.init.cache_dir
-    return os.environ.get(
-        "GSPO_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gspo_jax")
-    )
+    return config.init.cache_dir or warmstart.default_cache_dir()
 
 
 def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:

@@ -275,7 +275,10 @@ def generate(model, prompts, prompt_lengths, *, num_samples: int, max_new_tokens
         raise ValueError(f"eos_id={eos_id} and pad_id={pad_id} must be token ids in "
                          f"[0, {cfg.vocab_size}) (eos_id=-1: never stop early).")
     if not isinstance(prompt_lengths, jax.core.Tracer):
-        lengths = np.asarray(prompt_lengths)
+        # Multi-host: each process checks the shards it holds (together they check every row);
+        # np.asarray on an array other hosts hold would fail.
+        lengths = (np.asarray(prompt_lengths) if prompt_lengths.is_fully_addressable else
+                   np.concatenate([np.ravel(s.data) for s in prompt_lengths.addressable_shards]))
         if lengths.min() < 1 or lengths.max() > Lp:
             raise ValueError(f"prompt_lengths must be in [1, Lp={Lp}]; got min {lengths.min()}, "
                              f"max {lengths.max()}. Every prompt needs at least one token.")

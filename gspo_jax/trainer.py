@@ -65,8 +65,8 @@ from gspo_jax import train_step as ts
 def make_rollout_fn(run: exp.Run):
     """(params, prompts [P, Lp], lengths [P], key) -> SampleOutput, rows sharded over the mesh.
 
-    generate() is traced inside this jit so that its host-side checks see tracers (they would
-    otherwise read non-addressable arrays on multi-host runs); the data was checked by the loader.
+    generate() is traced inside this jit so the rollout compiles once with the trainer's
+    shardings (its host-side checks then see tracers; the data was checked by the loader).
     """
     rl = run.config.rl
     eos_id, pad_id = run.task.tokenizer.eos_id, run.task.tokenizer.pad_id
@@ -157,17 +157,10 @@ def evaluate(run: exp.Run, params) -> dict[str, float] | None:
     ev = run.config.eval
     if ev.num_problems <= 0:
         return None
-    mesh_ctx = sharding.use_mesh(run.mesh)
-    if jax.process_count() > 1:
-        # evaluation.evaluate reads the sampler's outputs with np.asarray, which needs whole
-        # arrays in this process: every process evaluates its own single-device copy of the
-        # parameters (the same numbers on every host; fine for the models this runs on CPUs, a
-        # pod-scale model would need an evaluation loop over sharded outputs instead).
-        replicated = NamedSharding(run.mesh, PartitionSpec())
-        params = jax.jit(lambda p: p, out_shardings=replicated)(params)
-        local = jax.local_devices()[0]
-        params = jax.tree.map(lambda x: jax.device_put(x.addressable_data(0), local), params)
-        mesh_ctx = contextlib.nullcontext()
+    # Multi-host: evaluation.evaluate gives every process its own whole copy of the parameters
+    # and leaves the mesh; single-process it samples on the mesh.
+    mesh_ctx = (sharding.use_mesh(run.mesh) if jax.process_count() == 1
+                else contextlib.nullcontext())
     model = nnx.merge(run.graphdef, params, run.rest)
     with mesh_ctx:
         out = evaluation.evaluate(

@@ -27,7 +27,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import chex
@@ -177,15 +177,22 @@ def train(
     *,
     data_dir: str | os.PathLike | None = None,
     progress: bool = True,
+    callback: Callable[[int, nnx.Module], Any] | None = None,
+    callback_every: int = 0,
 ) -> tuple[nnx.Module, dict[str, Any]]:
     """Train a base policy from scratch (no cache). Returns (model, stats) with stats
-    final_loss, wall_s, steps."""
+    final_loss, wall_s, steps.
+
+    ``callback(step, model)`` runs after every ``callback_every`` steps (and after the last one),
+    e.g. to evaluate a learning curve (experiments/warmstart_curve.py); its time is not counted
+    in wall_s.
+    """
     warm_cfg = as_warm_config(warm_cfg)
     if model_cfg.vocab_size < task.tokenizer.vocab_size:
         raise ValueError(f"model vocab_size={model_cfg.vocab_size} < the {task.name} tokenizer's "
                          f"{task.tokenizer.vocab_size}; build it with get_model_config(..., "
                          f"vocab_size=task.tokenizer.vocab_size).")
-    t0 = time.time()
+    t0, callback_s = time.time(), 0.0
     model = models.Transformer(model_cfg, rngs=nnx.Rngs(warm_cfg.seed))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = make_optimizer(warm_cfg)
@@ -209,16 +216,50 @@ def train(
         losses.append(loss)
         if progress and (i % 50 == 0 or i == warm_cfg.steps - 1):
             bar.set_postfix(loss=f"{float(loss):.4f}")
+        if callback is not None and callback_every > 0 and (
+                (i + 1) % callback_every == 0 or i == warm_cfg.steps - 1):
+            tc = time.time()
+            callback(i + 1, nnx.merge(graphdef, params, rest))
+            callback_s += time.time() - tc
     final_loss = float(np.mean(jax.device_get(losses[-50:])))
     if not np.isfinite(final_loss):
         raise FloatingPointError(f"warm-start loss became {final_loss}; lower "
                                  "warm_cfg.learning_rate.")
     model = nnx.merge(graphdef, params, rest)
-    return model, dict(final_loss=final_loss, wall_s=time.time() - t0, steps=warm_cfg.steps)
+    return model, dict(final_loss=final_loss, wall_s=time.time() - t0 - callback_s,
+                       steps=warm_cfg.steps)
 
 
-def _abstract_model(model_cfg: models.ModelConfig):
-    return nnx.eval_shape(lambda: models.Transformer(model_cfg, rngs=nnx.Rngs(0)))
+def default_cache_dir() -> str:
+    """$GSPO_JAX_CACHE, else ~/.cache/gspo_jax."""
+    return os.environ.get(
+        "GSPO_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gspo_jax"))
+
+
+def cache_path(task: Task, model_cfg: models.ModelConfig, warm_cfg: Any = None,
+               cache_dir: str | os.PathLike | None = None) -> str:
+    """Where the base policy for (task, model_cfg, warm_cfg) is cached:
+    ``cache_dir/warmstart/<task>_<hash>`` (a complete entry has a meta.json)."""
+    key = cache_key(task, model_cfg, as_warm_config(warm_cfg))
+    return os.path.abspath(os.path.join(
+        os.fspath(cache_dir or default_cache_dir()), "warmstart", f"{task.name}_{key}"))
+
+
+def _restore(path: str, model_cfg: models.ModelConfig, mesh) -> nnx.Module:
+    """The cached parameters as a model: on the default device, or (mesh given) straight into
+    the model's mesh shardings, so each process of a multi-host run reads only its shards."""
+    from gspo_jax import sharding
+
+    abstract = nnx.eval_shape(lambda: models.Transformer(model_cfg, rngs=nnx.Rngs(0)))
+    graphdef, abs_state = nnx.split(abstract)
+    target = abs_state
+    if mesh is not None:
+        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                              abs_state, sharding.state_shardings(abs_state, mesh))
+    restored = ocp.StandardCheckpointer().restore(os.path.join(path, "params"),
+                                                  nnx.to_pure_dict(target))
+    nnx.replace_by_pure_dict(abs_state, restored)
+    return nnx.merge(graphdef, abs_state)
 
 
 def get_base_model(
@@ -229,31 +270,31 @@ def get_base_model(
     *,
     data_dir: str | os.PathLike | None = None,
     progress: bool = True,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> nnx.Module:
     """The warm-started base policy for (task, model_cfg, warm_cfg): loaded from
     ``cache_dir/warmstart/<task>_<hash>`` when present, else trained (progress bar) and saved.
 
     cache_dir defaults to $GSPO_JAX_CACHE or ~/.cache/gspo_jax; data_dir is where the task's
-    TFDS dataset lives (see data.py).
+    TFDS dataset lives (see data.py). With ``mesh`` the parameters come back sharded over it by
+    the model's logical axis rules. A multi-process run (jax.process_count() > 1) only loads: it
+    raises if the cache is cold rather than train the same base on every host at once.
     """
     warm_cfg = as_warm_config(warm_cfg)
-    if cache_dir is None:
-        cache_dir = os.environ.get(
-            "GSPO_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gspo_jax"))
-    path = os.path.abspath(os.path.join(
-        os.fspath(cache_dir), "warmstart", f"{task.name}_{cache_key(task, model_cfg, warm_cfg)}"))
-    ckpt_path = os.path.join(path, "params")
-    checkpointer = ocp.StandardCheckpointer()
+    path = cache_path(task, model_cfg, warm_cfg, cache_dir)
     if os.path.exists(os.path.join(path, "meta.json")):
-        abstract = _abstract_model(model_cfg)
-        graphdef, abs_state = nnx.split(abstract)
-        restored = checkpointer.restore(ckpt_path, nnx.to_pure_dict(abs_state))
-        nnx.replace_by_pure_dict(abs_state, restored)
-        return nnx.merge(graphdef, abs_state)
+        return _restore(path, model_cfg, mesh)
+    if jax.process_count() > 1:
+        raise FileNotFoundError(
+            f"multi-host run: the warm start is not cached at {path}. Run the same command once "
+            "in a single process with --prepare_only (it trains and caches the base policy) on a "
+            "filesystem every host sees, then launch the multi-host run.")
 
     model, stats = train(task, model_cfg, warm_cfg, data_dir=data_dir, progress=progress)
     os.makedirs(path, exist_ok=True)
-    checkpointer.save(ckpt_path, nnx.to_pure_dict(nnx.state(model)), force=True)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(os.path.join(path, "params"), nnx.to_pure_dict(nnx.state(model)),
+                      force=True)
     checkpointer.wait_until_finished()
     # meta.json is written last: its presence marks a complete cache entry.
     meta = dict(task=task.name, task_config=task.config, model=dataclasses.asdict(model_cfg),
@@ -264,4 +305,9 @@ def get_base_model(
     if progress:
         print(f"warm start ({task.name}): {stats['wall_s']:.0f} s, final loss "
               f"{stats['final_loss']:.4f}; cached at {path}", file=sys.stderr)
+    if mesh is not None:
+        from gspo_jax import sharding
+
+        graphdef, state = nnx.split(model)
+        model = nnx.merge(graphdef, jax.device_put(state, sharding.state_shardings(state, mesh)))
     return model
