@@ -277,8 +277,7 @@ def generate(model, prompts, prompt_lengths, *, num_samples: int, max_new_tokens
     if not isinstance(prompt_lengths, jax.core.Tracer):
         # Multi-host: each process checks the shards it holds (together they check every row);
         # np.asarray on an array other hosts hold would fail.
-        lengths = (np.asarray(prompt_lengths) if prompt_lengths.is_fully_addressable else
-                   np.concatenate([np.ravel(s.data) for s in prompt_lengths.addressable_shards]))
+        lengths = np.concatenate([np.ravel(s.data) for s in prompt_lengths.addressable_shards])
         if lengths.min() < 1 or lengths.max() > Lp:
             raise ValueError(f"prompt_lengths must be in [1, Lp={Lp}]; got min {lengths.min()}, "
                              f"max {lengths.max()}. Every prompt needs at least one token.")

@@ -99,3 +99,43 @@ def test_evaluate_reports_formats_and_untrained_is_nan_safe(setup):
     assert 0 <= m["mean_response_length"] <= task.max_response_len
     for k, v in m.items():
         assert isinstance(v, float) and (math.isfinite(v) or k.endswith("_accuracy"))
+
+
+def test_cached_base_loads_into_mesh_shardings(setup):
+    """With a mesh, the cached base comes back sharded by the model's logical rules (how the
+    trainer loads it, one shard per device, also in multi-host runs) with the same numbers."""
+    from gspo_jax import sharding
+
+    task, cfg, data_dir, cache_dir = setup
+    plain = warmstart.get_base_model(task, cfg, _WARM, cache_dir, data_dir=data_dir,
+                                     progress=False)
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 4})
+    sharded = warmstart.get_base_model(task, cfg, _WARM, cache_dir, data_dir=data_dir,
+                                       progress=False, mesh=mesh)
+    state = nnx.state(sharded)
+    want = sharding.state_shardings(state, mesh)
+    for x, s in zip(jax.tree.leaves(state), jax.tree.leaves(want), strict=True):
+        assert x.sharding.is_equivalent_to(s, x.ndim)
+    assert any(len(x.sharding.device_set) == 8 and not x.sharding.is_fully_replicated
+               for x in jax.tree.leaves(state))
+    for x, y in zip(jax.tree.leaves(nnx.state(plain)), jax.tree.leaves(state), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_multi_process_run_with_cold_cache_fails_before_training(setup, monkeypatch, tmp_path):
+    task, cfg, data_dir, _ = setup
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(warmstart, "train", lambda *a, **k: pytest.fail("trained on every host"))
+    with pytest.raises(FileNotFoundError, match="--prepare_only"):
+        warmstart.get_base_model(task, cfg, _WARM, str(tmp_path), data_dir=data_dir,
+                                 progress=False)
+
+
+def test_train_callback_sees_the_model_every_n_steps(setup):
+    task, cfg, data_dir, _ = setup
+    seen = []
+    _, stats = warmstart.train(task, cfg, {**_WARM, "steps": 5}, data_dir=data_dir,
+                               progress=False, callback_every=2,
+                               callback=lambda step, m: seen.append((step, type(m).__name__)))
+    assert seen == [(2, "Transformer"), (4, "Transformer"), (5, "Transformer")]
+    assert stats["steps"] == 5 and math.isfinite(stats["final_loss"])
