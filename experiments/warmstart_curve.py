@@ -1,6 +1,6 @@
 """Learning curve of the supervised warm start: held-out accuracy as training goes on.
 
-    python experiments/warmstart_curve.py --task countdown [--steps 4800] [--every 600]
+    python experiments/warmstart_curve.py --task countdown [--steps 9600] [--every 1200]
         [--num_problems 256] [--out_dir runs/warmstart_curve]
 
 Trains one warm start of the "small" preset (not cached: the callback needs the model mid-run)
@@ -30,7 +30,8 @@ from gspo_jax import evaluation, models, tasks, warmstart
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--task", default="arith")
-    parser.add_argument("--steps", type=int, default=2 * warmstart.WarmStartConfig().steps)
+    parser.add_argument("--steps", type=int, default=0,
+                        help="0 = twice the task's default warm-start steps")
     parser.add_argument("--every", type=int, default=600)
     parser.add_argument("--num_problems", type=int, default=256)
     parser.add_argument("--data_dir", default=None)
@@ -39,6 +40,8 @@ def main():
 
     task = tasks.get_task(args.task)
     model_cfg = models.get_model_config("small", vocab_size=task.tokenizer.vocab_size)
+    default_steps = warmstart.as_warm_config(None, task).steps
+    args.steps = args.steps or 2 * default_steps
     warm_cfg = dataclasses.replace(warmstart.WarmStartConfig(), steps=args.steps)
     rows = []
 
@@ -69,7 +72,7 @@ def main():
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, f"curve_{args.task}.json"), "w") as f:
         json.dump({"task": args.task, "warm": dataclasses.asdict(warm_cfg), "stats": stats,
-                   "default_steps": warmstart.WarmStartConfig().steps, "rows": rows}, f, indent=2)
+                   "default_steps": default_steps, "rows": rows}, f, indent=2)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -79,7 +82,7 @@ def main():
     steps = [r["step"] for r in rows]
     for k, style in (("test_greedy", "-o"), ("test_sample", "--o"), ("train_greedy", "-x")):
         ax.plot(steps, [r[k] for r in rows], style, label=k.replace("_", " "))
-    ax.axvline(warmstart.WarmStartConfig().steps, color="gray", ls=":", label="default steps")
+    ax.axvline(default_steps, color="gray", ls=":", label="default steps")
     ax.set(xlabel="warm-start step", ylabel="accuracy", ylim=(0, 1),
            title=f"{args.task} warm start ({args.steps} steps, cosine schedule)")
     ax.legend()

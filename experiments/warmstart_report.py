@@ -34,7 +34,7 @@ def _wall_s(task, model_cfg, warm_cfg, cache_dir) -> float:
 def report_task(name: str, args) -> dict[str, float]:
     task = tasks.get_task(name)
     model_cfg = models.get_model_config("small", vocab_size=task.tokenizer.vocab_size)
-    warm_cfg = warmstart.WarmStartConfig()
+    warm_cfg = warmstart.as_warm_config(None, task)  # the task's default step count
     model = warmstart.get_base_model(task, model_cfg, warm_cfg, args.cache_dir,
                                      data_dir=args.data_dir)
     t0 = time.time()

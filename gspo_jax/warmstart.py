@@ -51,15 +51,15 @@ _CODE_VERSION = 1
 class WarmStartConfig:
     """Supervised warm-start hyperparameters (all of them key the cache).
 
-    The defaults take about 4 minutes for the "small" preset on 2 shared CPU cores (less when the
-    cores are idle). Why 2400 steps of 16: a small decoder learns these digit lookups only after a
-    plateau of ~1000 updates, so updates are what is short, not examples; the scratchpad format is
-    learned last (worked-answer accuracy ~28 % at 2000 steps, ~70 % at 2400). The greedy (direct,
-    carry-less) behaviour of the arithmetic base is fixed by the demonstration mix and does not
-    move with longer training (see experiments/warmstart_report.py).
+    steps=None takes the task's ``warm_start_steps`` (arith 2400, countdown 4800: where each
+    task's held-out accuracy has levelled off, see the tasks' docstrings and
+    experiments/warmstart_curve.py). A small decoder learns these digit lookups only after a
+    plateau of ~1000 updates, so updates are what is short, not examples: hence batches of 16.
+    On this 2-core CPU, idle, a step of the "small" preset takes ~60 ms on arith and ~45 ms on
+    countdown (experiments/warmstart_report.py measures the wall times).
     """
 
-    steps: int = 2400
+    steps: int | None = None  # None = task.warm_start_steps
     batch_size: int = 16  # P: small batches, many updates (the compute per step is what is short)
     learning_rate: float = 1e-2
     warmup_steps: int = 50
@@ -72,27 +72,33 @@ class WarmStartConfig:
     def __post_init__(self):
         if self.loss_norm not in ("sequence", "token"):
             raise ValueError(f"loss_norm={self.loss_norm!r}; valid: 'sequence', 'token'.")
-        if self.steps < 1 or self.batch_size < 1 or self.learning_rate <= 0:
+        if (self.steps is not None and self.steps < 1) or self.batch_size < 1 or self.learning_rate <= 0:
             raise ValueError(f"warm start needs steps >= 1, batch_size >= 1 and learning_rate > 0;"
                              f" got {self.steps}, {self.batch_size}, {self.learning_rate}.")
 
 
-def as_warm_config(warm_cfg: Any = None) -> WarmStartConfig:
+def as_warm_config(warm_cfg: Any = None, task: Task | None = None) -> WarmStartConfig:
     """WarmStartConfig from None (defaults), a WarmStartConfig, or a dict / ConfigDict of
-    overrides; unknown keys raise ValueError naming the valid ones."""
+    overrides; unknown keys raise ValueError naming the valid ones. With ``task``, steps=None
+    becomes the task's warm_start_steps."""
     if warm_cfg is None:
-        return WarmStartConfig()
-    if isinstance(warm_cfg, WarmStartConfig):
-        return warm_cfg
-    overrides = dict(warm_cfg.to_dict() if hasattr(warm_cfg, "to_dict") else warm_cfg)
-    valid = [f.name for f in dataclasses.fields(WarmStartConfig)]
-    unknown = sorted(set(overrides) - set(valid))
-    if unknown:
-        raise ValueError(f"unknown warm-start field(s) {unknown}; valid fields: {valid}.")
-    return WarmStartConfig(**overrides)
+        cfg = WarmStartConfig()
+    elif isinstance(warm_cfg, WarmStartConfig):
+        cfg = warm_cfg
+    else:
+        overrides = dict(warm_cfg.to_dict() if hasattr(warm_cfg, "to_dict") else warm_cfg)
+        valid = [f.name for f in dataclasses.fields(WarmStartConfig)]
+        unknown = sorted(set(overrides) - set(valid))
+        if unknown:
+            raise ValueError(f"unknown warm-start field(s) {unknown}; valid fields: {valid}.")
+        cfg = WarmStartConfig(**overrides)
+    if cfg.steps is None and task is not None:
+        cfg = dataclasses.replace(cfg, steps=int(task.warm_start_steps))
+    return cfg
 
 
-def cache_key(task: Task, model_cfg: models.ModelConfig, warm_cfg: WarmStartConfig) -> str:
+def cache_key(task: Task, model_cfg: models.ModelConfig, warm_cfg: Any = None) -> str:
+    warm_cfg = as_warm_config(warm_cfg, task)
     blob = json.dumps(dict(task=task.name, task_config=task.config,
                            model=dataclasses.asdict(model_cfg),
                            warm=dataclasses.asdict(warm_cfg), version=_CODE_VERSION),
@@ -162,6 +168,9 @@ def sft_loss(model, batch: Mapping[str, jax.Array], loss_norm: str = "sequence")
 
 
 def make_optimizer(warm_cfg: WarmStartConfig) -> optax.GradientTransformation:
+    if warm_cfg.steps is None:
+        raise ValueError("make_optimizer needs a step count: resolve steps=None with "
+                         "as_warm_config(warm_cfg, task).")
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=warm_cfg.learning_rate,
         warmup_steps=min(warm_cfg.warmup_steps, warm_cfg.steps - 1),
@@ -187,7 +196,7 @@ def train(
     e.g. to evaluate a learning curve (experiments/warmstart_curve.py); its time is not counted
     in wall_s.
     """
-    warm_cfg = as_warm_config(warm_cfg)
+    warm_cfg = as_warm_config(warm_cfg, task)
     if model_cfg.vocab_size < task.tokenizer.vocab_size:
         raise ValueError(f"model vocab_size={model_cfg.vocab_size} < the {task.name} tokenizer's "
                          f"{task.tokenizer.vocab_size}; build it with get_model_config(..., "
@@ -240,7 +249,7 @@ def cache_path(task: Task, model_cfg: models.ModelConfig, warm_cfg: Any = None,
                cache_dir: str | os.PathLike | None = None) -> str:
     """Where the base policy for (task, model_cfg, warm_cfg) is cached:
     ``cache_dir/warmstart/<task>_<hash>`` (a complete entry has a meta.json)."""
-    key = cache_key(task, model_cfg, as_warm_config(warm_cfg))
+    key = cache_key(task, model_cfg, warm_cfg)
     return os.path.abspath(os.path.join(
         os.fspath(cache_dir or default_cache_dir()), "warmstart", f"{task.name}_{key}"))
 
@@ -280,7 +289,7 @@ def get_base_model(
     the model's logical axis rules. A multi-process run (jax.process_count() > 1) only loads: it
     raises if the cache is cold rather than train the same base on every host at once.
     """
-    warm_cfg = as_warm_config(warm_cfg)
+    warm_cfg = as_warm_config(warm_cfg, task)
     path = cache_path(task, model_cfg, warm_cfg, cache_dir)
     if os.path.exists(os.path.join(path, "meta.json")):
         return _restore(path, model_cfg, mesh)

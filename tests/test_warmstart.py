@@ -139,3 +139,16 @@ def test_train_callback_sees_the_model_every_n_steps(setup):
                                callback=lambda step, m: seen.append((step, type(m).__name__)))
     assert seen == [(2, "Transformer"), (4, "Transformer"), (5, "Transformer")]
     assert stats["steps"] == 5 and math.isfinite(stats["final_loss"])
+
+
+def test_default_steps_come_from_the_task(setup):
+    task, cfg, _, _ = setup
+    arith = tasks_lib.get_task("arith", num_train=100, num_test=16)
+    assert warmstart.as_warm_config(None, task).steps == task.warm_start_steps == 4800
+    assert warmstart.as_warm_config({"seed": 1}, arith).steps == arith.warm_start_steps == 2400
+    assert warmstart.as_warm_config(dict(steps=7), task).steps == 7  # explicit steps win
+    # The cache is keyed by the resolved step count: steps=None and the task's own are one base.
+    assert warmstart.cache_key(task, cfg, None) == warmstart.cache_key(
+        task, cfg, dict(steps=task.warm_start_steps))
+    with pytest.raises(ValueError, match="step count"):
+        warmstart.make_optimizer(warmstart.WarmStartConfig())
