@@ -17,9 +17,9 @@ The sweep (objective x ε x seeds), launched by experiments/sweep.py:
     python experiments/sweep.py --config configs/arith.py:runlocal --sweep seeds=1 \
         --workdir runs/sweep_local --parallel 2
 
-Expected runtime (this 2-core CPU, idle, from an empty cache): 3 min 48 s in all: dataset
-preparation, the warm start (2400 SFT steps, 162 s; cached afterwards, keyed by its config) and RL
-(80 steps with 3 evaluations, 53 s). With three other jobs on the two cores: 10 min. runlocal: about
+Expected runtime (this 2-core CPU, idle, from an empty cache): 3 min 44 s in all: dataset
+preparation, the warm start (2400 SFT steps, 157 s; cached afterwards, keyed by its config) and RL
+(80 steps with 3 evaluations, 58 s). With three other jobs on the two cores: 10 min. runlocal: about
 a minute per run, mostly compilation.
 
 Headline metric: eval/greedy_accuracy (held-out greedy accuracy), base vs final, in
