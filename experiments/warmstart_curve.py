@@ -32,7 +32,7 @@ def main():
     parser.add_argument("--task", default="arith")
     parser.add_argument("--steps", type=int, default=0,
                         help="0 = twice the task's default warm-start steps")
-    parser.add_argument("--every", type=int, default=600)
+    parser.add_argument("--every", type=int, default=1200)
     parser.add_argument("--num_problems", type=int, default=256)
     parser.add_argument("--data_dir", default=None)
     parser.add_argument("--out_dir", default="runs/warmstart_curve")

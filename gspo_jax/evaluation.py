@@ -50,6 +50,10 @@ def process_local_copy(model):
     keeps its own copy: every host evaluates the same numbers, fine for the models that run on
     CPUs here; a pod-scale model would want an evaluation loop over sharded outputs instead.
     A model whose arrays this process already holds whole is returned unchanged.
+
+    Preconditions (the trainer's models meet them): every array this process does not hold whole
+    has a NamedSharding over one mesh, and the caller is outside that mesh's context (the copy
+    lives on one local device).
     """
     graphdef, state = nnx.split(model)
     leaves = jax.tree.leaves(state)

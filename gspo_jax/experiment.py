@@ -106,17 +106,8 @@ def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
     cache_dir = cache_dir or cache_dir_of(config)
     t0 = time.time()
     if config.init.kind == "warmstart":
-        from gspo_jax import warmstart
-
-        model = warmstart.get_base_model(
-            run.task,
-            run.model_cfg,
-            config.init.warmstart,
-            cache_dir,
-            data_dir=config.data.data_dir or None,
-            progress=config.log.progress and metrics_lib.is_writer_process(),
-            mesh=run.mesh,
-        )
+        model = _base_model(config, run.task, run.model_cfg, cache_dir, mesh=run.mesh,
+                            progress=config.log.progress and metrics_lib.is_writer_process())
         _, params, _ = _split_model(model)
         params = jax.device_put(params, run.state_shardings)  # a no-op unless the rules differ
     elif config.init.kind == "random":
@@ -127,6 +118,19 @@ def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
             f"config.init.kind={config.init.kind!r}; valid: 'warmstart', 'random'"
         )
     return params, time.time() - t0
+
+
+def _base_model(config, task, model_cfg, cache_dir: str, *, mesh, progress: bool):
+    """warmstart.get_base_model for this config; a multi-host run with a cold cache is a
+    ConfigError (one clear line from main.py, not a traceback on every host)."""
+    from gspo_jax import warmstart
+
+    try:
+        return warmstart.get_base_model(task, model_cfg, config.init.warmstart, cache_dir,
+                                        data_dir=config.data.data_dir or None,
+                                        progress=progress, mesh=mesh)
+    except FileNotFoundError as e:
+        raise config_lib.ConfigError(str(e)) from None
 
 
 def cache_dir_of(config) -> str:
@@ -197,13 +201,5 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None = None) -> No
     task = make_task(config)
     data.prepare(task, config.data.data_dir or None)
     if config.init.kind == "warmstart":
-        from gspo_jax import warmstart
-
-        warmstart.get_base_model(
-            task,
-            build_model_config(config, task),
-            config.init.warmstart,
-            cache_dir_of(config),
-            data_dir=config.data.data_dir or None,
-            progress=config.log.progress,
-        )
+        _base_model(config, task, build_model_config(config, task), cache_dir_of(config),
+                    mesh=None, progress=config.log.progress)

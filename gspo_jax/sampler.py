@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from gspo_jax.models import attention_mask, effective_temperature, scale_logits
 from gspo_jax.models.logprobs import token_logprob_entropy
@@ -275,9 +276,10 @@ def generate(model, prompts, prompt_lengths, *, num_samples: int, max_new_tokens
         raise ValueError(f"eos_id={eos_id} and pad_id={pad_id} must be token ids in "
                          f"[0, {cfg.vocab_size}) (eos_id=-1: never stop early).")
     if not isinstance(prompt_lengths, jax.core.Tracer):
-        # Multi-host: each process checks the shards it holds (together they check every row);
-        # np.asarray on an array other hosts hold would fail.
-        lengths = np.concatenate([np.ravel(s.data) for s in prompt_lengths.addressable_shards])
+        # Multi-host: np.asarray cannot read rows other hosts hold, so every process gathers all
+        # of them (a small collective; every host calls generate alike) and all raise together.
+        lengths = (np.asarray(prompt_lengths) if prompt_lengths.is_fully_addressable
+                   else np.asarray(multihost_utils.process_allgather(prompt_lengths, tiled=True)))
         if lengths.min() < 1 or lengths.max() > Lp:
             raise ValueError(f"prompt_lengths must be in [1, Lp={Lp}]; got min {lengths.min()}, "
                              f"max {lengths.max()}. Every prompt needs at least one token.")

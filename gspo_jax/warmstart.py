@@ -53,7 +53,7 @@ class WarmStartConfig:
 
     steps=None takes the task's ``warm_start_steps`` (arith 2400, countdown 4800: where each
     task's held-out accuracy has levelled off, see the tasks' docstrings and
-    experiments/warmstart_curve.py). A small decoder learns these digit lookups only after a
+    experiments/warmstart_curve.py; 2400 for a task that sets none). A small decoder learns these digit lookups only after a
     plateau of ~1000 updates, so updates are what is short, not examples: hence batches of 16.
     On this 2-core CPU, idle, a step of the "small" preset takes ~60 ms on arith and ~45 ms on
     countdown (experiments/warmstart_report.py measures the wall times).
@@ -197,6 +197,9 @@ def train(
     in wall_s.
     """
     warm_cfg = as_warm_config(warm_cfg, task)
+    if callback is not None and callback_every < 1:
+        raise ValueError(f"callback_every={callback_every}: a callback needs callback_every >= 1 "
+                         "(the number of steps between calls).")
     if model_cfg.vocab_size < task.tokenizer.vocab_size:
         raise ValueError(f"model vocab_size={model_cfg.vocab_size} < the {task.name} tokenizer's "
                          f"{task.tokenizer.vocab_size}; build it with get_model_config(..., "
@@ -225,10 +228,11 @@ def train(
         losses.append(loss)
         if progress and (i % 50 == 0 or i == warm_cfg.steps - 1):
             bar.set_postfix(loss=f"{float(loss):.4f}")
-        if callback is not None and callback_every > 0 and (
-                (i + 1) % callback_every == 0 or i == warm_cfg.steps - 1):
+        if callback is not None and ((i + 1) % callback_every == 0 or i == warm_cfg.steps - 1):
+            jax.block_until_ready(params)  # queued steps belong to training, not the callback
             tc = time.time()
-            callback(i + 1, nnx.merge(graphdef, params, rest))
+            # A copy: the next step donates `params`, and the callback may keep its model.
+            callback(i + 1, nnx.merge(graphdef, jax.tree.map(jnp.copy, params), rest))
             callback_s += time.time() - tc
     final_loss = float(np.mean(jax.device_get(losses[-50:])))
     if not np.isfinite(final_loss):
@@ -296,8 +300,9 @@ def get_base_model(
     if jax.process_count() > 1:
         raise FileNotFoundError(
             f"multi-host run: the warm start is not cached at {path}. Run the same command once "
-            "in a single process with --prepare_only (it trains and caches the base policy) on a "
-            "filesystem every host sees, then launch the multi-host run.")
+            "in a single process (without --multihost / --coordinator_address) with "
+            "--prepare_only: it trains and caches the base policy. Put the cache on a filesystem "
+            "every host sees, then launch the multi-host run.")
 
     model, stats = train(task, model_cfg, warm_cfg, data_dir=data_dir, progress=progress)
     os.makedirs(path, exist_ok=True)

@@ -212,3 +212,21 @@ def test_sweep_expands_to_commands_and_collects_tables(tmp_path, capsys):
     assert rows[0]["mean_clip_frac"] == pytest.approx(0.2) and rows[0]["last_reward"] == 0.6
     md = sweep.write_tables(rows, str(tmp_path))
     assert md.startswith("| run |") and (tmp_path / "results.csv").exists()
+
+
+def test_multihost_cold_warm_start_cache_is_a_config_error(tmp_path, monkeypatch):
+    """A multi-host run whose warm start is not cached stops with one ConfigError line (main.py
+    prints it without a traceback) naming --prepare_only, and trains nothing."""
+    import jax
+
+    from gspo_jax import experiment, warmstart
+
+    c = get_config("runlocal")
+    c.init.cache_dir = str(tmp_path / "cache")
+    c.data.data_dir = str(tmp_path / "data")
+    task = experiment.make_task(c)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(warmstart, "train", lambda *a, **k: pytest.fail("trained on every host"))
+    with pytest.raises(ConfigError, match="--prepare_only"):
+        experiment._base_model(c, task, experiment.build_model_config(c, task),
+                               c.init.cache_dir, mesh=None, progress=False)

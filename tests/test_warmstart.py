@@ -101,25 +101,43 @@ def test_evaluate_reports_formats_and_untrained_is_nan_safe(setup):
         assert isinstance(v, float) and (math.isfinite(v) or k.endswith("_accuracy"))
 
 
-def test_cached_base_loads_into_mesh_shardings(setup):
-    """With a mesh, the cached base comes back sharded by the model's logical rules (how the
-    trainer loads it, one shard per device, also in multi-host runs) with the same numbers."""
+def _assert_on_mesh(model, mesh):
     from gspo_jax import sharding
 
-    task, cfg, data_dir, cache_dir = setup
-    plain = warmstart.get_base_model(task, cfg, _WARM, cache_dir, data_dir=data_dir,
-                                     progress=False)
-    mesh = sharding.make_mesh({"data": 2, "fsdp": 4})
-    sharded = warmstart.get_base_model(task, cfg, _WARM, cache_dir, data_dir=data_dir,
-                                       progress=False, mesh=mesh)
-    state = nnx.state(sharded)
+    state = nnx.state(model)
     want = sharding.state_shardings(state, mesh)
     for x, s in zip(jax.tree.leaves(state), jax.tree.leaves(want), strict=True):
         assert x.sharding.is_equivalent_to(s, x.ndim)
     assert any(len(x.sharding.device_set) == 8 and not x.sharding.is_fully_replicated
                for x in jax.tree.leaves(state))
-    for x, y in zip(jax.tree.leaves(nnx.state(plain)), jax.tree.leaves(state), strict=True):
+
+
+def _assert_same_numbers(a, b):
+    for x, y in zip(jax.tree.leaves(nnx.state(a)), jax.tree.leaves(nnx.state(b)), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_base_model_comes_on_the_mesh_when_loaded_or_trained(setup, tmp_path):
+    """With a mesh, the base comes back sharded by the model's logical rules (how the trainer
+    loads it, one shard per device, also in multi-host runs) with the same numbers: restored
+    from the cache, and just trained."""
+    from gspo_jax import sharding
+
+    task, cfg, data_dir, cache_dir = setup
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 4})
+    plain = warmstart.get_base_model(task, cfg, _WARM, cache_dir, data_dir=data_dir,
+                                     progress=False)
+    restored = warmstart.get_base_model(task, cfg, _WARM, cache_dir, data_dir=data_dir,
+                                        progress=False, mesh=mesh)
+    _assert_on_mesh(restored, mesh)
+    _assert_same_numbers(plain, restored)
+
+    short = {**_WARM, "steps": 2}
+    trained = warmstart.get_base_model(task, cfg, short, str(tmp_path), data_dir=data_dir,
+                                       progress=False, mesh=mesh)  # cold cache: trains
+    _assert_on_mesh(trained, mesh)
+    _assert_same_numbers(trained, warmstart.get_base_model(
+        task, cfg, short, str(tmp_path), data_dir=data_dir, progress=False))
 
 
 def test_multi_process_run_with_cold_cache_fails_before_training(setup, monkeypatch, tmp_path):
@@ -134,11 +152,20 @@ def test_multi_process_run_with_cold_cache_fails_before_training(setup, monkeypa
 def test_train_callback_sees_the_model_every_n_steps(setup):
     task, cfg, data_dir, _ = setup
     seen = []
-    _, stats = warmstart.train(task, cfg, {**_WARM, "steps": 5}, data_dir=data_dir,
-                               progress=False, callback_every=2,
-                               callback=lambda step, m: seen.append((step, type(m).__name__)))
-    assert seen == [(2, "Transformer"), (4, "Transformer"), (5, "Transformer")]
+    final, stats = warmstart.train(task, cfg, {**_WARM, "steps": 5}, data_dir=data_dir,
+                                   progress=False, callback_every=2,
+                                   callback=lambda step, m: seen.append((step, m)))
+    assert [step for step, _ in seen] == [2, 4, 5]
     assert stats["steps"] == 5 and math.isfinite(stats["final_loss"])
+    # The models it was given stay readable after training went on (the step donates its
+    # parameters), hold that step's parameters, and the last one is the returned model.
+    kernels = [np.asarray(jax.tree.leaves(nnx.state(m, nnx.Param))[0]) for _, m in seen]
+    assert not np.array_equal(kernels[0], kernels[1])
+    np.testing.assert_array_equal(
+        kernels[2], np.asarray(jax.tree.leaves(nnx.state(final, nnx.Param))[0]))
+    with pytest.raises(ValueError, match="callback_every"):
+        warmstart.train(task, cfg, {**_WARM, "steps": 1}, data_dir=data_dir, progress=False,
+                        callback=lambda step, m: None)
 
 
 def test_default_steps_come_from_the_task(setup):
