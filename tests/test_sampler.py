@@ -265,3 +265,38 @@ def test_inverse_cdf_sampler_never_picks_zero_probability():
     u = jnp.asarray([0.0, 0.5, 0.7499, 0.99999994])
     tok = sampler.inverse_cdf_sample(probs, u, block=512)
     np.testing.assert_array_equal(tok, [3, 3, 3, 700])
+
+
+@pytest.mark.slow
+def test_two_process_generate_checks_every_row():
+    """Outside jit on two hosts, generate reads the prompt lengths of both hosts' rows: a bad row
+    on one host makes both raise the same error (rather than one raise and the other hang in the
+    rollout), and good global arrays sample."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    for mode in ("bad", "good"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = [subprocess.Popen(
+            [sys.executable, os.path.join(repo, "tests", "multihost_generate.py"), str(i),
+             str(port), mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True) for i in range(2)]
+        try:
+            outs = [p.communicate(timeout=180)[0] for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+        results = [[line for line in o.splitlines() if line.startswith("RESULT")] for o in outs]
+        assert all(len(r) == 1 for r in results), outs
+        if mode == "bad":
+            assert all("ValueError prompt_lengths must be in [1, Lp=4]" in r[0] and "max 9" in r[0]
+                       for r in results), results
+        else:
+            assert all(r[0] == "RESULT ok (8, 4)" for r in results), results
