@@ -159,8 +159,17 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    a = config_lib.parse_arg(
-        arg,
+    a = config_lib.parse_arg(arg, **common_args())
+    c = base_config(a.runlocal)
+    apply_common_args(c, a)
+    c.lock()
+    return c
+
+
+def common_args() -> dict:
+    """The arguments every arith-family config takes, with their defaults (fresh placeholders on
+    every call); shared with configs/arith_moe.py."""
+    return dict(
         runlocal=False,
         objective="gspo",
         eps=config_dict.placeholder(float),
@@ -168,10 +177,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         steps=config_dict.placeholder(int),
         lr=config_dict.placeholder(float),
     )
-    c = base_config(a.runlocal)
-    apply_common_args(c, a)
-    c.lock()
-    return c
 
 
 def apply_common_args(c: ml_collections.ConfigDict, a) -> None:

@@ -29,7 +29,6 @@ import importlib.util
 import os
 
 import ml_collections
-from ml_collections import config_dict
 
 from gspo_jax import config as config_lib
 
@@ -44,18 +43,8 @@ def _arith():
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    a = config_lib.parse_arg(
-        arg,
-        runlocal=False,
-        objective="gspo",
-        eps=config_dict.placeholder(float),
-        seed=0,
-        steps=config_dict.placeholder(int),
-        lr=config_dict.placeholder(float),
-        routing_replay=False,
-        aux_loss_coef=1e-3,
-    )
     arith = _arith()
+    a = config_lib.parse_arg(arg, **arith.common_args(), routing_replay=False, aux_loss_coef=1e-3)
     c = arith.base_config(a.runlocal)
     arith.apply_common_args(c, a)
     c.model.preset = "tiny_moe" if a.runlocal else "small_moe"
