@@ -50,8 +50,7 @@ class Run:
 
 
 def _model_overrides(config) -> dict:
-    over = {k: v for k, v in config.model.items() if k != "preset" and v is not None}
-    return over
+    return {k: v for k, v in config.model.items() if k != "preset" and v is not None}
 
 
 def build_model_config(config, task) -> models.ModelConfig:
@@ -76,9 +75,7 @@ def abstract_params(model_cfg, mesh, seed: int):
     abstract = nnx.eval_shape(lambda: models.Transformer(model_cfg, rngs=nnx.Rngs(seed)))
     graphdef, params, rest = _split_model(abstract)
     shardings = sharding.state_shardings(params, mesh)
-    abs_params = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), params, shardings
-    )
+    abs_params = sharding.with_shardings(params, shardings)
     return graphdef, abs_params, rest, shardings
 
 
@@ -86,11 +83,7 @@ def abstract_state(run: Run, abs_params) -> ts.TrainState:
     """The TrainState's shapes and shardings (the restore target), without allocating."""
     compiled = jax.jit(run.tx.init).lower(abs_params).compile()
     opt_shapes = jax.eval_shape(run.tx.init, abs_params)
-    abs_opt = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-        opt_shapes,
-        compiled.output_shardings,
-    )
+    abs_opt = sharding.with_shardings(opt_shapes, compiled.output_shardings)
     replicated = NamedSharding(run.mesh, PartitionSpec())
     return ts.TrainState(
         step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),

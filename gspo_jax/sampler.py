@@ -244,8 +244,8 @@ def generate(model, prompts, prompt_lengths, *, num_samples: int, max_new_tokens
     SampleOutput with B = P * num_samples group-contiguous rows (row b from prompt b // G). See the
     module docstring for the fields. rng: a fresh key per call (e.g. fold_in(key, step)).
     temperature 0 = greedy; top_k 0 = off; top_p 1 = off; eos_id -1 = no early stop (benchmarks).
-    Raises ValueError for settings or
-    shapes the cache cannot hold, before compiling anything. return_routes (MoE only): also
+    Raises ValueError for settings or shapes the cache cannot hold, before compiling anything.
+    return_routes (MoE only): also
     return the experts used at every slot (SampleOutput.routes) for Routing Replay.
     """
     cfg = model.cfg

@@ -151,6 +151,13 @@ def state_shardings(state, mesh: jax.sharding.Mesh, rules=None):
     return jax.tree.map(one, state, is_leaf=lambda v: isinstance(v, nnx.Variable))
 
 
+def with_shardings(abstract, shardings):
+    """ShapeDtypeStructs of ``abstract`` (arrays or ShapeDtypeStructs) carrying ``shardings`` (a
+    tree of the same structure): the target orbax restores into and jit lowers with."""
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        abstract, shardings)
+
+
 def create_sharded_model(cfg, mesh: jax.sharding.Mesh, rng_seed: int = 0, rules=None):
     """Transformer(cfg, rngs=nnx.Rngs(rng_seed)) with every parameter created already sharded.
 

@@ -177,8 +177,7 @@ def make_logprob_fn(
 
     Used to recompute old_logp (replaying the batch's routes when it has them and
     ``replay_routes``), for the reference model's ref_logp (its own routing: replay_routes=False),
-    or to record routes. Runs in ``num_chunks`` sequential chunks of
-    rows to bound memory.
+    or to record routes. Runs in ``num_chunks`` sequential chunks of rows to bound memory.
     """
 
     def fn(params, batch):

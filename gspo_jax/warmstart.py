@@ -267,8 +267,7 @@ def _restore(path: str, model_cfg: models.ModelConfig, mesh) -> nnx.Module:
     graphdef, abs_state = nnx.split(abstract)
     target = abs_state
     if mesh is not None:
-        target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                              abs_state, sharding.state_shardings(abs_state, mesh))
+        target = sharding.with_shardings(abs_state, sharding.state_shardings(abs_state, mesh))
     restored = ocp.StandardCheckpointer().restore(os.path.join(path, "params"),
                                                   nnx.to_pure_dict(target))
     nnx.replace_by_pure_dict(abs_state, restored)
