@@ -53,8 +53,9 @@ class WarmStartConfig:
 
     steps=None takes the task's ``warm_start_steps`` (arith 2400, countdown 4800: where each
     task's held-out accuracy has levelled off, see the tasks' docstrings and
-    experiments/warmstart_curve.py; 2400 for a task that sets none). A small decoder learns these digit lookups only after a
-    plateau of ~1000 updates, so updates are what is short, not examples: hence batches of 16.
+    experiments/warmstart_curve.py; 2400 for a task that sets none). A small decoder learns
+    these digit lookups only after a plateau of ~1000 updates, so updates are what is short, not
+    examples: hence batches of 16.
     On this 2-core CPU, idle, a step of the "small" preset takes ~60 ms on arith and ~45 ms on
     countdown (experiments/warmstart_report.py measures the wall times).
     """
@@ -72,7 +73,8 @@ class WarmStartConfig:
     def __post_init__(self):
         if self.loss_norm not in ("sequence", "token"):
             raise ValueError(f"loss_norm={self.loss_norm!r}; valid: 'sequence', 'token'.")
-        if (self.steps is not None and self.steps < 1) or self.batch_size < 1 or self.learning_rate <= 0:
+        bad_steps = self.steps is not None and self.steps < 1
+        if bad_steps or self.batch_size < 1 or self.learning_rate <= 0:
             raise ValueError(f"warm start needs steps >= 1, batch_size >= 1 and learning_rate > 0;"
                              f" got {self.steps}, {self.batch_size}, {self.learning_rate}.")
 
