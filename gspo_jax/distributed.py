@@ -15,11 +15,8 @@ On a single process all of this reduces to device_put / np.asarray.
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
 from gspo_jax import sharding
 
@@ -46,19 +43,10 @@ def init_distributed(
     )
 
 
-def row_spec(mesh) -> Any:
-    """The PartitionSpec entry for a batch-row dimension on this mesh (data+fsdp, or None)."""
-    return sharding.batch_sharding(mesh, 1).spec[0]
-
-
-def rows_sharding(mesh, ndim: int) -> NamedSharding:
-    return NamedSharding(mesh, PartitionSpec(row_spec(mesh), *([None] * (ndim - 1))))
-
-
 def to_global(local: np.ndarray, mesh) -> jax.Array:
     """This process's rows [n_local, ...] -> a global array [n_local * process_count, ...]."""
     local = np.asarray(local)
-    return jax.make_array_from_process_local_data(rows_sharding(mesh, local.ndim), local)
+    return jax.make_array_from_process_local_data(sharding.rows_sharding(mesh, local.ndim), local)
 
 
 def to_local(x: jax.Array) -> np.ndarray:

@@ -20,13 +20,56 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import optax
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
 from gspo_jax import config as config_lib
 from gspo_jax import metrics as metrics_lib
 from gspo_jax import models, objectives, sharding
 from gspo_jax import train_step as ts
+
+# ------------------------------------------------------------------------------------ optimizer
+
+
+def make_schedule(opt_cfg: Any, total_updates: int) -> optax.Schedule:
+    """Learning rate per optimizer update: linear warmup then constant / cosine / linear decay.
+
+    Counted in optimizer updates (RL steps × epochs × minibatches).
+    """
+    lr, warm = float(opt_cfg.learning_rate), int(opt_cfg.warmup_updates)
+    kind = opt_cfg.schedule
+    decay_steps = max(total_updates - warm, 1)
+    end = lr * float(opt_cfg.end_lr_ratio)
+    if kind == "constant":
+        main = optax.constant_schedule(lr)
+    elif kind == "cosine":
+        main = optax.cosine_decay_schedule(lr, decay_steps, alpha=float(opt_cfg.end_lr_ratio))
+    elif kind == "linear":
+        main = optax.linear_schedule(lr, end, decay_steps)
+    else:
+        raise ValueError(f"unknown schedule {kind!r}; valid: constant, cosine, linear")
+    if warm <= 0:
+        return main
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warm), main], [warm])
+
+
+def make_optimizer(opt_cfg: Any, total_updates: int) -> tuple[optax.GradientTransformation, Any]:
+    """AdamW with global-norm gradient clipping; returns (tx, schedule)."""
+    schedule = make_schedule(opt_cfg, total_updates)
+    parts = []
+    if opt_cfg.grad_clip and opt_cfg.grad_clip > 0:
+        parts.append(optax.clip_by_global_norm(float(opt_cfg.grad_clip)))
+    parts.append(
+        optax.adamw(
+            schedule,
+            b1=float(opt_cfg.b1),
+            b2=float(opt_cfg.b2),
+            eps=float(opt_cfg.eps),
+            weight_decay=float(opt_cfg.weight_decay),
+        )
+    )
+    return optax.chain(*parts), schedule
+
 
 
 @dataclasses.dataclass
@@ -80,11 +123,18 @@ def abstract_params(model_cfg, mesh, seed: int):
 
 
 def abstract_state(run: Run, abs_params) -> ts.TrainState:
-    """The TrainState's shapes and shardings (the restore target), without allocating."""
-    compiled = jax.jit(run.tx.init).lower(abs_params).compile()
+    """The TrainState's shapes and shardings (the restore target), without allocating.
+
+    The optimizer state's shardings are the ones jit gives ``tx.init`` on the mesh, except that a
+    leaf jit puts on one device (Adam's scalar step count) is replicated over the mesh: a restore
+    target must put every leaf on the devices the update runs on, or a resumed multi-device run
+    fails at its first update. initial_state creates the state with these same shardings.
+    """
+    with sharding.use_mesh(run.mesh):
+        compiled = jax.jit(run.tx.init).lower(abs_params).compile()
     opt_shapes = jax.eval_shape(run.tx.init, abs_params)
-    abs_opt = sharding.with_shardings(opt_shapes, compiled.output_shardings)
-    replicated = NamedSharding(run.mesh, PartitionSpec())
+    abs_opt = sharding.with_mesh_shardings(opt_shapes, compiled.output_shardings, run.mesh)
+    replicated = sharding.replicated(run.mesh)
     return ts.TrainState(
         step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
         params=abs_params,
@@ -146,7 +196,7 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
         config.objective.name, **config_lib.objective_overrides(config.objective)
     )
     updates_per_step = rl.num_epochs * rl.num_minibatches
-    tx, schedule = ts.make_optimizer(config.optimizer, rl.num_steps * updates_per_step)
+    tx, schedule = make_optimizer(config.optimizer, rl.num_steps * updates_per_step)
     graphdef, abs_params, rest, state_sh = abstract_params(model_cfg, mesh, config.seed)
     if jax.tree.leaves(rest):
         raise NotImplementedError("models with non-parameter state are not supported")
@@ -169,16 +219,19 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
 
 
 def initial_state(run: Run, params) -> ts.TrainState:
-    """Step 0: the given (base) parameters, a fresh optimizer state, the run's base key."""
+    """Step 0: the given (base) parameters, a fresh optimizer state, the run's base key; every
+    leaf placed as abstract_state says (the same shardings a resumed run restores into)."""
+    target = abstract_state(run, run.abs_params)
+    shardings = jax.tree.map(lambda a: a.sharding, target)
+    params = jax.device_put(params, shardings.params)
     with sharding.use_mesh(run.mesh):
-        opt_state = jax.jit(run.tx.init)(params)
-    replicated = NamedSharding(run.mesh, PartitionSpec())
+        opt_state = jax.jit(run.tx.init, out_shardings=shardings.opt_state)(params)
     key = jax.random.key_data(jax.random.key(run.config.seed))
     return ts.TrainState(
-        step=jax.device_put(jnp.zeros((), jnp.int32), replicated),
+        step=jax.device_put(jnp.zeros((), jnp.int32), shardings.step),
         params=params,
         opt_state=opt_state,
-        rng=jax.device_put(key, replicated),
+        rng=jax.device_put(key, shardings.rng),
     )
 
 

@@ -18,6 +18,13 @@ mlp, vocab, expert, expert_mlp), and a few activations are constrained with
 A mesh axis that does not divide a dimension is dropped for that array (e.g. 2 kv heads on a
 4-way tensor axis stay replicated) so every preset shards on every mesh without padding.
 Parameters are created already sharded: eval_shape -> shardings -> jit(init, out_shardings).
+
+The rules are one fixed table (RULES): every preset and mesh so far shards well with it, and a
+table that could differ per run would have to be threaded through the model, the sampler, the
+update and the checkpoint shardings alike. Change the table here, in one place, if a model needs it.
+
+Batch rows (prompts, responses, every per-row array of the RL step) are sharded by one helper,
+``rows_sharding(mesh, ndim)``: rows over (data, fsdp), everything else replicated.
 """
 
 from __future__ import annotations
@@ -30,12 +37,11 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx
-from flax.core import spmd as flax_spmd
 from jax.sharding import NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
 
-DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+RULES: tuple[tuple[str, Any], ...] = (
     ("batch", ("data", "fsdp")),
     ("length", None),
     ("embed", "fsdp"),
@@ -58,7 +64,7 @@ def make_mesh(mesh_cfg: Mapping[str, int] | Any | None = None, devices=None) -> 
     """
     devices = list(jax.devices() if devices is None else devices)
     cfg = dict(mesh_cfg or {"data": -1})
-    unknown = sorted(set(cfg) - set(MESH_AXES) - {"rules"})
+    unknown = sorted(set(cfg) - set(MESH_AXES))
     if unknown:
         raise ValueError(f"Unknown mesh axes {unknown}; valid axes: {MESH_AXES}.")
     sizes = [int(cfg.get(a, 1)) for a in MESH_AXES]
@@ -80,27 +86,18 @@ def make_mesh(mesh_cfg: Mapping[str, int] | Any | None = None, devices=None) -> 
     return jax.sharding.Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
 
 
-def logical_rules(mesh_cfg: Mapping[str, Any] | Any | None = None) -> tuple:
-    """DEFAULT_RULES updated with mesh_cfg["rules"] (a sequence of (logical, mesh axes) pairs)."""
-    rules = dict(DEFAULT_RULES)
-    extra = (dict(mesh_cfg) if mesh_cfg is not None else {}).get("rules") or ()
-    for name, axes in (extra.items() if isinstance(extra, Mapping) else extra):
-        rules[name] = tuple(axes) if isinstance(axes, list) else axes
-    return tuple(rules.items())
-
-
 def _mesh_axis_sizes(mesh) -> dict[str, int]:
     return dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
 
 
-def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], mesh,
-                    rules=None) -> PartitionSpec:
+def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], mesh
+                    ) -> PartitionSpec:
     """PartitionSpec for an array of `shape` whose dimensions carry `logical_axes`.
 
     Mesh axes absent from `mesh`, of size 1, already used by an earlier dimension, or not
     dividing the dimension are dropped (that dimension is then less sharded, never wrong).
     """
-    rules = dict(DEFAULT_RULES if rules is None else rules)
+    rules = dict(RULES)
     sizes = _mesh_axis_sizes(mesh)
     used: set[str] = set()
     spec = []
@@ -120,31 +117,29 @@ def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], me
 def logical_constraint(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     """with_sharding_constraint by logical names; a no-op outside a mesh context.
 
-    Active when traced under ``jax.set_mesh(mesh)`` (or ``sharding.use_mesh``); the rules are the
-    ones set by ``use_mesh`` (flax's logical-rules context), else DEFAULT_RULES.
+    Active when traced under ``jax.set_mesh(mesh)`` (or ``sharding.use_mesh``).
     """
     mesh = jax.sharding.get_abstract_mesh()
     if mesh is None or mesh.empty:
         return x
-    rules = flax_spmd.get_logical_axis_rules() or DEFAULT_RULES
-    return jax.lax.with_sharding_constraint(x, logical_to_spec(logical_axes, x.shape, mesh, rules))
+    return jax.lax.with_sharding_constraint(x, logical_to_spec(logical_axes, x.shape, mesh))
 
 
 @contextlib.contextmanager
-def use_mesh(mesh: jax.sharding.Mesh, rules=None):
-    """Context for tracing sharded computations: sets the mesh and the logical-axis rules."""
-    with jax.set_mesh(mesh), flax_spmd.logical_axis_rules(rules or DEFAULT_RULES):
+def use_mesh(mesh: jax.sharding.Mesh):
+    """Context for tracing sharded computations on ``mesh`` (logical constraints become active)."""
+    with jax.set_mesh(mesh):
         yield
 
 
-def state_shardings(state, mesh: jax.sharding.Mesh, rules=None):
+def state_shardings(state, mesh: jax.sharding.Mesh):
     """NamedSharding tree for an nnx.State (abstract or concrete) from its out_sharding metadata."""
 
     def one(v):
         if isinstance(v, nnx.Variable):
             axes = v.get_metadata().get("out_sharding")
             shape = v.get_value().shape
-            spec = (logical_to_spec(axes, shape, mesh, rules) if axes else PartitionSpec())
+            spec = (logical_to_spec(axes, shape, mesh) if axes else PartitionSpec())
             return v.replace(NamedSharding(mesh, spec))
         return NamedSharding(mesh, PartitionSpec())
 
@@ -158,7 +153,7 @@ def with_shardings(abstract, shardings):
                         abstract, shardings)
 
 
-def create_sharded_model(cfg, mesh: jax.sharding.Mesh, rng_seed: int = 0, rules=None):
+def create_sharded_model(cfg, mesh: jax.sharding.Mesh, rng_seed: int = 0):
     """Transformer(cfg, rngs=nnx.Rngs(rng_seed)) with every parameter created already sharded.
 
     The values equal the single-device model's (threefry is partitionable), so a sharded model
@@ -171,7 +166,7 @@ def create_sharded_model(cfg, mesh: jax.sharding.Mesh, rng_seed: int = 0, rules=
 
     abstract = nnx.eval_shape(build)
     graphdef, abs_state = nnx.split(abstract)
-    shardings = state_shardings(abs_state, mesh, rules)
+    shardings = state_shardings(abs_state, mesh)
 
     def init():
         return nnx.state(build())
@@ -181,21 +176,42 @@ def create_sharded_model(cfg, mesh: jax.sharding.Mesh, rng_seed: int = 0, rules=
     return nnx.merge(graphdef, state)
 
 
-def batch_sharding(mesh: jax.sharding.Mesh, ndim: int = 2, rules=None) -> NamedSharding:
+def row_spec(mesh: jax.sharding.Mesh) -> Any:
+    """The PartitionSpec entry of a batch-row dimension: the batch rule's mesh axes of size > 1
+    ("data", "fsdp", both as a tuple, or None on a mesh without data parallelism)."""
+    target = dict(RULES)["batch"]
+    axes = (target,) if isinstance(target, str) else tuple(target or ())
+    sizes = _mesh_axis_sizes(mesh)
+    axes = tuple(a for a in axes if sizes.get(a, 1) > 1)
+    return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
+def rows_sharding(mesh: jax.sharding.Mesh, ndim: int = 2) -> NamedSharding:
     """NamedSharding for a [B, ...] array: rows over the batch axes (data, fsdp), rest replicated.
 
     B must be divisible by the product of the data and fsdp axis sizes.
     """
-    rules = dict(DEFAULT_RULES if rules is None else rules)
-    target = rules["batch"]
-    axes = (target,) if isinstance(target, str) else tuple(target or ())
-    sizes = _mesh_axis_sizes(mesh)
-    axes = tuple(a for a in axes if sizes.get(a, 1) > 1)
-    first = None if not axes else axes[0] if len(axes) == 1 else axes
-    return NamedSharding(mesh, PartitionSpec(first, *([None] * (ndim - 1))))
+    return NamedSharding(mesh, PartitionSpec(row_spec(mesh), *([None] * (ndim - 1))))
 
 
-def shard_batch(batch, mesh: jax.sharding.Mesh, rules=None):
-    """device_put every array of a pytree with batch_sharding (rows over data+fsdp)."""
-    return jax.tree.map(
-        lambda x: jax.device_put(x, batch_sharding(mesh, np.ndim(x), rules)), batch)
+def shard_batch(batch, mesh: jax.sharding.Mesh):
+    """device_put every array of a pytree with rows_sharding (rows over data+fsdp)."""
+    return jax.tree.map(lambda x: jax.device_put(x, rows_sharding(mesh, np.ndim(x))), batch)
+
+
+def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
+    """A NamedSharding that puts a whole copy of an array on every device of ``mesh``."""
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def with_mesh_shardings(abstract, shardings, mesh: jax.sharding.Mesh):
+    """with_shardings, where any leaf whose sharding is not a NamedSharding on ``mesh`` (e.g. the
+    SingleDeviceSharding jit gives a scalar it creates, like Adam's step count) is replicated over
+    ``mesh`` instead: a restore target must put every leaf on the devices the step runs on."""
+
+    def fix(s):
+        if isinstance(s, NamedSharding) and s.mesh == mesh:
+            return s
+        return replicated(mesh)
+
+    return with_shardings(abstract, jax.tree.map(fix, shardings))

@@ -1,4 +1,10 @@
-"""The functional core of one RL update: train state, optimizer, log-prob passes, the update step.
+"""One RL step: train state, the jitted phases (rollout, prepare, log-prob passes, update), rl_step.
+
+    phases = train_step.make_phases(run, state, with_ref=False)
+    state, host_metrics = train_step.rl_step(run, phases, state, batch_local)
+
+trainer.py is the run loop around rl_step; experiment.py builds the Run (task, model, objective,
+optimizer, mesh) it takes.
 
 Dimension legend: B = P*G response rows of one rollout batch (group-contiguous), Bm = B/K rows of
 a minibatch, Bu = Bm/U rows of a micro-batch, K minibatches per epoch, U micro-batches per
@@ -34,18 +40,25 @@ what a recompute would report (when old_logp comes from the sampler).
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import chex
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from gspo_jax import models
+from gspo_jax import advantages, distributed, models, sampler, sharding
+from gspo_jax import metrics as metrics_lib
+
+if TYPE_CHECKING:  # experiment.py builds the Run and imports this module
+    from gspo_jax.experiment import Run
 
 
 @flax.struct.dataclass
@@ -65,49 +78,6 @@ def step_keys(rng: jax.Array, step: int) -> dict[str, jax.Array]:
         "rollout": jax.random.key_data(jax.random.fold_in(key, 0)),
         "shuffle": jax.random.key_data(jax.random.fold_in(key, 1)),
     }
-
-
-# ------------------------------------------------------------------------------------ optimizer
-
-
-def make_schedule(opt_cfg: Any, total_updates: int) -> optax.Schedule:
-    """Learning rate per optimizer update: linear warmup then constant / cosine / linear decay.
-
-    Counted in optimizer updates (RL steps × epochs × minibatches).
-    """
-    lr, warm = float(opt_cfg.learning_rate), int(opt_cfg.warmup_updates)
-    kind = opt_cfg.schedule
-    decay_steps = max(total_updates - warm, 1)
-    end = lr * float(opt_cfg.end_lr_ratio)
-    if kind == "constant":
-        main = optax.constant_schedule(lr)
-    elif kind == "cosine":
-        main = optax.cosine_decay_schedule(lr, decay_steps, alpha=float(opt_cfg.end_lr_ratio))
-    elif kind == "linear":
-        main = optax.linear_schedule(lr, end, decay_steps)
-    else:
-        raise ValueError(f"unknown schedule {kind!r}; valid: constant, cosine, linear")
-    if warm <= 0:
-        return main
-    return optax.join_schedules([optax.linear_schedule(0.0, lr, warm), main], [warm])
-
-
-def make_optimizer(opt_cfg: Any, total_updates: int) -> tuple[optax.GradientTransformation, Any]:
-    """AdamW with global-norm gradient clipping; returns (tx, schedule)."""
-    schedule = make_schedule(opt_cfg, total_updates)
-    parts = []
-    if opt_cfg.grad_clip and opt_cfg.grad_clip > 0:
-        parts.append(optax.clip_by_global_norm(float(opt_cfg.grad_clip)))
-    parts.append(
-        optax.adamw(
-            schedule,
-            b1=float(opt_cfg.b1),
-            b2=float(opt_cfg.b2),
-            eps=float(opt_cfg.eps),
-            weight_decay=float(opt_cfg.weight_decay),
-        )
-    )
-    return optax.chain(*parts), schedule
 
 
 # ------------------------------------------------------------------------------------ helpers
@@ -314,3 +284,194 @@ def make_update_fn(
         return new_state, metrics
 
     return update
+
+
+# ------------------------------------------------------------------------------------ RL step phases
+
+
+def make_rollout_fn(run: Run):
+    """(params, prompts [P, Lp], lengths [P], key) -> SampleOutput, rows sharded over the mesh.
+
+    generate() is traced inside this jit so the rollout compiles once with the trainer's
+    shardings (its host-side checks then see tracers; the data was checked by the loader).
+    """
+    rl = run.config.rl
+    eos_id, pad_id = run.task.tokenizer.eos_id, run.task.tokenizer.pad_id
+
+    def fn(params, prompts, lengths, key):
+        model = nnx.merge(run.graphdef, params, run.rest)
+        return sampler.generate(
+            model,
+            prompts,
+            lengths,
+            num_samples=rl.group_size,
+            max_new_tokens=rl.max_new_tokens,
+            rng=jax.random.wrap_key_data(key),
+            temperature=rl.temperature,
+            top_k=rl.top_k,
+            top_p=rl.top_p,
+            eos_id=eos_id,
+            pad_id=pad_id,
+            return_routes=rl.routing_replay,
+        )
+
+    rows = sharding.row_spec(run.mesh)
+    out_sh = sampler.SampleOutput(
+        tokens=sharding.rows_sharding(run.mesh, 2),
+        mask=sharding.rows_sharding(run.mesh, 2),
+        logp=sharding.rows_sharding(run.mesh, 2),
+        sample_logp=sharding.rows_sharding(run.mesh, 2),
+        lengths=sharding.rows_sharding(run.mesh, 1),
+        # [L, B, S, k]: the rollout's expert choices, for Routing Replay
+        routes=NamedSharding(run.mesh, PartitionSpec(None, rows, None, None))
+        if rl.routing_replay else None,
+    )
+    return jax.jit(fn, out_shardings=out_sh)
+
+
+def make_prepare_fn(run: Run):
+    """(sample, rewards [B], prompts, lengths) -> (RL batch, rollout metrics): advantages etc."""
+    rl = run.config.rl
+    G, T = rl.group_size, rl.max_new_tokens
+    eos_id = run.task.tokenizer.eos_id
+
+    def fn(sample, rewards, prompts, lengths):
+        B = prompts.shape[0] * G
+        chex.assert_shape([sample.tokens, sample.mask, sample.logp], (B, T))
+        chex.assert_shape(rewards, (B,))
+        adv, adv_metrics = advantages.group_advantages(
+            rewards, G, estimator=run.estimator, eps=rl.adv_eps, std_ddof=rl.adv_std_ddof
+        )
+        batch = {
+            "prompts": jnp.repeat(prompts, G, axis=0),  # [B, Lp]
+            "prompt_lengths": jnp.repeat(lengths, G, axis=0),  # [B]
+            "responses": sample.tokens,
+            "mask": sample.mask,
+            "old_logp": sample.logp,
+            "adv": adv,
+        }
+        if sample.routes is not None:  # Routing Replay: the update replays the rollout's experts
+            batch["routes"] = jnp.swapaxes(sample.routes, 0, 1)  # [B, L, S, k]
+        batch = {k: jax.lax.with_sharding_constraint(v, sharding.rows_sharding(run.mesh, v.ndim))
+                 for k, v in batch.items()}
+        lens = sample.mask.sum(-1)  # [B]
+        has_eos = ((sample.tokens == eos_id) & (sample.mask > 0)).any(-1)
+        m = {
+            "response_len_mean": lens.mean(),
+            "response_len_max": lens.max(),
+            "truncated_frac": ((~has_eos) & (lens >= T)).mean(),
+            "frac_zero_std_groups": adv_metrics["frac_zero_std_groups"],
+            "reward_std": adv_metrics["reward_std"],
+            "adv_abs_mean": jnp.abs(adv).mean(),
+            "sample_logp_mean": (sample.logp * sample.mask).sum() / jnp.maximum(lens.sum(), 1),
+            "tokens": lens.sum(),
+        }
+        return batch, m
+
+    return jax.jit(fn)
+
+
+
+
+@dataclasses.dataclass
+class Phases:
+    """The jitted functions of one RL step (built once per run; see rl_step)."""
+
+    rollout: Any
+    prepare: Any
+    logprob: Any  # recompute old_logp / record routes; None when neither is configured
+    ref: Any  # the reference model's log-probs; None when kl_coef == 0
+    update: Any
+
+
+def make_phases(run: Run, state: TrainState, with_ref: bool) -> Phases:
+    rl = run.config.rl
+    row_spec = sharding.row_spec(run.mesh)
+    logprob = ref = None
+    if rl.recompute_old_logp:
+        logprob = jax.jit(make_logprob_fn(
+            run.graphdef, run.rest, temperature=rl.temperature, num_chunks=rl.num_minibatches,
+            return_routes=False, row_spec=row_spec, mesh=run.mesh))
+    if with_ref:
+        ref = jax.jit(make_logprob_fn(
+            run.graphdef, run.rest, temperature=rl.temperature, num_chunks=rl.num_minibatches,
+            return_routes=False, row_spec=row_spec, mesh=run.mesh, replay_routes=False))
+    update = jax.jit(
+        make_update_fn(
+            run.graphdef,
+            run.rest,
+            run.objective,
+            run.tx,
+            temperature=rl.temperature,
+            num_epochs=rl.num_epochs,
+            num_minibatches=rl.num_minibatches,
+            num_microbatches=rl.num_microbatches,
+            shuffle=rl.shuffle_minibatches,
+            aux_loss_coef=rl.aux_loss_coef,
+            row_spec=row_spec,
+            mesh=run.mesh,
+        ),
+        out_shardings=(jax.tree.map(lambda x: x.sharding, state), None),
+        donate_argnums=(0,),
+    )
+    return Phases(make_rollout_fn(run), make_prepare_fn(run), logprob, ref, update)
+
+
+def rl_step(run: Run, phases: Phases, state: TrainState, batch_local: dict, *,
+            ref_params=None) -> tuple[TrainState, dict[str, float]]:
+    """One RL step on this process's prompts ``batch_local``; returns (state, host metrics).
+
+    Phases are timed with block_until_ready at their boundaries (time/rollout_s, time/reward_s,
+    time/logp_s for the optional old/ref passes and advantages, time/update_s).
+    """
+    rl, mesh = run.config.rl, run.mesh
+    step = int(jax.device_get(state.step))
+    t0 = time.time()
+    keys = step_keys(np.asarray(jax.device_get(state.rng)), step)
+    prompts = distributed.to_global(batch_local["prompt"].astype(np.int32), mesh)
+    lengths = distributed.to_global(batch_local["prompt_length"].astype(np.int32), mesh)
+    with sharding.use_mesh(mesh):
+        sample = phases.rollout(state.params, prompts, lengths, keys["rollout"])
+        jax.block_until_ready(sample.tokens)
+    t1 = time.time()
+    scores = run.task.score(batch_local, distributed.to_local(sample.tokens),
+                            distributed.to_local(sample.mask), rl.group_size)
+    rewards = distributed.to_global(scores["reward"].astype(np.float32), mesh)
+    score_parts = {k: distributed.to_global(v.astype(np.float32), mesh) for k, v in scores.items()}
+    t2 = time.time()
+    pass_m = {}
+    with sharding.use_mesh(mesh):
+        batch, roll_m = phases.prepare(sample, rewards, prompts, lengths)
+        if phases.logprob is not None:
+            out = phases.logprob(state.params, batch)
+            diff = (out["logp"] - batch["old_logp"]) * batch["mask"]
+            pass_m["recompute_logp_diff_mean"] = diff.sum() / jnp.maximum(batch["mask"].sum(), 1.0)
+            pass_m["recompute_logp_diff_absmax"] = jnp.abs(diff).max()
+            batch["old_logp"] = out["logp"]
+        if phases.ref is not None:
+            batch["ref_logp"] = phases.ref(ref_params, batch)["logp"]
+        jax.block_until_ready(batch["old_logp"])
+        t3 = time.time()
+        state, train_m = phases.update(state, batch, keys["shuffle"])
+        jax.block_until_ready(train_m["loss"])
+    t4 = time.time()
+
+    m = metrics_lib.with_prefix("train/", train_m)
+    m["train/lr"] = run.schedule(step * run.updates_per_step)
+    # The trainer-vs-sampler log-prob difference is about the rollout: report it there.
+    m["rollout/logp_diff_mean"] = m.pop("train/logp_diff_mean")
+    m["rollout/logp_diff_absmax"] = m.pop("train/logp_diff_absmax")
+    m.update(metrics_lib.with_prefix("rollout/", roll_m))
+    m.update(metrics_lib.with_prefix("rollout/", pass_m))
+    m.update({f"rollout/{k}": jnp.mean(v) for k, v in score_parts.items()})
+    m = metrics_lib.to_host_scalars(m)
+    m.update({
+        "time/rollout_s": t1 - t0,
+        "time/reward_s": t2 - t1,
+        "time/logp_s": t3 - t2,
+        "time/update_s": t4 - t3,
+        "time/step_s": t4 - t0,
+        "time/tokens_per_s": m["rollout/tokens"] / max(t4 - t0, 1e-9),
+        "time/rollout_tokens_per_s": m["rollout/tokens"] / max(t1 - t0, 1e-9),
+    })
+    return state, m

@@ -2,8 +2,9 @@
 
     summary = trainer.train(config, workdir)     # what `python -m gspo_jax.main` calls
 
-Setup (task, model, objective, optimizer, mesh, base policy) lives in experiment.py; the pure
-update step in train_step.py; multi-host data placement in distributed.py.
+Setup (task, model, objective, optimizer, mesh, base policy) lives in experiment.py; one RL step
+(its jitted phases and ``rl_step``) in train_step.py; multi-host data placement in distributed.py.
+This module is the loop around them: resume, log, evaluate, checkpoint.
 
 Dimension legend: P prompts per step (P_local on this process), G samples per prompt, B = P*G
 response rows (group-contiguous), Lp padded prompt length, T = max_new_tokens.
@@ -39,110 +40,21 @@ config.json and summary.json; orbax writes checkpoint shards from every process.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import time
-from typing import Any
 
-import chex
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
-from gspo_jax import advantages, distributed, sampler, sharding
 from gspo_jax import checkpoint as checkpoint_lib
+from gspo_jax import distributed, sharding
 from gspo_jax import experiment as exp
 from gspo_jax import metrics as metrics_lib
 from gspo_jax import train_step as ts
-
-# ------------------------------------------------------------------------------ jitted phases
-
-
-def make_rollout_fn(run: exp.Run):
-    """(params, prompts [P, Lp], lengths [P], key) -> SampleOutput, rows sharded over the mesh.
-
-    generate() is traced inside this jit so the rollout compiles once with the trainer's
-    shardings (its host-side checks then see tracers; the data was checked by the loader).
-    """
-    rl = run.config.rl
-    eos_id, pad_id = run.task.tokenizer.eos_id, run.task.tokenizer.pad_id
-
-    def fn(params, prompts, lengths, key):
-        model = nnx.merge(run.graphdef, params, run.rest)
-        return sampler.generate(
-            model,
-            prompts,
-            lengths,
-            num_samples=rl.group_size,
-            max_new_tokens=rl.max_new_tokens,
-            rng=jax.random.wrap_key_data(key),
-            temperature=rl.temperature,
-            top_k=rl.top_k,
-            top_p=rl.top_p,
-            eos_id=eos_id,
-            pad_id=pad_id,
-            return_routes=rl.routing_replay,
-        )
-
-    rows = distributed.row_spec(run.mesh)
-    out_sh = sampler.SampleOutput(
-        tokens=distributed.rows_sharding(run.mesh, 2),
-        mask=distributed.rows_sharding(run.mesh, 2),
-        logp=distributed.rows_sharding(run.mesh, 2),
-        sample_logp=distributed.rows_sharding(run.mesh, 2),
-        lengths=distributed.rows_sharding(run.mesh, 1),
-        # [L, B, S, k]: the rollout's expert choices, for Routing Replay
-        routes=NamedSharding(run.mesh, PartitionSpec(None, rows, None, None))
-        if rl.routing_replay else None,
-    )
-    return jax.jit(fn, out_shardings=out_sh)
-
-
-def make_prepare_fn(run: exp.Run):
-    """(sample, rewards [B], prompts, lengths) -> (RL batch, rollout metrics): advantages etc."""
-    rl = run.config.rl
-    G, T = rl.group_size, rl.max_new_tokens
-    eos_id = run.task.tokenizer.eos_id
-
-    def fn(sample, rewards, prompts, lengths):
-        B = prompts.shape[0] * G
-        chex.assert_shape([sample.tokens, sample.mask, sample.logp], (B, T))
-        chex.assert_shape(rewards, (B,))
-        adv, adv_metrics = advantages.group_advantages(
-            rewards, G, estimator=run.estimator, eps=rl.adv_eps, std_ddof=rl.adv_std_ddof
-        )
-        batch = {
-            "prompts": jnp.repeat(prompts, G, axis=0),  # [B, Lp]
-            "prompt_lengths": jnp.repeat(lengths, G, axis=0),  # [B]
-            "responses": sample.tokens,
-            "mask": sample.mask,
-            "old_logp": sample.logp,
-            "adv": adv,
-        }
-        if sample.routes is not None:  # Routing Replay: the update replays the rollout's experts
-            batch["routes"] = jnp.swapaxes(sample.routes, 0, 1)  # [B, L, S, k]
-        batch = {k: jax.lax.with_sharding_constraint(v, distributed.rows_sharding(run.mesh, v.ndim))
-                 for k, v in batch.items()}
-        lens = sample.mask.sum(-1)  # [B]
-        has_eos = ((sample.tokens == eos_id) & (sample.mask > 0)).any(-1)
-        m = {
-            "response_len_mean": lens.mean(),
-            "response_len_max": lens.max(),
-            "truncated_frac": ((~has_eos) & (lens >= T)).mean(),
-            "frac_zero_std_groups": adv_metrics["frac_zero_std_groups"],
-            "reward_std": adv_metrics["reward_std"],
-            "adv_abs_mean": jnp.abs(adv).mean(),
-            "sample_logp_mean": (sample.logp * sample.mask).sum() / jnp.maximum(lens.sum(), 1),
-            "tokens": lens.sum(),
-        }
-        return batch, m
-
-    return jax.jit(fn)
-
 
 # ------------------------------------------------------------------------------ evaluation
 
@@ -190,110 +102,6 @@ def _eval_summary(m: dict[str, float] | None) -> dict[str, float] | None:
 
 
 # ------------------------------------------------------------------------------ the loop
-
-
-@dataclasses.dataclass
-class Phases:
-    """The jitted functions of one RL step (built once per run; see rl_step)."""
-
-    rollout: Any
-    prepare: Any
-    logprob: Any  # recompute old_logp / record routes; None when neither is configured
-    ref: Any  # the reference model's log-probs; None when kl_coef == 0
-    update: Any
-
-
-def make_phases(run: exp.Run, state: ts.TrainState, with_ref: bool) -> Phases:
-    rl = run.config.rl
-    row_spec = distributed.row_spec(run.mesh)
-    logprob = ref = None
-    if rl.recompute_old_logp:
-        logprob = jax.jit(ts.make_logprob_fn(
-            run.graphdef, run.rest, temperature=rl.temperature, num_chunks=rl.num_minibatches,
-            return_routes=False, row_spec=row_spec, mesh=run.mesh))
-    if with_ref:
-        ref = jax.jit(ts.make_logprob_fn(
-            run.graphdef, run.rest, temperature=rl.temperature, num_chunks=rl.num_minibatches,
-            return_routes=False, row_spec=row_spec, mesh=run.mesh, replay_routes=False))
-    update = jax.jit(
-        ts.make_update_fn(
-            run.graphdef,
-            run.rest,
-            run.objective,
-            run.tx,
-            temperature=rl.temperature,
-            num_epochs=rl.num_epochs,
-            num_minibatches=rl.num_minibatches,
-            num_microbatches=rl.num_microbatches,
-            shuffle=rl.shuffle_minibatches,
-            aux_loss_coef=rl.aux_loss_coef,
-            row_spec=row_spec,
-            mesh=run.mesh,
-        ),
-        out_shardings=(jax.tree.map(lambda x: x.sharding, state), None),
-        donate_argnums=(0,),
-    )
-    return Phases(make_rollout_fn(run), make_prepare_fn(run), logprob, ref, update)
-
-
-def rl_step(run: exp.Run, phases: Phases, state: ts.TrainState, batch_local: dict, *,
-            ref_params=None) -> tuple[ts.TrainState, dict[str, float]]:
-    """One RL step on this process's prompts ``batch_local``; returns (state, host metrics).
-
-    Phases are timed with block_until_ready at their boundaries (time/rollout_s, time/reward_s,
-    time/logp_s for the optional old/ref passes and advantages, time/update_s).
-    """
-    rl, mesh = run.config.rl, run.mesh
-    step = int(jax.device_get(state.step))
-    t0 = time.time()
-    keys = ts.step_keys(np.asarray(jax.device_get(state.rng)), step)
-    prompts = distributed.to_global(batch_local["prompt"].astype(np.int32), mesh)
-    lengths = distributed.to_global(batch_local["prompt_length"].astype(np.int32), mesh)
-    with sharding.use_mesh(mesh):
-        sample = phases.rollout(state.params, prompts, lengths, keys["rollout"])
-        jax.block_until_ready(sample.tokens)
-    t1 = time.time()
-    scores = run.task.score(batch_local, distributed.to_local(sample.tokens),
-                            distributed.to_local(sample.mask), rl.group_size)
-    rewards = distributed.to_global(scores["reward"].astype(np.float32), mesh)
-    score_parts = {k: distributed.to_global(v.astype(np.float32), mesh) for k, v in scores.items()}
-    t2 = time.time()
-    pass_m = {}
-    with sharding.use_mesh(mesh):
-        batch, roll_m = phases.prepare(sample, rewards, prompts, lengths)
-        if phases.logprob is not None:
-            out = phases.logprob(state.params, batch)
-            diff = (out["logp"] - batch["old_logp"]) * batch["mask"]
-            pass_m["recompute_logp_diff_mean"] = diff.sum() / jnp.maximum(batch["mask"].sum(), 1.0)
-            pass_m["recompute_logp_diff_absmax"] = jnp.abs(diff).max()
-            batch["old_logp"] = out["logp"]
-        if phases.ref is not None:
-            batch["ref_logp"] = phases.ref(ref_params, batch)["logp"]
-        jax.block_until_ready(batch["old_logp"])
-        t3 = time.time()
-        state, train_m = phases.update(state, batch, keys["shuffle"])
-        jax.block_until_ready(train_m["loss"])
-    t4 = time.time()
-
-    m = metrics_lib.with_prefix("train/", train_m)
-    m["train/lr"] = run.schedule(step * run.updates_per_step)
-    # The trainer-vs-sampler log-prob difference is about the rollout: report it there.
-    m["rollout/logp_diff_mean"] = m.pop("train/logp_diff_mean")
-    m["rollout/logp_diff_absmax"] = m.pop("train/logp_diff_absmax")
-    m.update(metrics_lib.with_prefix("rollout/", roll_m))
-    m.update(metrics_lib.with_prefix("rollout/", pass_m))
-    m.update({f"rollout/{k}": jnp.mean(v) for k, v in score_parts.items()})
-    m = metrics_lib.to_host_scalars(m)
-    m.update({
-        "time/rollout_s": t1 - t0,
-        "time/reward_s": t2 - t1,
-        "time/logp_s": t3 - t2,
-        "time/update_s": t4 - t3,
-        "time/step_s": t4 - t0,
-        "time/tokens_per_s": m["rollout/tokens"] / max(t4 - t0, 1e-9),
-        "time/rollout_tokens_per_s": m["rollout/tokens"] / max(t1 - t0, 1e-9),
-    })
-    return state, m
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None = None
@@ -350,7 +158,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
                 with open(base_eval_path, "w") as f:
                     json.dump(base_eval, f, indent=2)
             notes.append("base  " + _fmt_eval(base_eval))
-    phases = make_phases(run, state, with_ref=ref_params is not None)
+    phases = ts.make_phases(run, state, with_ref=ref_params is not None)
     log = metrics_lib.Progress(total=rl.num_steps, initial=latest or 0,
                                enabled=None if config.log.progress else False)
     for note in notes:
@@ -364,7 +172,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
         for step in range(start, rl.num_steps):
             if stop_after is not None and step - start >= stop_after:
                 break
-            state, m = rl_step(run, phases, state, next(data_iter), ref_params=ref_params)
+            state, m = ts.rl_step(run, phases, state, next(data_iter), ref_params=ref_params)
             metrics_lib.check_finite(m, step + 1)
             done = step + 1
             due = done == rl.num_steps or (config.eval.every and done % config.eval.every == 0)

@@ -39,9 +39,8 @@ def test_logical_to_spec_drops_axes_that_do_not_fit():
     assert sharding.logical_to_spec(("kv_heads", "embed"), (3, 32), mesh) == PS(None, "fsdp")
     assert sharding.logical_to_spec(("batch", None), (8, 5), mesh) == PS(("data", "fsdp"), None)
     assert sharding.logical_to_spec(("batch",), (2,), mesh) == PS("data")
-    rules = sharding.logical_rules({"rules": [("embed", None)]})
-    assert sharding.logical_to_spec(("vocab", "embed"), (64, 32), mesh, rules) == PS("tensor", None)
-    assert sharding.batch_sharding(mesh).spec == PS(("data", "fsdp"), None)
+    assert sharding.rows_sharding(mesh).spec == PS(("data", "fsdp"), None)
+    assert sharding.rows_sharding(sharding.make_mesh({"data": 1, "tensor": -1}), 1).spec == PS(None)
 
 
 @pytest.fixture(scope="module", params=["tiny", "tiny_moe"])

@@ -28,6 +28,7 @@ import pytest
 from gspo_jax import checkpoint as checkpoint_lib
 from gspo_jax import config as config_lib
 from gspo_jax import metrics as metrics_lib
+from gspo_jax import train_step as ts
 from gspo_jax import trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -214,7 +215,7 @@ def test_two_process_run_equals_one_process(shared, sharded):
 
 
 def test_non_finite_loss_stops_after_last_good_checkpoint(shared, single, monkeypatch):
-    real_step = trainer.rl_step
+    real_step = ts.rl_step
 
     def poisoned(run, phases, state, batch, **kw):
         state, m = real_step(run, phases, state, batch, **kw)
@@ -222,7 +223,7 @@ def test_non_finite_loss_stops_after_last_good_checkpoint(shared, single, monkey
             m["train/loss"] = float("nan")
         return state, m
 
-    monkeypatch.setattr(trainer, "rl_step", poisoned)
+    monkeypatch.setattr(ts, "rl_step", poisoned)
     wd = os.path.join(shared["root"], "nan")
     with pytest.raises(metrics_lib.NonFiniteError, match="train/loss=nan at step 3"):
         trainer.train(make_config(shared, num_devices=1), wd)

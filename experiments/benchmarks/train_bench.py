@@ -42,8 +42,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, REPO)
 
 from gspo_jax import config as config_lib  # noqa: E402
-from gspo_jax import distributed, sharding, trainer  # noqa: E402
+from gspo_jax import distributed, sharding  # noqa: E402
 from gspo_jax import experiment as exp  # noqa: E402
+from gspo_jax import train_step as ts  # noqa: E402
 
 PHASES = ("rollout", "reward", "logp", "update", "step")
 
@@ -96,14 +97,14 @@ def main(argv=None) -> int:
     run = exp.build_run(config)
     params, warm_s = exp.base_params(run)
     state = exp.initial_state(run, params)
-    phases = trainer.make_phases(run, state, with_ref=run.objective.kl_coef > 0)
+    phases = ts.make_phases(run, state, with_ref=run.objective.kl_coef > 0)
     ref = jax.tree.map(jnp.copy, params) if run.objective.kl_coef > 0 else None
     batch = next(distributed.make_data_iterator(run.config, run.task))  # the same prompts each time
 
-    state, first = trainer.rl_step(run, phases, state, batch, ref_params=ref)  # compiles
+    state, first = ts.rl_step(run, phases, state, batch, ref_params=ref)  # compiles
     steady = []
     for _ in range(args.repeats):
-        state, m = trainer.rl_step(run, phases, state, batch, ref_params=ref)
+        state, m = ts.rl_step(run, phases, state, batch, ref_params=ref)
         steady.append(m)
     med = {k: statistics.median(m[f"time/{k}_s"] for m in steady) for k in PHASES}
     compile_s = {k: max(first[f"time/{k}_s"] - med[k], 0.0) for k in PHASES}
