@@ -17,6 +17,17 @@ A save is asynchronous (training continues while it is written) and is committed
 orbax; ``wait()`` blocks until it is on disk, which the trainer does before raising on a non-finite
 loss, so that "the last good checkpoint is safe" holds.
 
+What can go wrong, and what this module does about it (each reported in one line):
+
+- A save fails in the background (disk full, permissions): ``check_background()``, called after
+  every step, raises CheckpointSaveError naming the step, the cause and the checkpoint that is kept;
+  orbax's own logging of the background traceback is muted (the error is reported once, here).
+- A checkpoint cannot be read (a truncated array file, a missing item, an empty step folder):
+  ``restore_latest`` reports it, moves the step folder aside to ``<step>.unreadable-<time>`` (never
+  deleted: it may still be salvageable) and falls back to the next newest; with none readable it
+  raises CheckpointError naming the folder and the two ways on.
+- A file where the checkpoint folder should be: CheckpointError before anything is written.
+
 No array dimensions here; the state is whatever pytree the trainer passes.
 """
 
@@ -24,13 +35,28 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
+import re
+import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint problem the user has to act on; the message is one line naming the fix."""
+
+
+class CheckpointSaveError(CheckpointError):
+    """A save failed (in the background or at the call); earlier checkpoints are kept."""
+
+
+ITEMS = ("state", "data_iter", "meta")
 
 
 def _iterator_state_to_json(state: Any) -> str:
@@ -58,16 +84,31 @@ class DataIteratorHandler(ocp.CheckpointHandler):
     def _filename(self, directory: epath.Path) -> epath.Path:
         return directory / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
 
+    def _restore_filename(self, directory: epath.Path, any_process_count: bool) -> epath.Path:
+        """This process's file; with ``any_process_count`` (every process saved the same state),
+        the first process's file of a run with another process count will do."""
+        own = self._filename(directory)
+        if own.exists() or not any_process_count:
+            return own
+        others = sorted(directory.glob("process_0-of-*.json"))
+        return others[0] if others else own
+
     def save(self, directory: epath.Path, args: DataIteratorSave) -> None:
         self._filename(epath.Path(directory)).write_text(_iterator_state_to_json(args.state))
 
     def restore(self, directory: epath.Path, args: DataIteratorRestore | None = None) -> Any:
-        filename = self._filename(epath.Path(directory))
+        directory = epath.Path(directory)
+        any_count = bool(args is not None and args.any_process_count)
+        filename = self._restore_filename(directory, any_count)
         if not filename.exists():
-            raise ValueError(
-                f"no data-iterator state {filename}: the checkpoint was written by a run with a "
-                "different process count; resume with the same number of processes"
-            )
+            others = sorted(p.name for p in directory.glob("process_*-of-*.json"))
+            if others and not any(p.endswith(f"-of-{jax.process_count()}.json") for p in others):
+                raise ValueError(
+                    f"{filename} is missing: the checkpoint was written by a run with another "
+                    f"process count ({others[0]}); resume with that number of processes, or use "
+                    "config.data.process_sharding='slice' (the same stream on every process)"
+                )
+            raise FileNotFoundError(f"missing file {filename}")
         state = _iterator_state_from_json(filename.read_text())
         if args is not None and args.iterator is not None:
             args.iterator.set_state(state)
@@ -93,6 +134,39 @@ class DataIteratorSave(ocp.args.CheckpointArgs):
 @dataclasses.dataclass
 class DataIteratorRestore(ocp.args.CheckpointArgs):
     iterator: Any = None  # set_state() is called on it when given
+    any_process_count: bool = False  # every process saved the same state (process_sharding=slice)
+
+
+class _MuteOrbaxBackgroundErrors(logging.Filter):
+    """Drops orbax's ERROR records with tracebacks from its background save thread: a failed save
+    is reported once, in one line, by Checkpointer.check_background (a disk-full save otherwise
+    prints ~100 tracebacks)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from_orbax = "orbax" in (record.pathname or "")
+        return not (from_orbax and record.levelno >= logging.ERROR and record.exc_info)
+
+
+_MUTE = _MuteOrbaxBackgroundErrors()
+
+
+def _one_line(e: BaseException, limit: int = 240) -> str:
+    """``Type: first line of the message`` of the innermost cause, shortened."""
+    while e.__cause__ is not None or (e.__context__ is not None and not str(e).strip()):
+        e = e.__cause__ or e.__context__
+    text = (str(e).strip().splitlines() or [""])[0]
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _file_in(e: BaseException, root: str) -> str | None:
+    """The most specific path under ``root`` named anywhere in the exception chain, if any."""
+    seen, found = set(), []
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        found += re.findall(re.escape(root) + r"[^\s'\"\],)]*", str(e))
+        e = e.__cause__ or e.__context__
+    return max(found, key=len) if found else None
 
 
 class Checkpointer:
@@ -111,7 +185,11 @@ class Checkpointer:
         if save_every < 1:
             raise ValueError(f"save_every must be >= 1, got {save_every}")
         self.directory = os.path.abspath(directory)
+        check_directory(self.directory)
         self.save_every = save_every
+        self._pending: int | None = None  # the step of a save that may still be in flight
+        self._committed: int | None = None  # the newest step known to be on disk
+        logging.getLogger("absl").addFilter(_MUTE)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
             save_interval_steps=1,  # the trainer decides when; see should_save()
@@ -131,6 +209,13 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
+    def describe(self) -> str:
+        """Where the newest checkpoint is, in words (for messages that tell the user what is kept)."""
+        steps = self.all_steps()
+        if not steps:
+            return f"no checkpoint has been written yet in {self.directory}"
+        return f"the newest checkpoint is step {max(steps)} in {self.directory}"
+
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())
 
@@ -149,28 +234,127 @@ class Checkpointer:
             return False
         if step in self._manager.all_steps():
             return False  # already saved (e.g. the periodic save coincided with the final one)
+        self.check_background()
         meta = dict(meta or {}, step=int(step))
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
             data_iter=DataIteratorSave(data_iterator.get_state()),
             meta=ocp.args.JsonSave(meta),
         )
-        return bool(self._manager.save(step, args=args, force=True))
+        try:
+            started = bool(self._manager.save(step, args=args, force=True))
+        except Exception as e:  # noqa: BLE001 (any failure of the writer: report it in one line)
+            raise self._save_error(step, e) from e
+        if started:
+            self._pending = step
+        return started
 
-    def restore(self, step: int, abstract_state: Any, data_iterator: Any) -> tuple[Any, dict]:
+    def _save_error(self, step: int, e: BaseException) -> CheckpointSaveError:
+        kept = [s for s in self.all_steps() if s != step]
+        keep = (f"the previous checkpoint, step {max(kept)}, is kept" if kept
+                else "no earlier checkpoint exists")
+        return CheckpointSaveError(
+            f"saving the checkpoint of step {step} in {self.directory} failed ({_one_line(e)}); "
+            f"{keep}. Fix the cause (free disk space, permissions) and rerun the same command to "
+            "resume"
+        )
+
+    def check_background(self) -> None:
+        """Raises CheckpointSaveError if the last asynchronous save has failed (a no-op while it is
+        still being written, and after it committed). Cheap: call it after every step."""
+        if self._pending is None or self._manager.is_saving_in_progress():
+            return
+        step, self._pending = self._pending, None
+        try:
+            self._manager.wait_until_finished()
+            self._manager.check_for_errors()
+        except Exception as e:  # noqa: BLE001
+            raise self._save_error(step, e) from e
+        if step not in self._manager.all_steps():
+            raise self._save_error(step, RuntimeError("the step folder was not committed"))
+        self._committed = step
+
+    def restore(self, step: int, abstract_state: Any, data_iterator: Any, *,
+                any_process_count: bool = False) -> tuple[Any, dict]:
         """Restores the state into ``abstract_state``'s shapes/shardings and repositions the iterator.
 
+        ``any_process_count``: the iterator state is the same on every process (the trainer's
+        process_sharding="slice"), so a run may resume on another number of processes.
         Returns (state, meta).
         """
+        self._check_items(step)
         restored = self._manager.restore(
             step,
             args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state),
-                data_iter=DataIteratorRestore(data_iterator),
+                data_iter=DataIteratorRestore(data_iterator, any_process_count),
                 meta=ocp.args.JsonRestore(),
             ),
         )
         return restored["state"], dict(restored["meta"])
+
+    def _step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    def _check_items(self, step: int) -> None:
+        """A step folder without one of ITEMS is unreadable; say which (orbax says KeyError)."""
+        step_dir = self._step_dir(step)
+        missing = [i for i in ITEMS if not os.path.isdir(os.path.join(step_dir, i))]
+        if missing:
+            what = "the step folder is empty" if len(missing) == len(ITEMS) else "missing"
+            raise FileNotFoundError(f"{what}: no {', '.join(m + '/' for m in missing)} in {step_dir}")
+
+    def read_meta(self, step: int) -> dict:
+        """The small meta dict of a checkpoint (step, wall time, config), without the arrays."""
+        restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(restored["meta"])
+
+    def restore_latest(
+        self,
+        abstract_state: Any,
+        data_iterator: Any,
+        *,
+        report: Callable[[str], None] = print,
+        any_process_count: bool = False,
+    ) -> tuple[int, Any, dict] | None:
+        """Restores the newest readable checkpoint: (step, state, meta), or None if there is none.
+
+        An unreadable step is reported in one line (which step, which file, why), moved aside to
+        ``<step>.unreadable-<time>`` and the next newest is tried. All unreadable: CheckpointError.
+        """
+        steps = sorted(self.all_steps(), reverse=True)
+        if not steps:
+            return None
+        bad = []
+        for step in steps:
+            try:
+                state, meta = self.restore(step, abstract_state, data_iterator,
+                                           any_process_count=any_process_count)
+            except Exception as e:  # noqa: BLE001 (any unreadable checkpoint: fall back)
+                where = _file_in(e, self._step_dir(step)) or self._step_dir(step)
+                bad.append(step)
+                older = [s for s in steps if s < step]
+                then = f"falling back to step {older[0]}" if older else "no older checkpoint"
+                report(f"checkpoint step {step} is unreadable ({where}: {_one_line(e)}); "
+                       f"moved aside; {then}")
+                self._move_aside(step)
+                continue
+            if bad:
+                self._manager.reload()
+            self._committed = step
+            return step, state, meta
+        self._manager.reload()
+        raise CheckpointError(
+            f"no readable checkpoint in {self.directory} (steps {sorted(bad)} moved aside as "
+            "<step>.unreadable-*): move the folder away to keep it, or rerun with --start_fresh "
+            "to start from step 0 (the folder is moved aside, not deleted)"
+        )
+
+    def _move_aside(self, step: int) -> None:
+        if jax.process_index() == 0:
+            src = self._step_dir(step)
+            os.replace(src, f"{src}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
+        _sync_processes(f"gspo_jax_ckpt_aside_{step}")
 
     def restore_arrays(self, step: int) -> Any:
         """The saved train-state pytree as host numpy arrays, without a target (for comparisons
@@ -194,5 +378,39 @@ class Checkpointer:
         self._manager.wait_until_finished()
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Waits for any save in flight (raising CheckpointSaveError if it failed) and closes."""
+        try:
+            self.check_background()
+            if self._pending is not None:
+                self._manager.wait_until_finished()
+                self.check_background()
+        finally:
+            self._manager.close()
+
+
+def check_directory(directory: str) -> None:
+    """CheckpointError if ``directory`` exists but is not a folder (checked before any work)."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise CheckpointError(
+            f"{directory} is a file, not a checkpoint folder: move it away (or pass another "
+            "--workdir) and rerun"
+        )
+
+
+def move_aside(directory: str) -> str | None:
+    """Renames a checkpoint folder to ``<dir>.moved-<time>`` (``--start_fresh``); returns the new
+    name, or None if there was nothing to move. Process 0 moves; every process waits for it."""
+    new = None
+    if os.path.exists(directory):
+        new = f"{directory}.moved-{time.strftime('%Y%m%d-%H%M%S')}"
+        if jax.process_index() == 0:
+            os.replace(directory, new)
+    _sync_processes("gspo_jax_ckpt_move_aside")
+    return new
+
+
+def _sync_processes(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)

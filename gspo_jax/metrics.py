@@ -15,8 +15,15 @@ collector can rely on it.
 Only process 0 writes (DESIGN.md convention 9): every other process gets a writer whose methods do
 nothing, so the trainer calls the same code on every host.
 
-A resumed run truncates metrics.jsonl to the restored step and purges TensorBoard events after it,
-so that the resumed run's log equals that of an uninterrupted run.
+A resumed run cuts metrics.jsonl back to the restored step (a fresh start in a used workdir, to
+nothing), keeping the old file beside it (rundir.cut_metrics), and purges TensorBoard events after
+it, so that no step is logged twice and the resumed run's log equals an uninterrupted run's.
+Non-finite scalars are kept in metrics.jsonl (as the strings "nan", "inf") but not sent to
+TensorBoard, which warns on every one.
+
+``CollapseWatch`` says when the run has had no learning signal (every group's rewards equal, so
+every advantage is 0) for a stretch of steps: a policy collapsed by too large a learning rate looks
+exactly like that, and otherwise "succeeds" quietly.
 
 No array dimensions here: every value is a host scalar.
 """
@@ -74,40 +81,67 @@ def with_prefix(prefix: str, metrics: Mapping[str, Any]) -> dict[str, Any]:
     return {(k if k.startswith(PREFIXES) else prefix + k): v for k, v in metrics.items()}
 
 
-def check_finite(metrics: Mapping[str, float], step: int, names: Iterable[str] = GUARDED) -> None:
-    """Raises NonFiniteError naming every guarded quantity that is NaN or inf.
+def non_finite(metrics: Mapping[str, float], names: Iterable[str] = GUARDED) -> list[str]:
+    """``name=value`` of every guarded quantity that is NaN or inf.
 
     Only the quantities that would corrupt the parameters are guarded (loss, gradient and update
-    norms); a NaN in a diagnostic (say a ratio statistic of an empty batch) is reported but does not
+    norms); a NaN in a diagnostic (say a ratio statistic of an empty batch) is logged but does not
     stop the run.
     """
-    bad = [f"{n}={metrics[n]}" for n in names if n in metrics and not math.isfinite(metrics[n])]
+    return [f"{n}={metrics[n]}" for n in names if n in metrics and not math.isfinite(metrics[n])]
+
+
+def check_finite(metrics: Mapping[str, float], step: int, names: Iterable[str] = GUARDED, *,
+                 on_disk: str = "the last checkpoint in the workdir is intact") -> None:
+    """Raises NonFiniteError naming every guarded quantity that is NaN or inf at ``step``.
+
+    ``on_disk`` says what the user can resume from (the trainer passes the checkpoint folder's
+    actual state, e.g. "the newest checkpoint is step 40 in ..." or "no checkpoint ... yet").
+    """
+    bad = non_finite(metrics, names)
     if bad:
         raise NonFiniteError(
-            f"non-finite {', '.join(bad)} at step {step}: the update diverged. The state of this "
-            "step was not saved; the last checkpoint in the workdir is intact. Lower the learning "
-            "rate (config.optimizer.learning_rate) or tighten config.optimizer.grad_clip, then "
-            "restart the same command to resume from that checkpoint."
+            f"non-finite {', '.join(bad)} at step {step}: the update diverged and this step was "
+            f"not saved; {on_disk}. Lower the learning rate (config.optimizer.learning_rate) or "
+            "tighten config.optimizer.grad_clip, then rerun the same command."
         )
 
 
-def truncate_jsonl(path: str, max_step: int) -> None:
-    """Keeps only records with step <= max_step (used when a run resumes from a checkpoint)."""
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        lines = f.readlines()
-    kept = []
-    for line in lines:
-        try:
-            if json.loads(line)["step"] <= max_step:
-                kept.append(line)
-        except (json.JSONDecodeError, KeyError):
-            continue  # a line cut by a crash mid-write
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.writelines(kept)
-    os.replace(tmp, path)
+class CollapseError(RuntimeError):
+    """The run had no learning signal for too long and config.rl.stop_on_collapse asked to stop."""
+
+
+class CollapseWatch:
+    """Counts consecutive steps whose every group has zero reward variance (no learning signal).
+
+    ``update`` returns a warning once per stretch, when the stretch reaches ``patience`` steps
+    (patience 0: never). The run decides whether to stop (config.rl.stop_on_collapse).
+    """
+
+    def __init__(self, patience: int):
+        self.patience = patience
+        self.stretch = 0
+        self.since = 0
+
+    def update(self, step: int, metrics: Mapping[str, float]) -> str | None:
+        frac = metrics.get("rollout/frac_zero_std_groups")
+        if frac is None or self.patience <= 0:
+            return None
+        if frac < 1.0:
+            self.stretch = 0
+            return None
+        self.stretch += 1
+        if self.stretch == 1:
+            self.since = step
+        if self.stretch != self.patience:
+            return None
+        reward = metrics.get("rollout/reward", math.nan)
+        return (
+            f"warning: no learning signal for {self.patience} steps in a row (steps {self.since}-"
+            f"{step}: in every group all rewards are equal, mean reward {reward:.3f}, so every "
+            "advantage is 0); the policy may have collapsed (learning rate too high?). "
+            "config.rl.stop_on_collapse=True stops such a run"
+        )
 
 
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -141,28 +175,32 @@ class MetricWriter:
     """
 
     def __init__(self, workdir: str, *, resume_step: int | None = None, tensorboard: bool = True):
+        from gspo_jax import rundir
+
         self.enabled = is_writer_process()
         self.workdir = workdir
         self.jsonl_path = os.path.join(workdir, "metrics.jsonl")
+        self.metrics_aside: str | None = None  # where an older metrics.jsonl was kept, if any
         self._tb = None
         if not self.enabled:
             return
-        if resume_step is not None:
-            truncate_jsonl(self.jsonl_path, resume_step)
+        keep_until = -1 if resume_step is None else resume_step
+        self.metrics_aside = rundir.cut_metrics(workdir, keep_until)
         self._jsonl = open(self.jsonl_path, "a")  # noqa: SIM115 (closed in close())
         if tensorboard:
             from tensorboardX import SummaryWriter
 
-            purge = None if resume_step is None else resume_step + 1
-            self._tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=purge, flush_secs=30)
+            self._tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=keep_until + 1,
+                                     flush_secs=30)
 
-    def write_config(self, config: Any) -> None:
-        """Writes config.json (a ConfigDict, dict, or anything with to_dict())."""
+    def write_config(self, config: Any) -> str | None:
+        """Writes config.json (a ConfigDict, dict, or anything with to_dict()); an earlier,
+        different config.json is kept as config.<n>.json, whose path is returned."""
+        from gspo_jax import rundir
+
         if not self.enabled:
-            return
-        d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-        with open(os.path.join(self.workdir, "config.json"), "w") as f:
-            json.dump(d, f, indent=2, sort_keys=True, default=str)
+            return None
+        return rundir.write_config_json(self.workdir, config)
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         """Writes one record. Every name must carry one of PREFIXES."""
@@ -177,7 +215,8 @@ class MetricWriter:
         self._jsonl.flush()
         if self._tb is not None:
             for k, v in metrics.items():
-                self._tb.add_scalar(k, float(v), global_step=int(step))
+                if math.isfinite(float(v)):
+                    self._tb.add_scalar(k, float(v), global_step=int(step))
 
     def flush(self) -> None:
         if self.enabled:

@@ -42,6 +42,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+import sys
+import threading
 import time
 
 import jax
@@ -51,7 +54,7 @@ import numpy as np
 from flax import nnx
 
 from gspo_jax import checkpoint as checkpoint_lib
-from gspo_jax import distributed, sharding
+from gspo_jax import distributed, rundir, sharding
 from gspo_jax import experiment as exp
 from gspo_jax import metrics as metrics_lib
 from gspo_jax import train_step as ts
@@ -104,47 +107,138 @@ def _eval_summary(m: dict[str, float] | None) -> dict[str, float] | None:
 # ------------------------------------------------------------------------------ the loop
 
 
-def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None = None
-          ) -> dict | None:
+class Preempted(Exception):
+    """The run stopped on SIGTERM / SIGINT after saving the step it had reached."""
+
+    def __init__(self, signum: int, step: int):
+        self.signum, self.step = signum, step
+        self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
+        super().__init__(
+            f"stopped at step {step}, checkpoint saved; rerun the same command to resume"
+        )
+
+
+class StopSignals:
+    """SIGTERM (how TPU VMs are preempted) and SIGINT (Ctrl-C) ask the loop to stop cleanly.
+
+    The first signal only sets a flag: the current step finishes, the loop saves it, waits for
+    every save in flight and raises Preempted. A second Ctrl-C exits at once. On a multi-host run
+    the processes agree after every step (one tiny all-gather), so all of them stop at, and save,
+    the same step even when the signal reached them at different times.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signum = 0
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        if self.signum and signum == signal.SIGINT:
+            print("\nsecond interrupt: exiting now (a save in flight is abandoned; the previous "
+                  "checkpoint is intact)", file=sys.stderr, flush=True)
+            os._exit(128 + signum)
+        self.signum = self.signum or signum
+        print(f"\n{signal.Signals(signum).name}: stopping after this step and saving it "
+              "(Ctrl-C again to exit at once)", file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+        self._previous.clear()
+
+    def agreed(self) -> int:
+        """The signal number every process stops for (0: go on)."""
+        if jax.process_count() == 1:
+            return self.signum
+        from jax.experimental import multihost_utils
+
+        flags = multihost_utils.process_allgather(np.asarray([self.signum], np.int32))
+        return int(np.max(flags))
+
+
+def _saved_config(ckpt: checkpoint_lib.Checkpointer, step: int, workdir: str) -> dict | None:
+    """The config a checkpoint was written with (its meta; config.json for older checkpoints)."""
+    try:
+        saved = ckpt.read_meta(step).get("config")
+    except Exception:  # noqa: BLE001 (an unreadable checkpoint is reported by restore_latest)
+        saved = None
+    return saved if saved is not None else rundir.read_config_json(workdir)
+
+
+def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None = None,
+          allow_config_change: bool = False, start_fresh: bool = False) -> dict | None:
     """Runs (or resumes) the experiment ``config`` in ``workdir``; returns the summary dict.
 
-    Every configuration check runs first (config.validate), so a bad config fails in seconds.
+    Every configuration check runs first (config.validate), so a bad config fails in seconds; a
+    resume with a config that differs from the checkpoint's in a field outside
+    rundir.SAFE_TO_CHANGE is refused unless ``allow_config_change``. ``start_fresh`` moves the
+    checkpoint folder aside and starts from step 0 (for a folder with no readable checkpoint).
     ``stop_after=n`` stops after n steps of this invocation without a final checkpoint, summary or
-    evaluation, like a preemption (tests use it); it returns None then.
+    evaluation, like a crash (tests use it); it returns None then. SIGTERM / SIGINT save the
+    current step and raise Preempted.
     """
     t_start = time.time()
     run = exp.build_run(config, workdir)
     config, rl, workdir = run.config, run.config.rl, run.workdir
+    ckpt_dir = os.path.join(workdir, "checkpoints")
+    checkpoint_lib.check_directory(ckpt_dir)  # a file in its place: an error before any work
+    notes = []  # printed above the progress bar, which starts after the warm start
+    if start_fresh:
+        moved = checkpoint_lib.move_aside(ckpt_dir)
+        if moved:
+            notes.append(f"--start_fresh: moved {ckpt_dir} aside to {moved}")
 
-    # ---- data, checkpoints, logs
+    # ---- data, checkpoints, config identity, logs (nothing is written before the config check)
     data_iter = distributed.make_data_iterator(config, run.task)
     ckpt = checkpoint_lib.Checkpointer(
-        os.path.join(workdir, "checkpoints"),
+        ckpt_dir,
         save_every=config.checkpoint.every,
         max_to_keep=config.checkpoint.max_to_keep,
         async_save=config.checkpoint.async_save,
     )
     latest = ckpt.latest_step()
-    writer = metrics_lib.MetricWriter(
-        workdir, resume_step=latest, tensorboard=config.log.tensorboard
+    if latest is not None:
+        notes += rundir.check_resume_config(_saved_config(ckpt, latest, workdir), config, latest,
+                                            allow_change=allow_config_change)
+    restored = ckpt.restore_latest(
+        exp.abstract_state(run, run.abs_params), data_iter, report=notes.append,
+        any_process_count=config.data.process_sharding == "slice",
     )
-    writer.write_config(config)
-    notes = []  # printed above the progress bar, which starts after the warm start
+    resumed_step = restored[0] if restored is not None else None
+    writer = metrics_lib.MetricWriter(
+        workdir, resume_step=resumed_step, tensorboard=config.log.tensorboard
+    )
+    kept = writer.write_config(config)
+    if kept:
+        notes.append(f"config.json changed; the earlier one is kept as {kept}")
+    if writer.metrics_aside:
+        notes.append(f"metrics.jsonl cut back to step {resumed_step or 0}; the full earlier "
+                     f"file is kept as {writer.metrics_aside}")
+    meta_config = {"config": rundir.config_dict(config), "config_hash": rundir.config_hash(config)}
 
     # ---- initial state: resume, or the base policy
     cache_dir = exp.cache_dir_of(config)
     base_eval, warm_s, prior_wall, ref_params = None, 0.0, 0.0, None
     base_eval_path = os.path.join(workdir, "base_eval.json")
-    if latest is not None:
-        state, meta = ckpt.restore(latest, exp.abstract_state(run, run.abs_params), data_iter)
+    if restored is not None:
+        _, state, meta = restored
         prior_wall = float(meta.get("wall_s", 0.0))
-        notes.append(f"resumed from step {latest} in {workdir}")
+        notes.append(f"resumed from step {resumed_step} in {workdir}")
         if os.path.exists(base_eval_path):
             with open(base_eval_path) as f:
                 base_eval = json.load(f)
         if run.objective.kl_coef > 0:
             ref_params, _ = exp.base_params(run, cache_dir)
     else:
+        if latest is None and writer.metrics_aside:
+            notes.append(f"no checkpoint in {ckpt_dir}: starting from step 0")
         params, warm_s = exp.base_params(run, cache_dir)
         if run.objective.kl_coef > 0:
             ref_params = jax.tree.map(jnp.copy, params)
@@ -159,7 +253,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
                     json.dump(base_eval, f, indent=2)
             notes.append("base  " + _fmt_eval(base_eval))
     phases = ts.make_phases(run, state, with_ref=ref_params is not None)
-    log = metrics_lib.Progress(total=rl.num_steps, initial=latest or 0,
+    log = metrics_lib.Progress(total=rl.num_steps, initial=resumed_step or 0,
                                enabled=None if config.log.progress else False)
     for note in notes:
         log.write(note)
@@ -168,27 +262,47 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
     start = int(jax.device_get(state.step))
     last_eval = None
     t_loop = time.time()
+    collapse = metrics_lib.CollapseWatch(rl.get("collapse_patience", 20))
+
+    def save(done: int, force: bool) -> None:
+        meta = {"wall_s": prior_wall + time.time() - t_start, **meta_config}
+        ckpt.save(done, state, data_iter, meta, force=force)
+
     try:
-        for step in range(start, rl.num_steps):
-            if stop_after is not None and step - start >= stop_after:
-                break
-            state, m = ts.rl_step(run, phases, state, next(data_iter), ref_params=ref_params)
-            metrics_lib.check_finite(m, step + 1)
-            done = step + 1
-            due = done == rl.num_steps or (config.eval.every and done % config.eval.every == 0)
-            if due and config.eval.num_problems > 0:
-                te = time.time()
-                last_eval = evaluate(run, state.params)
-                m.update(last_eval)
-                m["time/eval_s"] = time.time() - te
-                log.write(f"step {done:4d} " + _fmt_eval(last_eval))
-            writer.write(done, m)
-            ckpt.save(done, state, data_iter,
-                      {"wall_s": prior_wall + time.time() - t_start}, force=done == rl.num_steps)
-            log.update(m)
-    except metrics_lib.NonFiniteError:
-        ckpt.wait()  # the last good checkpoint is committed before the error propagates
-        raise
+        with StopSignals() as signals:
+            for step in range(start, rl.num_steps):
+                if stop_after is not None and step - start >= stop_after:
+                    break
+                state, m = ts.rl_step(run, phases, state, next(data_iter), ref_params=ref_params)
+                done = step + 1
+                if metrics_lib.non_finite(m):
+                    ckpt.wait()  # the last good checkpoint is committed before the error
+                    metrics_lib.check_finite(m, done, on_disk=ckpt.describe())
+                ckpt.check_background()  # a failed save of an earlier step surfaces here
+                due = done == rl.num_steps or (config.eval.every and done % config.eval.every == 0)
+                if due and config.eval.num_problems > 0:
+                    te = time.time()
+                    last_eval = evaluate(run, state.params)
+                    m.update(last_eval)
+                    m["time/eval_s"] = time.time() - te
+                    log.write(f"step {done:4d} " + _fmt_eval(last_eval))
+                writer.write(done, m)
+                save(done, force=done == rl.num_steps)
+                log.update(m)
+                warning = collapse.update(done, m)
+                if warning:
+                    log.write(warning)
+                    if rl.get("stop_on_collapse", False):
+                        save(done, force=True)
+                        ckpt.close()
+                        raise metrics_lib.CollapseError(
+                            f"stopped at step {done} (config.rl.stop_on_collapse): "
+                            f"{warning.removeprefix('warning: ')}")
+                signum = signals.agreed()
+                if signum and done < rl.num_steps:
+                    save(done, force=True)
+                    ckpt.close()  # waits for every save in flight
+                    raise Preempted(signum, done)
     finally:
         log.close()
         writer.flush()
@@ -216,9 +330,20 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
         )
     if metrics_lib.is_writer_process():
         with open(os.path.join(workdir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+            json.dump(_strict_json(summary), f, indent=2, allow_nan=False)
         print(format_summary(summary), flush=True)
     return summary
+
+
+def _strict_json(x):
+    """NaN / inf -> None (JSON null), recursively: summary.json must parse anywhere."""
+    if isinstance(x, dict):
+        return {k: _strict_json(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_strict_json(v) for v in x]
+    if isinstance(x, float | np.floating) and not np.isfinite(x):
+        return None
+    return x
 
 
 def _fmt_eval(m: dict[str, float]) -> str:

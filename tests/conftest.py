@@ -13,3 +13,42 @@ if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Tests compare float32 results to 1e-5; keep matmuls in full float32 precision.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
+
+
+import jax  # noqa: E402  (after XLA_FLAGS)
+import pytest  # noqa: E402
+import runs  # noqa: E402  (tests/runs.py: shared trainer runs and their comparison helpers)
+
+
+@pytest.fixture(scope="session")
+def shared(tmp_path_factory):
+    """Dirs shared by every trainer run of the session: warm-start cache, TFDS data, and a
+    persistent compilation cache (a second run of the same shapes does not recompile)."""
+    root = tmp_path_factory.mktemp("trainer")
+    dirs = {k: str(root / k) for k in ("cache", "data", "xla")}
+    jax.config.update("jax_compilation_cache_dir", dirs["xla"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    dirs["root"] = str(root)
+    yield dirs
+    jax.config.update("jax_compilation_cache_dir", None)
+
+
+@pytest.fixture(scope="session")
+def single(shared):
+    """The 1-device runlocal run (4 steps, checkpoints 2 and 4): (workdir, summary)."""
+    from gspo_jax import trainer
+
+    wd = os.path.join(shared["root"], "single")
+    summary = trainer.train(runs.make_config(shared, num_devices=1), wd)
+    return wd, summary
+
+
+@pytest.fixture(scope="session")
+def sharded(shared):
+    """The same run on 8 simulated devices: its workdir."""
+    from gspo_jax import trainer
+
+    wd = os.path.join(shared["root"], "sharded")
+    trainer.train(runs.make_config(shared, num_devices=8), wd)
+    return wd

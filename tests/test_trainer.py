@@ -1,7 +1,6 @@
 """End-to-end trainer runs (runlocal size): outputs, exact resume, 1 vs 8 devices, multi-host.
 
-All runs share one tiny warm start and one TFDS data dir (module fixture), and a persistent
-compilation cache, so that repeated runs of the same shapes do not recompile.
+The shared runs and helpers are in tests/runs.py and tests/conftest.py.
 
 Runs (4 RL steps each, checkpoints every 2):
   single   1 device, uninterrupted
@@ -15,112 +14,27 @@ Runs (4 RL steps each, checkpoints every 2):
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 
 import jax
-import ml_collections
-import numpy as np
 import pytest
+import runs
+from runs import (
+    ARITH,
+    REPO,
+    STEPS,
+    assert_records,
+    assert_trees,
+    final_params,
+    make_config,
+    records,
+)
+from runs import overrides as run_overrides
 
-from gspo_jax import checkpoint as checkpoint_lib
-from gspo_jax import config as config_lib
 from gspo_jax import metrics as metrics_lib
 from gspo_jax import train_step as ts
 from gspo_jax import trainer
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ARITH = os.path.join(REPO, "configs", "arith.py")
-STEPS = 4
-
-
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory):
-    root = tmp_path_factory.mktemp("trainer")
-    dirs = {k: str(root / k) for k in ("cache", "data", "xla")}
-    jax.config.update("jax_compilation_cache_dir", dirs["xla"])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    dirs["root"] = str(root)
-    yield dirs
-    jax.config.update("jax_compilation_cache_dir", None)
-
-
-def overrides(shared) -> dict:
-    """Config overrides (dotted keys) every run of this module uses."""
-    return {
-        "init.cache_dir": shared["cache"],
-        "data.data_dir": shared["data"],
-        "log.progress": False,
-        "rl.num_steps": STEPS,
-        "checkpoint.every": 2,
-        "eval.every": 0,
-        "eval.num_problems": 8,
-        "eval.batch_size": 8,
-    }
-
-
-def make_config(shared, **extra) -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict(config_lib.load_config_file(ARITH + ":runlocal"))
-    for k, v in {**overrides(shared), **extra}.items():
-        node = c
-        *path, last = k.split(".")
-        for p in path:
-            node = node[p]
-        node[last] = v
-    return c
-
-
-def final_params(workdir, step=STEPS):
-    ck = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every=1)
-    arrays = ck.restore_arrays(step)
-    ck.close()
-    return arrays
-
-
-def records(workdir, drop_time=True):
-    recs = metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-    if drop_time:
-        recs = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in recs]
-    return recs
-
-
-def assert_trees(a, b, **tol):
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    assert len(la) == len(lb) > 0
-    for x, y in zip(la, lb, strict=True):
-        if tol:
-            np.testing.assert_allclose(x, y, **tol)
-        else:
-            np.testing.assert_array_equal(x, y)
-
-
-def assert_records(a, b, **tol):
-    assert [r["step"] for r in a] == [r["step"] for r in b]
-    for ra, rb in zip(a, b, strict=True):
-        assert ra.keys() == rb.keys(), (ra.keys() ^ rb.keys())
-        for k in ra:
-            if tol:
-                np.testing.assert_allclose(ra[k], rb[k], err_msg=f"{k} at step {ra['step']}", **tol)
-            else:
-                same = ra[k] == rb[k] or (np.isnan(ra[k]) and np.isnan(rb[k]))
-                assert same, f"{k} at step {ra['step']}: {ra[k]} != {rb[k]}"
-
-
-@pytest.fixture(scope="module")
-def single(shared):
-    wd = os.path.join(shared["root"], "single")
-    summary = trainer.train(make_config(shared, num_devices=1), wd)
-    return wd, summary
-
-
-@pytest.fixture(scope="module")
-def sharded(shared):
-    wd = os.path.join(shared["root"], "sharded")
-    trainer.train(make_config(shared, num_devices=8), wd)
-    return wd
 
 
 def test_run_writes_metrics_tensorboard_checkpoints_summary(single):
@@ -168,29 +82,10 @@ def test_eight_devices_equal_one(single, sharded):
     assert_records(records(sharded), records(single[0]), rtol=1e-4, atol=1e-5)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_all(procs, timeout):
-    """Waits for every process; if one fails, stops the others (they would wait at a barrier)."""
-    deadline = time.time() + timeout
-    while any(p.poll() is None for p in procs) and time.time() < deadline:
-        if any(p.poll() not in (None, 0) for p in procs):
-            break
-        time.sleep(0.5)
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-    return [p.communicate()[0] for p in procs]
-
-
 @pytest.mark.slow
 def test_two_process_run_equals_one_process(shared, sharded):
     wd = os.path.join(shared["root"], "multi")
-    port = _free_port()
+    port = runs.free_port()
     env = dict(os.environ)
     env.update(
         PYTHONPATH=REPO,
@@ -198,7 +93,7 @@ def test_two_process_run_equals_one_process(shared, sharded):
         JAX_PLATFORMS="cpu",
         JAX_COMPILATION_CACHE_DIR=shared["xla"],
     )
-    flags = [f"--config.{k}={v}" for k, v in overrides(shared).items()]
+    flags = [f"--config.{k}={v}" for k, v in run_overrides(shared).items()]
     procs = []
     for i in range(2):
         cmd = [sys.executable, "-m", "gspo_jax.main", f"--config={ARITH}:runlocal",
@@ -206,7 +101,7 @@ def test_two_process_run_equals_one_process(shared, sharded):
                "--num_processes=2", f"--process_id={i}", *flags]
         procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
-    outs = _wait_all(procs, timeout=600)
+    outs = runs.wait_all(procs, timeout=600)
     assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     assert "== summary" in outs[0] and "== summary" not in outs[1]  # only process 0 prints
     assert len(glob.glob(os.path.join(wd, "tb", "events.out.tfevents.*"))) == 1

@@ -1,0 +1,158 @@
+"""What a run directory records, and how a restart keeps that record consistent.
+
+    <workdir>/config.json          the config of the run; an earlier, different one is kept as
+                                   config.1.json, config.2.json, ... (oldest first)
+    <workdir>/metrics.jsonl        one record per step, never a step twice (see cut_metrics)
+    <workdir>/checkpoints/<step>/  orbax checkpoints; their meta item holds the config and its hash
+
+A restart in the same workdir resumes from the newest checkpoint. It must be the same experiment:
+``check_resume_config`` compares the checkpoint's config with the new one and refuses a change in
+any field outside SAFE_TO_CHANGE, listing the changed fields, unless the user passes
+``--allow_config_change``. config.json is rewritten only after that check, so a refused restart
+leaves the record of what ran untouched.
+
+Fields safe to change on resume (they change when, where or how often, not what is trained):
+the step budget (rl.num_steps), evaluation settings (eval.*), logging (log.*), checkpoint cadence
+(checkpoint.*), the device layout (mesh.*, num_devices: a run may resume on another device count)
+and the locations of the data and warm-start caches (data.data_dir, init.cache_dir).
+
+No array dimensions here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from gspo_jax import config as config_lib
+
+SAFE_TO_CHANGE = (
+    "rl.num_steps",
+    "eval.",
+    "log.",
+    "checkpoint.",
+    "mesh.",
+    "num_devices",
+    "data.data_dir",
+    "init.cache_dir",
+)
+
+
+def config_dict(config: Any) -> dict:
+    """A config as plain JSON data (tuples become lists), as it is stored in config.json."""
+    d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    return json.loads(json.dumps(d, sort_keys=True, default=str))
+
+
+def config_hash(config: Any) -> str:
+    """A short stable hash of the config's JSON form (recorded with every checkpoint)."""
+    text = json.dumps(config_dict(config), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def is_safe(key: str) -> bool:
+    return any(key == s or (s.endswith(".") and key.startswith(s)) for s in SAFE_TO_CHANGE)
+
+
+def changed_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) for every field that differs; a missing one is None."""
+    a, b = config_lib.flatten(config_dict(old)), config_lib.flatten(config_dict(new))
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def check_resume_config(saved: Mapping[str, Any] | None, config: Any, step: int, *,
+                        allow_change: bool) -> list[str]:
+    """Refuses to resume a checkpoint written with another config; returns notes to print.
+
+    Raises ConfigError listing every changed field outside SAFE_TO_CHANGE (unless
+    ``allow_change``); changed safe fields are returned as a note.
+    """
+    if saved is None:
+        return []
+    changes = changed_fields(saved, config)
+    unsafe = [c for c in changes if not is_safe(c[0])]
+    safe = [c for c in changes if is_safe(c[0])]
+    notes = [f"resuming with changed {_fmt(safe)}"] if safe else []
+    if unsafe and not allow_change:
+        raise config_lib.ConfigError(
+            f"this workdir's checkpoint (step {step}) was written with a different config: "
+            f"{_fmt(unsafe)}. Rerun with the same config, pass another --workdir for a new run, or "
+            f"pass --allow_config_change to resume with the new config anyway (safe to change "
+            f"without it: {', '.join(s.rstrip('.') + ('*' if s.endswith('.') else '') for s in SAFE_TO_CHANGE)})"
+        )
+    if unsafe:
+        notes.append(f"resuming with a changed config (--allow_config_change): {_fmt(unsafe)}")
+    return notes
+
+
+def _fmt(changes: list[tuple[str, Any, Any]]) -> str:
+    return ", ".join(f"{k} {old!r} -> {new!r}" for k, old, new in changes)
+
+
+def read_config_json(workdir: str) -> dict | None:
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_config_json(workdir: str, config: Any) -> str | None:
+    """Writes config.json; a different earlier one is kept as config.<n>.json (returned)."""
+    path = os.path.join(workdir, "config.json")
+    new = config_dict(config)
+    kept = None
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                old = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            old = None
+        if old == new:
+            return None
+        n = 1
+        while os.path.exists(os.path.join(workdir, f"config.{n}.json")):
+            n += 1
+        kept = os.path.join(workdir, f"config.{n}.json")
+        os.replace(path, kept)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(new, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+    return kept
+
+
+def cut_metrics(workdir: str, keep_until: int) -> str | None:
+    """Cuts metrics.jsonl back to the records with step <= ``keep_until`` (-1 for a fresh start).
+
+    Records of steps that will be run again would otherwise appear twice. The whole old file is
+    kept beside it as metrics.<n>.jsonl (returned) whenever a record is dropped; a line cut short
+    by a crash mid-write is dropped too.
+    """
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        lines = f.readlines()
+    kept = []
+    for line in lines:
+        try:
+            if json.loads(line)["step"] <= keep_until:
+                kept.append(line)
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    if len(kept) == len(lines):
+        return None
+    n = 1
+    while os.path.exists(os.path.join(workdir, f"metrics.{n}.jsonl")):
+        n += 1
+    aside = os.path.join(workdir, f"metrics.{n}.jsonl")
+    os.replace(path, aside)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(kept)
+    os.replace(tmp, path)
+    return aside
