@@ -105,6 +105,10 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     c.rl.recompute_old_logp = False  # True: old_logp from a trainer forward instead of the sampler
     c.rl.routing_replay = False  # MoE: replay the old policy's expert routes in the update
     c.rl.aux_loss_coef = 0.0  # MoE load-balancing loss weight
+    # Warn when every group's rewards have been equal (no learning signal) this many steps in a
+    # row (0: never); stop_on_collapse=True then also saves and stops the run.
+    c.rl.collapse_patience = 20
+    c.rl.stop_on_collapse = False
 
     c.objective = config_lib.objective_placeholders()
     c.objective.name = "gspo"

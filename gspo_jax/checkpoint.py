@@ -234,7 +234,7 @@ class Checkpointer:
             return False
         if step in self._manager.all_steps():
             return False  # already saved (e.g. the periodic save coincided with the final one)
-        self.check_background()
+        self.check_background(wait=True)  # orbax would wait for it anyway, and blame this step
         meta = dict(meta or {}, step=int(step))
         args = ocp.args.Composite(
             state=ocp.args.StandardSave(state),
@@ -259,10 +259,11 @@ class Checkpointer:
             "resume"
         )
 
-    def check_background(self) -> None:
+    def check_background(self, wait: bool = False) -> None:
         """Raises CheckpointSaveError if the last asynchronous save has failed (a no-op while it is
-        still being written, and after it committed). Cheap: call it after every step."""
-        if self._pending is None or self._manager.is_saving_in_progress():
+        still being written, unless ``wait``, and after it committed). Cheap: call it after every
+        step."""
+        if self._pending is None or (self._manager.is_saving_in_progress() and not wait):
             return
         step, self._pending = self._pending, None
         try:
@@ -380,10 +381,7 @@ class Checkpointer:
     def close(self) -> None:
         """Waits for any save in flight (raising CheckpointSaveError if it failed) and closes."""
         try:
-            self.check_background()
-            if self._pending is not None:
-                self._manager.wait_until_finished()
-                self.check_background()
+            self.check_background(wait=True)
         finally:
             self._manager.close()
 

@@ -256,9 +256,11 @@ class Progress:
         self._bar.update(n)
 
     def write(self, msg: str) -> None:
-        """Prints a line above the bar (process 0 only)."""
+        """Prints a line above the bar (process 0 only; printed plainly when the bar is off)."""
         if self.enabled:
             self._bar.write(msg)
+        elif is_writer_process():
+            print(msg, flush=True)
 
     def close(self) -> None:
         self._bar.close()

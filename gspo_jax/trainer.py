@@ -262,7 +262,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
     start = int(jax.device_get(state.step))
     last_eval = None
     t_loop = time.time()
-    collapse = metrics_lib.CollapseWatch(rl.get("collapse_patience", 20))
+    collapse = metrics_lib.CollapseWatch(rl.collapse_patience)
 
     def save(done: int, force: bool) -> None:
         meta = {"wall_s": prior_wall + time.time() - t_start, **meta_config}
@@ -292,7 +292,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
                 warning = collapse.update(done, m)
                 if warning:
                     log.write(warning)
-                    if rl.get("stop_on_collapse", False):
+                    if rl.stop_on_collapse:
                         save(done, force=True)
                         ckpt.close()
                         raise metrics_lib.CollapseError(

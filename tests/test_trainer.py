@@ -14,6 +14,7 @@ Runs (4 RL steps each, checkpoints every 2):
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -82,8 +83,9 @@ def test_eight_devices_equal_one(single, sharded):
     assert_records(records(sharded), records(single[0]), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.slow
-def test_two_process_run_equals_one_process(shared, sharded):
+@pytest.fixture(scope="module")
+def two_process(shared):
+    """The runlocal run as 2 processes x 4 simulated devices: (workdir, outputs of both)."""
     wd = os.path.join(shared["root"], "multi")
     port = runs.free_port()
     env = dict(os.environ)
@@ -103,9 +105,42 @@ def test_two_process_run_equals_one_process(shared, sharded):
                                       stderr=subprocess.STDOUT, text=True))
     outs = runs.wait_all(procs, timeout=600)
     assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    return wd, outs
+
+
+@pytest.mark.slow
+def test_two_process_run_equals_one_process(two_process, sharded):
+    wd, outs = two_process
     assert "== summary" in outs[0] and "== summary" not in outs[1]  # only process 0 prints
     assert len(glob.glob(os.path.join(wd, "tb", "events.out.tfevents.*"))) == 1
     assert_trees(final_params(wd), final_params(sharded), rtol=2e-5, atol=2e-6)
+    assert_records(records(wd), records(sharded), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_two_process_checkpoint_resumes_on_eight_devices_of_one_process(shared, two_process,
+                                                                         sharded):
+    """A pod run's checkpoint (2 processes) resumes on one process with 8 devices."""
+    wd = os.path.join(shared["root"], "multi_to_8")
+    shutil.copytree(two_process[0], wd)
+    shutil.rmtree(os.path.join(wd, "checkpoints", str(STEPS)))  # as if it stopped after step 2
+    os.remove(os.path.join(wd, "summary.json"))
+    summary = trainer.train(make_config(shared, num_devices=8), wd)
+    assert summary["steps"] == STEPS
+    assert_trees(final_params(wd), final_params(sharded), rtol=2e-5, atol=2e-6)
+    assert_records(records(wd), records(sharded), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("first_devices", [8, 1])
+def test_resume_on_eight_devices(shared, sharded, first_devices):
+    """Stopped after 3 steps on 8 (or 1) devices, resumed on 8: equals the 8-device run. (The
+    optimizer's scalar step count used to restore onto device 0 and fail the first update.)"""
+    wd = os.path.join(shared["root"], f"resume_{first_devices}_to_8")
+    assert trainer.train(make_config(shared, num_devices=first_devices), wd, stop_after=3) is None
+    summary = trainer.train(make_config(shared, num_devices=8), wd)
+    assert summary["steps"] == STEPS
+    tol = dict(rtol=2e-5, atol=2e-6)
+    assert_trees(final_params(wd), final_params(sharded), **tol)
     assert_records(records(wd), records(sharded), rtol=1e-4, atol=1e-5)
 
 
@@ -120,9 +155,26 @@ def test_non_finite_loss_stops_after_last_good_checkpoint(shared, single, monkey
 
     monkeypatch.setattr(ts, "rl_step", poisoned)
     wd = os.path.join(shared["root"], "nan")
-    with pytest.raises(metrics_lib.NonFiniteError, match="train/loss=nan at step 3"):
+    with pytest.raises(metrics_lib.NonFiniteError, match="train/loss=nan at step 3") as e:
         trainer.train(make_config(shared, num_devices=1), wd)
+    assert "the newest checkpoint is step 2 in" in str(e.value)
     assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["2"]  # committed, not tmp
     assert [r["step"] for r in records(wd)] == [0, 1, 2]  # the bad step was not logged
     assert not os.path.exists(os.path.join(wd, "summary.json"))
     assert_trees(final_params(wd, step=2), final_params(single[0], step=2))
+
+
+def test_divergence_before_any_checkpoint_says_none_exists(shared, monkeypatch):
+    real_step = ts.rl_step
+
+    def poisoned(run, phases, state, batch, **kw):
+        state, m = real_step(run, phases, state, batch, **kw)
+        m["train/grad_norm"] = float("inf")
+        return state, m
+
+    monkeypatch.setattr(ts, "rl_step", poisoned)
+    wd = os.path.join(shared["root"], "nan_first")
+    with pytest.raises(metrics_lib.NonFiniteError, match="grad_norm=inf at step 1") as e:
+        trainer.train(make_config(shared, num_devices=1), wd)
+    assert "no checkpoint has been written yet" in str(e.value)
+    assert "intact" not in str(e.value)
