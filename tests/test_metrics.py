@@ -93,3 +93,43 @@ def test_to_host_scalars_and_progress(capsys):
     err = capsys.readouterr()
     assert "hello" in err.out + err.err
     assert "rew=0.500" in err.err and "eval=0.900" in err.err
+
+
+def test_non_finite_scalars_stay_in_jsonl_but_not_tensorboard(tmp_path):
+    w = metrics_lib.MetricWriter(str(tmp_path), tensorboard=True)
+    sent = []
+    w._tb.add_scalar = lambda k, v, global_step: sent.append((k, v))
+    w.write(1, {"train/loss": 1.5, "train/ratio_max": math.nan, "train/kl_ref": math.inf})
+    w.close()
+    assert sent == [("train/loss", 1.5)]
+    rec = metrics_lib.read_jsonl(str(tmp_path / "metrics.jsonl"))[0]
+    assert math.isnan(rec["train/ratio_max"]) and rec["train/kl_ref"] == math.inf
+
+
+def test_fresh_start_in_a_used_workdir_keeps_the_old_log_aside(tmp_path):
+    w = metrics_lib.MetricWriter(str(tmp_path), tensorboard=False)
+    w.write(1, {"train/loss": 1.0})
+    w.close()
+    w = metrics_lib.MetricWriter(str(tmp_path), tensorboard=False)  # no checkpoint: step 0 again
+    w.write(1, {"train/loss": 2.0})
+    w.close()
+    assert w.metrics_aside == str(tmp_path / "metrics.1.jsonl")
+    assert [r["train/loss"] for r in metrics_lib.read_jsonl(str(tmp_path / "metrics.jsonl"))] == [2.0]
+    assert [r["train/loss"] for r in metrics_lib.read_jsonl(w.metrics_aside)] == [1.0]
+
+
+def test_collapse_watch_warns_once_per_stretch():
+    watch = metrics_lib.CollapseWatch(patience=3)
+    flat, live = {"rollout/frac_zero_std_groups": 1.0}, {"rollout/frac_zero_std_groups": 0.5}
+    said = [watch.update(s, m) for s, m in enumerate([flat] * 5 + [live] + [flat] * 3, start=1)]
+    warned = [s for s, msg in enumerate(said, start=1) if msg]
+    assert warned == [3, 9]  # once at step 3 (stretch 1-5), once at step 9 (stretch 7-9)
+    assert "steps 1-3" in said[2] and "steps 7-9" in said[8]
+    assert all(m is None for m in (metrics_lib.CollapseWatch(0).update(1, flat),))
+
+
+def test_summary_json_is_strict():
+    from gspo_jax import trainer
+
+    s = trainer._strict_json({"a": math.nan, "b": [1.0, math.inf], "c": {"d": 2}})
+    assert json.loads(json.dumps(s, allow_nan=False)) == {"a": None, "b": [1.0, None], "c": {"d": 2}}
