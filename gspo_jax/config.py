@@ -8,9 +8,11 @@ valid keys. Nested fields are then overridden with ``--config.objective.eps_low=
 ml_collections.config_flags on the locked ConfigDict, which rejects unknown keys and wrong types).
 
 ``validate(config, ...)`` runs every check that can fail before the first RL step (unknown
-objective or bad ε, group size 1, a batch that does not divide over the data axis, an unwritable
-workdir), so that a misconfigured job dies in seconds with a message that names the fix instead of
-after the warm start.
+objective or bad ε, unknown task, task knob or model preset, an eval split the task lacks, a
+response length the model's KV cache cannot hold, a NaN or infinite hyperparameter, group size 1, a
+batch that does not divide over the data axis, an unwritable workdir), so that a misconfigured job
+dies in seconds with a message that names the fix instead of after the warm start. Every such
+problem is a ConfigError, which main.py prints as one ``error: ...`` line.
 
 No array dimensions here.
 """
@@ -18,15 +20,20 @@ No array dimensions here.
 from __future__ import annotations
 
 import ast
+import math
 import os
 import tempfile
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ml_collections
 from ml_collections import config_dict
 
 from gspo_jax import objectives
+
+if TYPE_CHECKING:
+    from gspo_jax.models import ModelConfig
+    from gspo_jax.tasks import Task
 
 
 class ConfigError(ValueError):
@@ -105,7 +112,10 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
     Raises:
       ValueError: on an unknown key, a malformed item, or a value of the wrong type.
     """
-    values = {k: (v.get() if isinstance(v, config_dict.FieldReference) else v) for k, v in defaults.items()}
+    values = {
+        k: (v.get() if isinstance(v, config_dict.FieldReference) else v)
+        for k, v in defaults.items()
+    }
     for item in _split_top_level(arg or ""):
         key, sep, text = item.partition("=")
         key = key.strip()
@@ -169,7 +179,14 @@ def check_workdir_writable(workdir: str) -> None:
 
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
-    """Loads ``path/to/config.py[:arg]`` and returns ``get_config(arg)`` (as --config does)."""
+    """Loads ``path/to/config.py[:arg]`` and returns ``get_config(arg)`` (as --config does).
+
+    Raises:
+      ConfigError: the file does not exist, or ``get_config`` rejected ``arg`` (an unknown
+        argument or a value of the wrong type: parse_arg's ValueError, which names the valid
+        arguments), so that main.py reports it in one line before ml_collections' flag parsing
+        turns it into a traceback.
+    """
     import importlib.util
 
     path, _, arg = spec.partition(":")
@@ -179,7 +196,14 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
     module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
-    return module.get_config(arg or None) if arg else module.get_config()
+    try:
+        return module.get_config(arg or None) if arg else module.get_config()
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(
+            f"--config={spec}: {e}; fix the arguments after the colon (see get_config in {path})"
+        ) from None
 
 
 def check_override_keys(cfg: ml_collections.ConfigDict, argv: list[str]) -> None:
@@ -219,14 +243,17 @@ def flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
     """Every check that can fail before the first RL step; raises ConfigError naming the fix.
 
-    Covers: the objective preset and its overrides, the advantage estimator, group size >= 2,
-    divisibility of the batch over processes, the data axis, minibatches and micro-batches, the
-    mesh against the device count, schedule and intervals, Routing Replay on a dense model, and a
-    writable workdir (created if missing).
+    Covers: finite float hyperparameters, the objective preset and its overrides, the advantage
+    estimator, group size >= 2, divisibility of the batch over processes, the data axis,
+    minibatches and micro-batches, the mesh against the device count, schedule and intervals, the
+    task and its knobs, the model preset and its fields, the eval split, prompt + response lengths
+    against the model's max_seq_len, Routing Replay on a dense model, and a writable workdir
+    (created if missing, and only once everything else passed).
     """
-    from gspo_jax import advantages, models, objectives, sharding
+    from gspo_jax import advantages, objectives, sharding
 
     rl = config.rl
+    check_finite(config)
     try:
         objectives.get_objective(config.objective.name, **objective_overrides(config.objective))
     except ValueError as e:
@@ -254,8 +281,10 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
     P, G, K, U = rl.prompts_per_step, rl.group_size, rl.num_minibatches, rl.num_microbatches
     B = P * G
     if P < 1 or K < 1 or U < 1 or rl.num_epochs < 1:
-        raise ConfigError("config.rl.prompts_per_step, num_minibatches, num_microbatches and "
-                          "num_epochs must all be >= 1")
+        raise ConfigError(
+            "config.rl.prompts_per_step, num_minibatches, num_microbatches and "
+            "num_epochs must all be >= 1"
+        )
     if P % process_count:
         raise ConfigError(
             f"config.rl.prompts_per_step={P} is not divisible by the {process_count} processes; "
@@ -297,20 +326,136 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
             f"schedule={opt.schedule!r} one of constant, cosine, linear"
         )
     if config.checkpoint.every < 1 or config.eval.every < 0:
-        raise ConfigError("config.checkpoint.every must be >= 1 and config.eval.every >= 0 "
-                          "(0 = evaluate only at the start and the end)")
+        raise ConfigError(
+            "config.checkpoint.every must be >= 1 and config.eval.every >= 0 "
+            "(0 = evaluate only at the start and the end)"
+        )
+    if config.eval.max_new_tokens < 0:
+        raise ConfigError(
+            f"config.eval.max_new_tokens={config.eval.max_new_tokens} must be >= 1 (or 0 for "
+            "config.rl.max_new_tokens)"
+        )
+    task = make_task(config)
+    check_eval_split(config, task)
+    model_cfg = make_model_config(config, task)
+    check_lengths(config, task, model_cfg)
     if rl.routing_replay:
-        try:
-            is_moe = models.get_model_config(config.model.preset).is_moe
-        except ValueError as e:
-            raise ConfigError(f"config.model.preset: {e}") from None
-        if not is_moe:
+        if not model_cfg.is_moe:
             raise ConfigError(
                 f"config.rl.routing_replay=True needs an MoE model, but preset "
                 f"{config.model.preset!r} is dense; use a *_moe preset or turn routing_replay off"
             )
     if workdir is not None:
         check_workdir_writable(workdir)
+
+
+def check_finite(config: ml_collections.ConfigDict) -> None:
+    """Raises ConfigError naming every float field of ``config`` that is NaN or infinite.
+
+    Range checks such as ``learning_rate <= 0`` are False for NaN, so a NaN learning rate (or
+    temperature, ε, weight decay, ...) would pass them and turn the parameters into NaN at step 1.
+    """
+    bad = [
+        f"config.{k}={v}"
+        for k, v in flatten(config).items()
+        if isinstance(v, float) and not math.isfinite(v)
+    ]
+    if bad:
+        raise ConfigError(
+            f"{', '.join(bad)}: hyperparameters must be finite numbers (NaN or inf would make the "
+            "loss and the parameters NaN at the first step); set a finite value, e.g. "
+            f"--{bad[0].split('=')[0]}=<number>"
+        )
+
+
+def make_task(config: ml_collections.ConfigDict) -> Task:
+    """``tasks.get_task(config.task.name, **config.task.kwargs)``, or ConfigError naming the valid
+    tasks, the valid knobs, or the knob the task rejects."""
+    from gspo_jax import tasks
+
+    name, knobs = config.task.name, dict(config.task.kwargs)
+    if name not in tasks.TASKS:
+        raise ConfigError(
+            f"config.task.name={name!r} is not a task; valid tasks: {sorted(tasks.TASKS)}. "
+            "Set --config.task.name to one of them"
+        )
+    try:
+        return tasks.get_task(name, **knobs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"config.task.kwargs={knobs} for task {name!r}: {str(e).rstrip('.')}. Fix the knob "
+            "in config.task.kwargs (--config.task.kwargs.<knob>=<value>, or the config file)"
+        ) from None
+
+
+def model_overrides(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The ModelConfig fields config.model sets beside its preset (None means the preset's)."""
+    return {k: v for k, v in config.model.items() if k != "preset" and v is not None}
+
+
+def make_model_config(config: ml_collections.ConfigDict, task: Task) -> ModelConfig:
+    """The model config of the experiment (preset, the task's vocabulary, config.model
+    overrides), or ConfigError naming the valid presets or the rejected field."""
+    from gspo_jax import models
+
+    preset = config.model.preset
+    if preset not in models.PRESETS:
+        raise ConfigError(
+            f"config.model.preset={preset!r} is not a model preset; valid presets: "
+            f"{list(models.PRESETS)}. Set --config.model.preset to one of them"
+        )
+    try:
+        return models.get_model_config(
+            preset, vocab_size=task.tokenizer.vocab_size, **model_overrides(config)
+        )
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"config.model (preset {preset!r}): {str(e).rstrip('.')}. Fix that field of "
+            "config.model"
+        ) from None
+
+
+def check_eval_split(config: ml_collections.ConfigDict, task: Task) -> None:
+    """The held-out evaluation reads config.eval.split: it must be one of the task's splits."""
+    split = config.eval.split
+    if split not in task.splits:
+        raise ConfigError(
+            f"config.eval.split={split!r} is not a split of task {task.name!r}; valid splits: "
+            f"{list(task.splits)}. Set --config.eval.split=test (the held-out problems)"
+        )
+
+
+def check_lengths(config: ml_collections.ConfigDict, task: Task, model_cfg: ModelConfig) -> None:
+    """Prompt + response must fit the model's max_seq_len (the slots of the sampler's KV cache).
+
+    Prompts are padded to task.max_prompt_len (Lp) and the sampler allocates Lp + T slots, so a
+    T that does not fit would only fail at the first rollout or evaluation, after the warm start.
+    T is config.rl.max_new_tokens (0 = task.max_response_len), and config.eval.max_new_tokens
+    (0 = the rollout's T).
+    """
+    lp, limit = task.max_prompt_len, model_cfg.max_seq_len
+    t_rl = config.rl.max_new_tokens or task.max_response_len
+    t_eval = config.eval.max_new_tokens or t_rl
+    for field, value, t in (
+        ("rl.max_new_tokens", config.rl.max_new_tokens, t_rl),
+        ("eval.max_new_tokens", config.eval.max_new_tokens, t_eval),
+    ):
+        if lp + t <= limit:
+            continue
+        # (eval's 0 is the rollout's T, which the first iteration checked)
+        what = f"0 (= task.max_response_len {t})" if value == 0 else str(value)
+        room = limit - lp
+        fix = (
+            f"lower --config.{field} to at most {room}"
+            if room >= 1
+            else "shorten the task's prompts (config.task.kwargs)"
+        )
+        raise ConfigError(
+            f"config.{field}={what}: task {task.name!r} prompts take up to {lp} tokens and "
+            f"{lp} + {t} = {lp + t} exceeds max_seq_len={limit} of model preset "
+            f"{model_cfg.name!r} (the prompt + response slots of the sampler's KV cache); {fix}, "
+            "or use a preset with a longer max_seq_len"
+        )
 
 
 def mesh_devices(config: ml_collections.ConfigDict) -> list:

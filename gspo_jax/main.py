@@ -78,7 +78,13 @@ def _config_spec(argv: list[str]) -> str | None:
 
 
 def run() -> None:
-    """Console-script entry point (``gspo-train``)."""
+    """Console-script entry point (``gspo-train``).
+
+    A configuration problem prints one ``error: ...`` line and exits with code 2, before any work:
+    the config file's arguments are checked here (load_config_file turns get_config's ValueError
+    into a ConfigError) before absl parses the flags, and everything else by config.validate,
+    the first thing trainer.train and experiment.prepare do.
+    """
     try:
         spec = _config_spec(sys.argv)
         if spec is not None:

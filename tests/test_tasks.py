@@ -273,9 +273,62 @@ def test_score_never_raises_on_random_token_rows(name):
         assert all(np.isfinite(v).all() and v.shape == (8,) for v in out.values())
 
 
+_SOLUTIONS = {"arith": [arithmetic.worked_text(1234, 5678, 4), "A06912"],
+              "countdown": ["7*3+5-2", "(5*3)+(7+2)"],
+              "gsm8k": ["so 12\n#### 12"]}
+
+
+def _mutate(text: str, rng: random.Random) -> str:
+    """``text`` with one to three random characters replaced, inserted or deleted."""
+    chars = list(text)
+    for _ in range(rng.randrange(1, 4)):
+        i = rng.randrange(len(chars) + 1)
+        op = rng.randrange(3)
+        if op == 0 and i < len(chars):
+            chars[i] = rng.choice(string.printable)
+        elif op == 1:
+            chars.insert(i, rng.choice(string.printable))
+        elif chars:
+            del chars[min(i, len(chars) - 1)]
+    return "".join(chars)
+
+
+def _check_verdict(task, record, text, terminated):
+    """The verifier's contract on one response; returns the verdict."""
+    v = task.verify(record, text, terminated)
+    assert isinstance(v, tasks.Verdict)
+    parts = {"reward": v.reward, "correct": v.correct, "format": v.format, **v.extras}
+    assert all(isinstance(x, float) and np.isfinite(x) for x in parts.values()), parts
+    assert set(v.extras) == set(task.score_keys) - {"reward", "correct", "format"}
+    assert v.correct in (0.0, 1.0) and v.format in (0.0, 1.0), parts
+    assert all(0.0 <= x <= 1.0 for x in v.extras.values()), parts
+    if not terminated:  # a truncated response is never well-formed
+        assert v.format == 0.0, (text, parts)
+    # reward = correctness part (countdown: partial credit, 1 when correct) + format bonus
+    credit = v.extras.get("partial", v.correct)
+    assert credit == 1.0 or v.correct == 0.0, parts
+    assert v.reward == pytest.approx(credit + task.format_weight * v.format), parts
+    assert task.verify(record, text, terminated) == v  # deterministic
+    return v
+
+
 def test_printable_fuzz_with_seeded_random():
+    """Random printable strings and near-misses of right answers: every verdict keeps the
+    contract, and the right answers themselves earn full reward."""
     rng = random.Random(1)
+    for name, task in _ALL.items():
+        for text in _SOLUTIONS[name]:
+            v = _check_verdict(task, _RECORDS[name], text, True)
+            assert (v.correct, v.format) == (1.0, 1.0), (name, text, v)
+            assert v.reward == pytest.approx(1.0 + task.format_weight)
+            assert _check_verdict(task, _RECORDS[name], text, False).format == 0.0
+    correct = dict.fromkeys(_ALL, 0)
     for _ in range(2000):
         text = "".join(rng.choice(string.printable) for _ in range(rng.randrange(60)))
+        terminated = bool(rng.randrange(2))
         for name, task in _ALL.items():
-            task.verify(_RECORDS[name], text, bool(rng.randrange(2)))
+            _check_verdict(task, _RECORDS[name], text, terminated)
+            near = _mutate(rng.choice(_SOLUTIONS[name]), rng)
+            correct[name] += _check_verdict(task, _RECORDS[name], near, terminated).correct
+    # some edits leave the answer right (e.g. a changed "W" column): the positive path was hit
+    assert all(n > 0 for n in correct.values()), correct

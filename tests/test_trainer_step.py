@@ -10,6 +10,7 @@ from flax import nnx
 
 from gspo_jax import advantages, models, objectives, sampler, sharding
 from gspo_jax import train_step as ts
+from gspo_jax.experiment import make_optimizer, make_schedule
 
 P, G, LP, T = 4, 4, 6, 10
 EOS, PAD, V = 1, 0, 20
@@ -50,15 +51,20 @@ def test_recomputed_old_logp_equals_rollout_logp():
                                atol=2e-5, rtol=1e-5)
 
 
-def _update(batch, model, *, U=1, shuffle=True, objective="gspo", K=2, tx=None):
+def _update_fn(model, *, U=1, shuffle=True, objective="gspo", K=2, epochs=2, tx=None):
+    """batch -> (state, metrics): one jitted update from the model's parameters (reusable)."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    tx = tx or ts.make_optimizer(_opt_cfg(), 10)[0]
+    tx = tx or make_optimizer(_opt_cfg(), 10)[0]
     fn = jax.jit(ts.make_update_fn(
-        graphdef, rest, objectives.get_objective(objective), tx, temperature=1.0, num_epochs=2,
+        graphdef, rest, objectives.get_objective(objective), tx, temperature=1.0, num_epochs=epochs,
         num_minibatches=K, num_microbatches=U, shuffle=shuffle, aux_loss_coef=1e-3))
     state = ts.TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params),
                           rng=jax.random.key_data(jax.random.key(0)))
-    return fn(state, batch, jax.random.key_data(jax.random.key(3)))
+    return lambda batch: fn(state, batch, jax.random.key_data(jax.random.key(3)))
+
+
+def _update(batch, model, **kw):
+    return _update_fn(model, **kw)(batch)
 
 
 def test_microbatching_equals_whole_minibatch():
@@ -79,38 +85,76 @@ def test_microbatching_equals_whole_minibatch():
     assert float(m1["ratio_max"]) > 1.0
 
 
-def test_routing_replay_update_runs_and_replays():
+def _max_param_diff(a, b) -> float:
+    return max(float(jnp.abs(x - y).max())
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+def test_routing_replay_update_uses_the_routes():
+    """The update's forward takes its experts from batch["routes"].
+
+    Replaying the routes the same parameters chose reproduces the rollout (log-probs, loss and
+    update equal those of routing afresh); replaying other routes changes all three, so an update
+    that dropped the routes (or routed afresh) fails here.
+    """
     model, batch = _rollout("tiny_moe")
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     fn = jax.jit(ts.make_logprob_fn(graphdef, rest, temperature=1.0, num_chunks=1,
                                     return_routes=True, row_spec=None, mesh=None))
     out = fn(params, batch)
     cfg = model.cfg
-    assert out["routes"].shape == (P * G, cfg.num_layers, LP + T, cfg.experts_per_token)
+    own = out["routes"]  # [B, L, S, k]: the experts these parameters choose
+    assert own.shape == (P * G, cfg.num_layers, LP + T, cfg.experts_per_token)
     mask = np.asarray(batch["mask"])  # MoE: recomputed old_logp == rollout logp too
     np.testing.assert_allclose(np.asarray(out["logp"]) * mask, np.asarray(batch["old_logp"]) * mask,
                                atol=2e-5, rtol=1e-5)
-    batch = dict(batch, routes=out["routes"])
-    _, m = _update(batch, model, objective="grpo")
-    # replaying the routes the same parameters chose reproduces the rollout's log-probs
-    assert abs(float(m["logp_diff_mean"])) < 1e-5
-    assert np.isfinite(float(m["loss"])) and float(m["aux_loss"]) > 0
+    # Every choice moved to the next expert: still k distinct experts per token, none the router's.
+    other = (own + 1) % cfg.num_experts
+    assert not np.any(np.asarray(other) == np.asarray(own))
+
+    # One epoch of one minibatch: the whole update runs at the rollout's parameters.
+    update = _update_fn(model, objective="grpo", K=1, epochs=1)
+    s_fresh, m_fresh = update(batch)
+    s_own, m_own = update(dict(batch, routes=own))
+    s_other, m_other = update(dict(batch, routes=other))
+    # replaying the routes the same parameters chose reproduces the rollout's log-probs ...
+    assert abs(float(m_own["logp_diff_mean"])) < 1e-5 and float(m_own["logp_diff_absmax"]) < 1e-4
+    # ... and so the loss and the update of routing afresh (with a load-balancing loss)
+    assert float(m_own["aux_loss"]) > 0
+    for k in ("loss", "grad_norm", "entropy", "aux_loss"):
+        np.testing.assert_allclose(m_own[k], m_fresh[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    assert _max_param_diff(s_own.params, s_fresh.params) < 1e-6
+    # other routes give other log-probs, loss, gradient and parameters
+    assert float(m_other["logp_diff_absmax"]) > 1e-2, m_other["logp_diff_absmax"]
+    assert abs(float(m_other["loss"]) - float(m_fresh["loss"])) > 1e-4
+    assert abs(float(m_other["grad_norm"]) - float(m_fresh["grad_norm"])) > 1e-3
+    assert _max_param_diff(s_other.params, s_fresh.params) > 1e-4  # Adam: ~lr per parameter
+
+    # The recomputed old_logp replays the batch's routes too (and not with replay_routes=False).
+    replay = dict(batch, routes=other)
+    logp_other = np.asarray(fn(params, replay)["logp"]) * mask
+    assert np.abs(logp_other - np.asarray(batch["old_logp"]) * mask).max() > 1e-2
+    no_replay = jax.jit(ts.make_logprob_fn(graphdef, rest, temperature=1.0, num_chunks=1,
+                                           return_routes=False, row_spec=None, mesh=None,
+                                           replay_routes=False))
+    np.testing.assert_allclose(np.asarray(no_replay(params, replay)["logp"]) * mask,
+                               np.asarray(batch["old_logp"]) * mask, atol=2e-5, rtol=1e-5)
 
 
 def test_schedules_and_step_keys():
-    sched = ts.make_schedule(_opt_cfg(warmup_updates=4, schedule="cosine"), 14)
+    sched = make_schedule(_opt_cfg(warmup_updates=4, schedule="cosine"), 14)
     assert float(sched(0)) == 0.0 and float(sched(4)) == pytest.approx(1e-3)
     assert float(sched(14)) == pytest.approx(0.0, abs=1e-9)
-    const = ts.make_schedule(_opt_cfg(), 100)
+    const = make_schedule(_opt_cfg(), 100)
     assert float(const(0)) == float(const(99)) == pytest.approx(1e-3)
     with pytest.raises(ValueError, match="schedule"):
-        ts.make_schedule(_opt_cfg(schedule="step"), 10)
+        make_schedule(_opt_cfg(schedule="step"), 10)
     base = jax.random.key_data(jax.random.key(0))
     k1, k1b, k2 = ts.step_keys(base, 1), ts.step_keys(base, 1), ts.step_keys(base, 2)
     np.testing.assert_array_equal(k1["rollout"], k1b["rollout"])
     assert not np.array_equal(k1["rollout"], k2["rollout"])
     assert not np.array_equal(k1["rollout"], k1["shuffle"])
-    assert isinstance(ts.make_optimizer(_opt_cfg(), 10)[0], optax.GradientTransformation)
+    assert isinstance(make_optimizer(_opt_cfg(), 10)[0], optax.GradientTransformation)
 
 
 def test_row_sharding_helpers_on_eight_devices():

@@ -108,11 +108,14 @@ class ArithmeticTask(Task):
             raise ValueError(
                 f"need 1 <= min_digits <= max_digits <= 9, got {min_digits}, {max_digits}.")
         if not 0.0 <= worked_fraction <= 1.0 or not 0.0 <= worked_error_rate <= 1.0:
-            raise ValueError("worked_fraction and worked_error_rate must lie in [0, 1].")
+            raise ValueError(
+                f"worked_fraction and worked_error_rate must lie in [0, 1], got "
+                f"{worked_fraction}, {worked_error_rate}.")
         if direct_style not in ("carryless", "correct"):
             raise ValueError(f"direct_style must be 'carryless' or 'correct', got {direct_style!r}.")
         if num_train < 1 or num_test < 1:
-            raise ValueError("num_train and num_test must be >= 1 (an empty split cannot train).")
+            raise ValueError(f"num_train and num_test must be >= 1 (an empty split cannot train), "
+                             f"got {num_train}, {num_test}.")
         space = sum(9 * 10 ** (d - 1) + (d == 1) for d in range(min_digits, max_digits + 1)) ** 2
         if num_train + num_test > 0.5 * space:
             raise ValueError(

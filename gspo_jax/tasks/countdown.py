@@ -149,11 +149,13 @@ class CountdownTask(Task):
         if not 2 <= max_number <= 99:
             raise ValueError(f"max_number must be in [2, 99], got {max_number}.")
         if max_target < 1 or closeness_scale <= 0:
-            raise ValueError("max_target must be >= 1 and closeness_scale > 0.")
+            raise ValueError(f"max_target must be >= 1 and closeness_scale > 0, got {max_target}, "
+                             f"{closeness_scale}.")
         if not 0.0 <= wrong_fraction <= 1.0:
             raise ValueError(f"wrong_fraction must lie in [0, 1], got {wrong_fraction}.")
         if num_train < 1 or num_test < 1:
-            raise ValueError("num_train and num_test must be >= 1 (an empty split cannot train).")
+            raise ValueError(f"num_train and num_test must be >= 1 (an empty split cannot train), "
+                             f"got {num_train}, {num_test}.")
         self.config = dict(
             num_numbers=num_numbers, max_number=max_number, max_target=max_target,
             wrong_fraction=wrong_fraction, partial_weight=partial_weight,

@@ -52,6 +52,9 @@ class Gsm8kTask(Task):
 
     def __init__(self, *, max_prompt_len: int = 768, max_response_len: int = 512,
                  format_weight: float = 0.1):
+        if max_prompt_len < 2 or max_response_len < 2:
+            raise ValueError(f"max_prompt_len and max_response_len must be >= 2 (bos or eos plus "
+                             f"one character), got {max_prompt_len}, {max_response_len}.")
         self.config = dict(max_prompt_len=max_prompt_len, max_response_len=max_response_len,
                            format_weight=format_weight)
         self.max_prompt_len, self.max_response_len = max_prompt_len, max_response_len

@@ -59,6 +59,9 @@ class Task(abc.ABC):
     warm_start_steps: int = 2400
     # TFDS catalogue name when the data comes from a real dataset; None for generated tasks.
     catalogue_name: str | None = None
+    # The splits the task's dataset has (what evaluation and the data loader may read); known
+    # before any data is generated, so a config naming another split fails at validation.
+    splits: tuple[str, ...] = ("train", "test")
 
     # ---- data ---------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -77,7 +80,7 @@ class Task(abc.ABC):
         """Token ids of the prompt (bos + prompt text), at most max_prompt_len: longer prompts keep
         their end (where the question is asked)."""
         ids = self.tokenizer.encode(self.prompt_text(record), add_bos=True)
-        return ids if len(ids) <= self.max_prompt_len else ids[-self.max_prompt_len:]
+        return ids if len(ids) <= self.max_prompt_len else ids[-self.max_prompt_len :]
 
     # ---- warm start ---------------------------------------------------------------------------
     @abc.abstractmethod
@@ -112,7 +115,8 @@ class Task(abc.ABC):
         if missing:
             raise ValueError(
                 f"batch lacks fields {missing} that the {self.name} verifier needs; pass the batch "
-                "from data.make_train_iterator / data.make_eval_batches unchanged.")
+                "from data.make_train_iterator / data.make_eval_batches unchanged."
+            )
         return {k: batch[k][p] for k in self.record_fields}
 
     def score(
@@ -157,8 +161,9 @@ class Task(abc.ABC):
 
 
 def check_split(split: str) -> None:
-    if split not in ("train", "test"):
-        raise ValueError(f"unknown split {split!r}; use 'train' or 'test'.")
+    """Generated tasks have the splits of Task.splits; anything else is a ValueError."""
+    if split not in Task.splits:
+        raise ValueError(f"unknown split {split!r}; use one of {list(Task.splits)}.")
 
 
 def split_seed(seed: int, split: str) -> np.random.Generator:
