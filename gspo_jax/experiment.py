@@ -92,20 +92,9 @@ class Run:
     abs_params: Any  # ShapeDtypeStructs with shardings: the restore target
 
 
-def _model_overrides(config) -> dict:
-    return {k: v for k, v in config.model.items() if k != "preset" and v is not None}
-
-
-def build_model_config(config, task) -> models.ModelConfig:
-    return models.get_model_config(
-        config.model.preset, vocab_size=task.tokenizer.vocab_size, **_model_overrides(config)
-    )
-
-
-def make_task(config):
-    from gspo_jax import tasks
-
-    return tasks.get_task(config.task.name, **dict(config.task.kwargs))
+# The task and model config of an experiment, built (and checked) the one way config.validate does.
+make_task = config_lib.make_task
+build_model_config = config_lib.make_model_config
 
 
 def _split_model(model):

@@ -44,6 +44,15 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (mu
 _PREPARE_ONLY = flags.DEFINE_bool(
     "prepare_only", False, "Only prepare the data and the cached warm start, then exit."
 )
+_ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
+    "allow_config_change", False,
+    "Resume even though the config differs from the checkpoint's in fields that change the "
+    "experiment (the changed fields are listed; config.json keeps the earlier versions).",
+)
+_START_FRESH = flags.DEFINE_bool(
+    "start_fresh", False,
+    "Move the workdir's checkpoint folder aside (never deleted) and start from step 0.",
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -64,7 +73,8 @@ def main(argv: list[str]) -> None:
 
         experiment.prepare(_CONFIG.value, _WORKDIR.value)
         return
-    trainer.train(_CONFIG.value, _WORKDIR.value)
+    trainer.train(_CONFIG.value, _WORKDIR.value, allow_config_change=_ALLOW_CONFIG_CHANGE.value,
+                  start_fresh=_START_FRESH.value)
 
 
 def _config_spec(argv: list[str]) -> str | None:
@@ -80,6 +90,10 @@ def _config_spec(argv: list[str]) -> str | None:
 def run() -> None:
     """Console-script entry point (``gspo-train``).
 
+    Exit codes: 0 done; 2 a configuration problem; 1 a run-time stop with one ``error: ...`` line
+    (an unreadable checkpoint folder, a failed save, a diverged loss, a collapse stop); 128 + the
+    signal after SIGTERM / SIGINT saved the current step (143, 130).
+
     A configuration problem prints one ``error: ...`` line and exits with code 2, before any work:
     the config file's arguments are checked here (load_config_file turns get_config's ValueError
     into a ConfigError) before absl parses the flags, and everything else by config.validate,
@@ -93,6 +107,29 @@ def run() -> None:
     except ConfigError as e:  # configuration errors: one clear line, no traceback wall
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C before the RL loop (which handles it itself)
+        print("interrupted before the first RL step; nothing was lost (rerun the same command)",
+              file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:
+        code = _exit_code(e)
+        if code is None:
+            raise
+        sys.exit(code)
+
+
+def _exit_code(e: Exception) -> int | None:
+    """Prints the one line of a run-time stop the user acts on and returns its exit code; None for
+    an unexpected error (its traceback is the useful report then)."""
+    from gspo_jax import checkpoint, metrics, trainer
+
+    if isinstance(e, trainer.Preempted):
+        print(str(e), file=sys.stderr, flush=True)
+        return e.exit_code
+    if isinstance(e, checkpoint.CheckpointError | metrics.NonFiniteError | metrics.CollapseError):
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
+    return None
 
 
 if __name__ == "__main__":
