@@ -15,7 +15,7 @@ Restarting the same command in the same workdir resumes from the latest checkpoi
 ``--prepare_only`` builds the dataset and the cached warm start and exits (run it once on one host
 before a multi-host run, which loads the cached warm start but does not train it).
 
-The entry point is thin on purpose (DESIGN.md convention 3): everything it does is available to
+The entry point is thin on purpose (docs/design.md convention 3): everything it does is available to
 notebooks and tests as ``gspo_jax.trainer.train(config, workdir)``.
 """
 

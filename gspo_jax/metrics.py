@@ -12,7 +12,7 @@ zero-variance groups, rollout-vs-trainer log-prob difference), ``eval/`` (held-o
 ``time/`` (phase timings and throughput). The prefix is enforced so that notebooks and the sweep
 collector can rely on it.
 
-Only process 0 writes (DESIGN.md convention 9): every other process gets a writer whose methods do
+Only process 0 writes (docs/design.md convention 9): every other process gets a writer whose methods do
 nothing, so the trainer calls the same code on every host.
 
 A resumed run cuts metrics.jsonl back to the restored step (a fresh start in a used workdir, to

@@ -9,7 +9,7 @@ included) and 0 on padding (bool, int or float, but 0/1); `adv` is one advantage
     loss, metrics = obj(logp, old_logp, adv, mask, ref_logp=None)
     num, den, metric_sums = obj.sums(logp, old_logp, adv, mask, ref_logp=None)  # loss = num / den
 
-Every objective is one clipped surrogate assembled from orthogonal parts (spec: OBJECTIVES.md),
+Every objective is one clipped surrogate assembled from orthogonal parts (docs/objectives.md),
 with δ_{i,t} = logp − old_logp and |y_i| = Σ_t mask_{i,t}:
 
   ratio_level  "token"           w_{i,t} = exp(δ_{i,t})                         grpo, dapo, dr_grpo
@@ -26,7 +26,7 @@ with δ_{i,t} = logp − old_logp and |y_i| = Σ_t mask_{i,t}:
   KL           + kl_coef · KL[π_θ ‖ π_ref], per-token k1 | k2 | k3 of x = ref_logp − logp,
                aggregated like the policy loss (only when ref_logp is given: grpo's β = 0.04
                applies only then; the other presets have kl_coef 0, kl_ref is still reported)
-Presets (PRESETS) are these parts with the spec's values; luspo is gspo with seq-mean-token-sum,
+Presets (PRESETS) are these parts with the documented values; luspo is gspo with seq-mean-token-sum,
 gspo with eps 0.2 is `get_objective("gspo", eps_low=0.2, eps_high=0.2)`. For gmpo, eps_low and
 eps_high bound δ in log space (clip (e^−0.4, e^0.4)), so eps_low < 1 is not required there.
 

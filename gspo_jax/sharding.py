@@ -3,7 +3,7 @@
 Dimension legend: B batch rows, S sequence slots, D hidden, V vocab, H/K query/kv heads,
 F MLP hidden, E experts.
 
-Model code names *logical* axes only (DESIGN.md convention 5): every parameter carries an
+Model code names *logical* axes only (docs/design.md convention 5): every parameter carries an
 ``out_sharding`` metadata tuple of logical names (batch, length, embed, heads, kv_heads, head_dim,
 mlp, vocab, expert, expert_mlp), and a few activations are constrained with
 ``logical_constraint``. The rules below map logical names onto the mesh axes

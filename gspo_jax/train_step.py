@@ -28,7 +28,7 @@ over K minibatches, each one optax step. Everything happens in one jit call: min
 by a per-epoch permutation (``jax.random.fold_in(rng, step)``) and scanned, so the host dispatches
 once per RL step and the train state is donated.
 
-Global normalisation (OBJECTIVES.md "Aggregation"): the minibatch's normaliser comes from
+Global normalisation (docs/objectives.md "Aggregation"): the minibatch's normaliser comes from
 ``objective.denominator(mask)`` over the whole minibatch before any forward pass; with U > 1 the
 gradient is Σ_u ∇ num_u / den (gradient accumulation that equals the un-accumulated step), and
 under batch sharding XLA's sums are global, so a sharded step equals the single-device step.

@@ -9,7 +9,7 @@ This module is the loop around them: resume, log, evaluate, checkpoint.
 Dimension legend: P prompts per step (P_local on this process), G samples per prompt, B = P*G
 response rows (group-contiguous), Lp padded prompt length, T = max_new_tokens.
 
-One RL step (DESIGN.md "data flow"):
+One RL step (docs/design.md "The data flow of one RL step"):
 
     prompts (grain, this process's share)  ─► global [P, Lp] array on the mesh
     sampler.generate (G per prompt)        ─► tokens, mask, logp [B, T]  (jit, batch-sharded)

@@ -1,4 +1,4 @@
-"""Tests of gspo_jax.advantages: the spec's worked examples, exact zeros for flat groups, the
+"""Tests of gspo_jax.advantages: the documented worked examples, exact zeros for flat groups, the
 estimators' formulas, and bad arguments.
 
 Dimension legend: P prompts, G group size, B = P·G rewards (group-contiguous).

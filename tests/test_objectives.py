@@ -1,4 +1,4 @@
-"""Tests of gspo_jax.objectives against the spec (OBJECTIVES.md): formulas, reference numbers,
+"""Tests of gspo_jax.objectives against docs/objectives.md: formulas, reference numbers,
 numerics (padding, empty rows, wild ratios) and bad arguments.
 
 Dimension legend: B response rows, T padded response length. Shapes stay small and fixed, and the
@@ -57,7 +57,7 @@ def make_batch(seed=0, drift=0.3, per_token_adv=False):
 
 
 # ----------------------------------------------------------------------------- reference
-# An independent, deliberately plain transcription of OBJECTIVES.md. It runs in numpy float64
+# An independent, deliberately plain transcription of docs/objectives.md. It runs in numpy float64
 # (values) and in jax float32 (gradients, with real stop-gradients).
 
 
@@ -113,7 +113,7 @@ def reference_loss(xp, sg, obj, logp, old_logp, adv, mask, ref_logp=None):
 
 
 def reference_metrics(obj, logp, old_logp, adv, mask):
-    """Clip fractions and ratio statistics, float64, written per unit as the spec states them."""
+    """Clip fractions and ratio statistics, float64, written per unit as the docs state them."""
     logp, old_logp, adv, mask = (np.asarray(x, np.float64) for x in (logp, old_logp, adv, mask))
     valid = mask > 0
     n = mask.sum(-1)
@@ -300,8 +300,8 @@ def test_hand_checked_dr_grpo_normalises_by_constant_max_len():
 def test_length_compounding_table():
     """Per-token ratio 1.001: product 1.105 / 1.668 / 7.374 / 148.0, geometric mean 1.0010.
 
-    The spec's 7.374 is 0.1 % below 1.001^2000 = 7.3817 (a rounding slip in the seed), so the
-    product is checked against the exact powers and against the spec's figures to 0.2 %.
+    The quoted 7.374 is 0.1 % below 1.001^2000 = 7.3817 (a rounding slip in the source), so the
+    product is checked against the exact powers and against the quoted figures to 0.2 %.
     """
     lengths = np.array([100, 512, 2000, 5000])
     mask = (np.arange(5000)[None, :] < lengths[:, None]).astype(np.float32)
@@ -410,7 +410,7 @@ def test_on_policy_grpo_gradient_is_the_policy_gradient():
 
 
 def test_gmpo_unclipped_is_at_most_grpo_in_magnitude():
-    """Seed 003: |J_GMPO| ≤ |J_GRPO| per response (geometric ≤ arithmetic mean of ρ·|A|)."""
+    """GMPO's bound: |J_GMPO| ≤ |J_GRPO| per response (geometric ≤ arithmetic mean of ρ·|A|)."""
     logp, old_logp, adv, mask, _ = make_batch(seed=8, drift=0.5)
     gmpo = objectives.get_objective("gmpo", eps_low=1e3, eps_high=1e3)
     grpo = objectives.get_objective("grpo", eps_low=0.999999, eps_high=1e3)
