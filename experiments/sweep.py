@@ -11,6 +11,15 @@ the sweep down; ``--parallel N`` keeps N of them running at once. A run whose wo
 a summary.json is skipped (re-running the sweep resumes it), and an interrupted run resumes from its
 last checkpoint because it is the same command in the same workdir.
 
+With ``--parallel`` above 1 the launcher first prepares, once, what the runs share: for each
+distinct dataset and warm start among the pending runs (runs that differ only outside the config
+sections ``experiment.prepare`` reads: task, data, model, init), one ``gspo_jax.main
+--prepare_only`` process builds the dataset and trains the cached warm start before any run starts.
+It is a subprocess, not a call in the launcher, so that the launcher never holds the accelerator
+its runs need. The runs then load the cached entries instead of all waiting on the first one (the
+library's file locks make concurrent preparation safe, not parallel). If that preparation fails,
+each run prepares for itself and reports the error in its own log.
+
 When every run has ended, the table of final figures is written to <root>/results.csv and
 <root>/results.md (and printed): per run its overrides, base and final held-out greedy accuracy,
 mean response length, the last step's reward and the mean clip fraction over the run.
@@ -67,6 +76,86 @@ def run_command(config_spec: str, run: dict, workdir: str, extra: Sequence[str] 
     return cmd + list(extra)
 
 
+# The config sections experiment.prepare reads (dataset, model, warm start): runs whose overrides
+# agree on them share one dataset and one warm start.
+PREPARED_FROM = ("task", "data", "model", "init")
+
+
+def preparation_groups(runs: list[dict]) -> list[list[dict]]:
+    """The runs grouped by their overrides under PREPARED_FROM, in the order of the runs."""
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        key = tuple(
+            sorted(
+                (k, _flag_value(v))
+                for k, v in run["overrides"].items()
+                if k.split(".", 1)[0] in PREPARED_FROM
+            )
+        )
+        groups.setdefault(key, []).append(run)
+    return list(groups.values())
+
+
+def prepare_command(
+    config_spec: str, run: dict, workdir: str, extra: Sequence[str] = ()
+) -> list[str]:
+    """The run's own command with --prepare_only: validates its config, prepares the dataset and
+    trains the cached warm start (experiment.prepare), then exits."""
+    return run_command(config_spec, run, workdir, extra) + ["--prepare_only"]
+
+
+def prepare_once(
+    config_spec: str,
+    runs: list[dict],
+    root: str,
+    extra: Sequence[str] = (),
+    env: dict | None = None,
+) -> dict[str, int]:
+    """Prepares each distinct dataset + warm start of ``runs`` once, one group after another, in
+    a subprocess logging to <root>/prepare.log; returns the exit code of each group's preparation
+    by the name of its first run."""
+    codes = {}
+    for group in preparation_groups(runs):
+        first = group[0]
+        cmd = prepare_command(config_spec, first, os.path.join(root, first["name"]), extra)
+        names = ", ".join(r["name"] for r in group)
+        log_path = os.path.join(root, "prepare.log")
+        print(
+            f"[sweep] preparing the dataset and warm start once for {len(group)} run(s) "
+            f"({names}), before they start; log: {log_path}",
+            flush=True,
+        )
+        t0 = time.time()
+        with open(log_path, "a") as log:
+            log.write(f"$ {' '.join(cmd[2:])}\n")
+            log.flush()
+            start = log.tell()
+            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        if rc == 0:
+            print(f"[sweep] prepared in {time.time() - t0:.0f}s", flush=True)
+        else:
+            print(
+                f"[sweep] preparation FAILED rc={rc}: {_last_line(log_path, start)} (log: "
+                f"{log_path}); each run will prepare for itself",
+                flush=True,
+            )
+        codes[first["name"]] = rc
+    return codes
+
+
+def _last_line(path: str, start: int) -> str:
+    """The last non-empty line written to ``path`` after byte offset ``start`` (progress bars'
+    carriage returns split lines too)."""
+    with open(path, errors="replace") as f:
+        f.seek(start)
+        lines = [ln.strip() for ln in f.read().replace("\r", "\n").splitlines() if ln.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def _is_done(root: str, run: dict) -> bool:
+    return os.path.exists(os.path.join(root, run["name"], "summary.json"))
+
+
 def launch(
     config_spec: str,
     runs: list[dict],
@@ -75,18 +164,26 @@ def launch(
     extra: Sequence[str] = (),
     env: dict | None = None,
 ) -> dict[str, int]:
-    """Runs every run (at most ``parallel`` at once); returns name -> exit code (0 = skipped/done)."""
+    """Runs every run (at most ``parallel`` at once); returns name -> exit code (0 = skipped/done).
+
+    With parallel > 1 the pending runs' datasets and warm starts are prepared once first
+    (prepare_once). Run one at a time, the first run prepares them and the others find them
+    cached.
+    """
     os.makedirs(root, exist_ok=True)
     pending = list(runs)
     active: dict[str, tuple[subprocess.Popen, float, object]] = {}
     codes: dict[str, int] = {}
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    todo = [r for r in runs if not _is_done(root, r)]
+    if parallel > 1 and len(todo) > 1:
+        prepare_once(config_spec, todo, root, extra, env)
     while pending or active:
         while pending and len(active) < parallel:
             run = pending.pop(0)
             wd = os.path.join(root, run["name"])
-            if os.path.exists(os.path.join(wd, "summary.json")):
+            if _is_done(root, run):
                 print(f"[sweep] {run['name']}: done already, skipped", flush=True)
                 codes[run["name"]] = 0
                 continue
@@ -188,6 +285,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = p.parse_known_args(argv)  # extra --config.x=y flags apply to every run
     runs = load_sweep(args.config, args.sweep)
     if args.dry_run:
+        if args.parallel > 1:
+            for group in preparation_groups(runs):
+                wd = os.path.join(args.workdir, group[0]["name"])
+                print(" ".join(prepare_command(args.config, group[0], wd, extra)))
         for run in runs:
             wd = os.path.join(args.workdir, run["name"])
             print(" ".join(run_command(args.config, run, wd, extra)))

@@ -8,7 +8,8 @@
 Generated tasks are written once by their TFDS builder (tasks/builders.py) as array_record files
 under ``data_dir`` (with a progress bar) and read back through ``tfds.data_source``, a random-access
 source that grain shuffles by index: the same path a real catalogue dataset (gsm8k) takes when it
-has been prepared under ``data_dir``.
+has been prepared under ``data_dir``. Runs started together share one preparation: the first
+generates the files under a file lock, the others wait for it (see ``prepare``).
 
 Pipeline order, and why: shard by process first (each host reads a disjoint slice of the records),
 then shuffle (global, seeded; grain folds the epoch into the seed, so each epoch has its own order),
@@ -23,61 +24,76 @@ right-padded with task.tokenizer.pad_id to this fixed length).
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grain
 import numpy as np
 
+from gspo_jax import filelock
 from gspo_jax.tasks.task import Task
 
 DEFAULT_DATA_DIR = os.path.join(os.path.expanduser("~"), ".cache", "gspo_jax", "tfds")
 
 
 def _data_dir(data_dir: str | os.PathLike | None) -> str:
-    return os.fspath(data_dir) if data_dir is not None else os.environ.get(
-        "GSPO_JAX_DATA_DIR", DEFAULT_DATA_DIR)
+    return (
+        os.fspath(data_dir)
+        if data_dir is not None
+        else os.environ.get("GSPO_JAX_DATA_DIR", DEFAULT_DATA_DIR)
+    )
 
 
 def prepare(task: Task, data_dir: str | os.PathLike | None = None):
     """Generate ``task``'s dataset under ``data_dir`` unless it is there already; return its
-    prepared TFDS builder."""
-    import tensorflow_datasets as tfds
+    prepared TFDS builder.
 
+    Safe to call from many processes at once (parallel runs, the hosts of a pod sharing
+    ``data_dir``): the first one generates the files under a lock next to them
+    (``<version dir>.lock``, see filelock.py), the others wait for it and then read its files.
+    """
     from gspo_jax.tasks import builders
 
-    builder = builders.get_builder(task, _data_dir(data_dir))
-    if not builder.is_prepared():
-        print(f"Preparing the {task.name} dataset ({builder.builder_config.name}) under "
-              f"{builder.data_dir} ...", file=sys.stderr, flush=True)
-        tfds.display_progress_bar(True)
-        builder.download_and_prepare(file_format="array_record")
+    data_dir = _data_dir(data_dir)
+    builder = builders.get_builder(task, data_dir)
+    if builder.is_prepared():
+        return builder
+    entry = os.fspath(builder.data_dir)
+    with filelock.locked(entry, f"the {task.name} dataset at {entry}"):
+        # The process this one waited for may have prepared it; a new builder reads its info.
+        builder = builders.get_builder(task, data_dir)
+        if not builder.is_prepared():
+            builders.build(builder)
     return builder
 
 
 def _catalogue_builder(task: Task, data_dir: str):
     import tensorflow_datasets as tfds
 
-    how = (f"Prepare it once on a machine with network access: `tfds build {task.catalogue_name} "
-           f"--data_dir={data_dir} --file_format=array_record` (or "
-           f"tfds.builder('{task.catalogue_name}', data_dir=..., file_format='array_record')"
-           ".download_and_prepare()), then copy that directory here or pass its data_dir.")
+    how = (
+        f"Prepare it once on a machine with network access: `tfds build {task.catalogue_name} "
+        f"--data_dir={data_dir} --file_format=array_record` (or "
+        f"tfds.builder('{task.catalogue_name}', data_dir=..., file_format='array_record')"
+        ".download_and_prepare()), then copy that directory here or pass its data_dir."
+    )
     try:
         builder = tfds.builder(task.catalogue_name, data_dir=data_dir)
     except Exception as e:  # noqa: BLE001 - TFDS raises many types for a missing dataset
         raise FileNotFoundError(
             f"TFDS dataset {task.catalogue_name!r} could not be opened under {data_dir}: {e}. "
-            + how) from e
+            + how
+        ) from e
     if not builder.is_prepared():
         raise FileNotFoundError(
             f"TFDS dataset {task.catalogue_name!r} is not present under data_dir={data_dir} "
-            "(this codebase never downloads). " + how)
+            "(this codebase never downloads). " + how
+        )
     fmt = str(getattr(builder.info, "file_format", ""))
     if "array_record" not in fmt:
         raise ValueError(
             f"{task.catalogue_name!r} under {data_dir} is stored as {fmt or 'unknown format'}; "
-            "grain needs random access: rebuild it with --file_format=array_record. " + how)
+            "grain needs random access: rebuild it with --file_format=array_record. " + how
+        )
     return builder
 
 
@@ -89,12 +105,15 @@ def load_source(task: Task, split: str, data_dir: str | os.PathLike | None = Non
     else:
         builder = prepare(task, data_dir)
     if split not in builder.info.splits:
-        raise ValueError(f"split {split!r} not in {task.name}; available: "
-                         f"{sorted(builder.info.splits)}.")
+        raise ValueError(
+            f"split {split!r} not in {task.name}; available: {sorted(builder.info.splits)}."
+        )
     source = builder.as_data_source(split=split)
     if len(source) == 0:
-        raise ValueError(f"the {split!r} split of {task.name} under {data_dir} is empty; "
-                         "regenerate it with num_train/num_test >= 1.")
+        raise ValueError(
+            f"the {split!r} split of {task.name} under {data_dir} is empty; "
+            "regenerate it with num_train/num_test >= 1."
+        )
     return source
 
 
@@ -128,13 +147,17 @@ def record_dataset(
 ) -> grain.MapDataset:
     """Raw records of one split: this process's shard, shuffled by seed, repeated forever."""
     if not 0 <= process_index < process_count:
-        raise ValueError(f"need 0 <= process_index < process_count, got {process_index}, "
-                         f"{process_count}; pass jax.process_index(), jax.process_count().")
+        raise ValueError(
+            f"need 0 <= process_index < process_count, got {process_index}, "
+            f"{process_count}; pass jax.process_index(), jax.process_count()."
+        )
     ds = grain.MapDataset.source(load_source(task, split, data_dir))
     if process_count > 1:
         if len(ds) < process_count:
-            raise ValueError(f"{len(ds)} records cannot be sharded over {process_count} "
-                             "processes; generate a larger split.")
+            raise ValueError(
+                f"{len(ds)} records cannot be sharded over {process_count} "
+                "processes; generate a larger split."
+            )
         ds = ds[process_index::process_count]
     if shuffle:
         ds = ds.shuffle(seed=seed)
@@ -161,8 +184,14 @@ def make_train_iterator(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1 (prompts per process).")
-    ds = record_dataset(task, split, seed=seed, data_dir=data_dir, process_index=process_index,
-                        process_count=process_count)
+    ds = record_dataset(
+        task,
+        split,
+        seed=seed,
+        data_dir=data_dir,
+        process_index=process_index,
+        process_count=process_count,
+    )
     ds = ds.map(lambda r: encode_record(task, r))
     ds = ds.batch(batch_size, drop_remainder=True, batch_fn=collate)
     # Records are small and already on local disk: reading in the calling thread is fastest on a

@@ -13,7 +13,11 @@ Caching: the trained parameters are saved with orbax under
 ``cache_dir/warmstart/<task>_<hash>`` where the hash covers the task knobs, the model config, the
 warm-start config and a code version, so every run asking for the same base reuses it and any
 change to one of them trains a new one. A ``meta.json`` next to the checkpoint records the configs,
-the final loss and the wall time.
+the final loss and the wall time. Runs started together train it once: the first trains under a
+file lock (``<entry>.lock``, see filelock.py) while the others wait, then load its entry. An entry
+is written into a private folder and renamed into place, so it is either absent or complete; one
+that cannot be read (files deleted or truncated since) is moved aside to
+``<entry>.corrupt-<time>`` (never deleted) and trained again.
 
 Dimension legend: P demonstrations per step, Lp = task.max_prompt_len, T = task.max_response_len.
 """
@@ -25,6 +29,8 @@ import functools
 import hashlib
 import json
 import os
+import shutil
+import socket
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -40,7 +46,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from tqdm.auto import tqdm
 
-from gspo_jax import data, models
+from gspo_jax import data, filelock, models
 from gspo_jax.tasks.task import Task
 
 # Bump when the training procedure changes in a way the configs do not capture.
@@ -75,8 +81,10 @@ class WarmStartConfig:
             raise ValueError(f"loss_norm={self.loss_norm!r}; valid: 'sequence', 'token'.")
         bad_steps = self.steps is not None and self.steps < 1
         if bad_steps or self.batch_size < 1 or self.learning_rate <= 0:
-            raise ValueError(f"warm start needs steps >= 1, batch_size >= 1 and learning_rate > 0;"
-                             f" got {self.steps}, {self.batch_size}, {self.learning_rate}.")
+            raise ValueError(
+                f"warm start needs steps >= 1, batch_size >= 1 and learning_rate > 0;"
+                f" got {self.steps}, {self.batch_size}, {self.learning_rate}."
+            )
 
 
 def as_warm_config(warm_cfg: Any = None, task: Task | None = None) -> WarmStartConfig:
@@ -101,10 +109,17 @@ def as_warm_config(warm_cfg: Any = None, task: Task | None = None) -> WarmStartC
 
 def cache_key(task: Task, model_cfg: models.ModelConfig, warm_cfg: Any = None) -> str:
     warm_cfg = as_warm_config(warm_cfg, task)
-    blob = json.dumps(dict(task=task.name, task_config=task.config,
-                           model=dataclasses.asdict(model_cfg),
-                           warm=dataclasses.asdict(warm_cfg), version=_CODE_VERSION),
-                      sort_keys=True, default=str)
+    blob = json.dumps(
+        dict(
+            task=task.name,
+            task_config=task.config,
+            model=dataclasses.asdict(model_cfg),
+            warm=dataclasses.asdict(warm_cfg),
+            version=_CODE_VERSION,
+        ),
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -118,24 +133,32 @@ def encode_demonstration(task: Task, record: Mapping[str, Any], rng: np.random.G
     ids = task.tokenizer.encode(task.demonstration(record, rng), add_eos=True)
     T = task.max_response_len
     if len(ids) > T:
-        raise ValueError(f"{task.name} demonstration of {len(ids)} tokens exceeds "
-                         f"max_response_len={T}; raise the task's max_response_len.")
+        raise ValueError(
+            f"{task.name} demonstration of {len(ids)} tokens exceeds "
+            f"max_response_len={T}; raise the task's max_response_len."
+        )
     response = np.full((T,), task.tokenizer.pad_id, np.int32)  # [T]
     response[: len(ids)] = ids
     mask = np.zeros((T,), np.float32)  # [T]
     mask[: len(ids)] = 1.0
-    return {"prompt": out["prompt"], "prompt_length": out["prompt_length"],
-            "response": response, "mask": mask}
+    return {
+        "prompt": out["prompt"],
+        "prompt_length": out["prompt_length"],
+        "response": response,
+        "mask": mask,
+    }
 
 
-def demonstration_iterator(task: Task, batch_size: int, seed: int,
-                           data_dir: str | os.PathLike | None = None):
+def demonstration_iterator(
+    task: Task, batch_size: int, seed: int, data_dir: str | os.PathLike | None = None
+):
     """Infinite batches of demonstrations from the train split, deterministic by seed."""
     ds = data.record_dataset(task, "train", seed=seed, data_dir=data_dir)
     # The global element index (epochs included) seeds the demonstration choice, so each epoch
     # shows a fresh mix of worked / direct / wrong answers for the same problem.
     ds = ds.map_with_index(
-        lambda i, r: encode_demonstration(task, r, np.random.default_rng([seed, i])))
+        lambda i, r: encode_demonstration(task, r, np.random.default_rng([seed, i]))
+    )
     ds = ds.batch(batch_size, drop_remainder=True, batch_fn=data.collate)
     return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
 
@@ -159,8 +182,9 @@ def sft_loss(model, batch: Mapping[str, jax.Array], loss_norm: str = "sequence")
     """
     chex.assert_rank([batch["prompt"], batch["response"], batch["mask"]], [2, 2, 2])
     chex.assert_equal_shape([batch["response"], batch["mask"]])
-    out = models.response_logprobs(model, batch["prompt"], batch["prompt_length"],
-                                   batch["response"])
+    out = models.response_logprobs(
+        model, batch["prompt"], batch["prompt_length"], batch["response"]
+    )
     mask = batch["mask"]  # [P, T]
     nll = -out["logp"] * mask  # [P, T]
     if loss_norm == "token":
@@ -171,14 +195,21 @@ def sft_loss(model, batch: Mapping[str, jax.Array], loss_norm: str = "sequence")
 
 def make_optimizer(warm_cfg: WarmStartConfig) -> optax.GradientTransformation:
     if warm_cfg.steps is None:
-        raise ValueError("make_optimizer needs a step count: resolve steps=None with "
-                         "as_warm_config(warm_cfg, task).")
+        raise ValueError(
+            "make_optimizer needs a step count: resolve steps=None with "
+            "as_warm_config(warm_cfg, task)."
+        )
     schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=warm_cfg.learning_rate,
+        init_value=0.0,
+        peak_value=warm_cfg.learning_rate,
         warmup_steps=min(warm_cfg.warmup_steps, warm_cfg.steps - 1),
-        decay_steps=warm_cfg.steps, end_value=warm_cfg.learning_rate * warm_cfg.end_lr_ratio)
-    return optax.chain(optax.clip_by_global_norm(warm_cfg.grad_clip),
-                       optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=warm_cfg.weight_decay))
+        decay_steps=warm_cfg.steps,
+        end_value=warm_cfg.learning_rate * warm_cfg.end_lr_ratio,
+    )
+    return optax.chain(
+        optax.clip_by_global_norm(warm_cfg.grad_clip),
+        optax.adamw(schedule, b1=0.9, b2=0.99, weight_decay=warm_cfg.weight_decay),
+    )
 
 
 def train(
@@ -200,12 +231,16 @@ def train(
     """
     warm_cfg = as_warm_config(warm_cfg, task)
     if callback is not None and callback_every < 1:
-        raise ValueError(f"callback_every={callback_every}: a callback needs callback_every >= 1 "
-                         "(the number of steps between calls).")
+        raise ValueError(
+            f"callback_every={callback_every}: a callback needs callback_every >= 1 "
+            "(the number of steps between calls)."
+        )
     if model_cfg.vocab_size < task.tokenizer.vocab_size:
-        raise ValueError(f"model vocab_size={model_cfg.vocab_size} < the {task.name} tokenizer's "
-                         f"{task.tokenizer.vocab_size}; build it with get_model_config(..., "
-                         f"vocab_size=task.tokenizer.vocab_size).")
+        raise ValueError(
+            f"model vocab_size={model_cfg.vocab_size} < the {task.name} tokenizer's "
+            f"{task.tokenizer.vocab_size}; build it with get_model_config(..., "
+            f"vocab_size=task.tokenizer.vocab_size)."
+        )
     t0, callback_s = time.time(), 0.0
     model = models.Transformer(model_cfg, rngs=nnx.Rngs(warm_cfg.seed))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
@@ -223,8 +258,13 @@ def train(
 
     it = demonstration_iterator(task, warm_cfg.batch_size, warm_cfg.seed, data_dir)
     losses = []
-    bar = tqdm(range(warm_cfg.steps), desc=f"warm start ({task.name})", disable=not progress,
-               file=sys.stderr, mininterval=1.0)
+    bar = tqdm(
+        range(warm_cfg.steps),
+        desc=f"warm start ({task.name})",
+        disable=not progress,
+        file=sys.stderr,
+        mininterval=1.0,
+    )
     for i in bar:
         params, opt_state, loss = step(params, opt_state, next(it))
         losses.append(loss)
@@ -238,26 +278,34 @@ def train(
             callback_s += time.time() - tc
     final_loss = float(np.mean(jax.device_get(losses[-50:])))
     if not np.isfinite(final_loss):
-        raise FloatingPointError(f"warm-start loss became {final_loss}; lower "
-                                 "warm_cfg.learning_rate.")
+        raise FloatingPointError(
+            f"warm-start loss became {final_loss}; lower warm_cfg.learning_rate."
+        )
     model = nnx.merge(graphdef, params, rest)
-    return model, dict(final_loss=final_loss, wall_s=time.time() - t0 - callback_s,
-                       steps=warm_cfg.steps)
+    return model, dict(
+        final_loss=final_loss, wall_s=time.time() - t0 - callback_s, steps=warm_cfg.steps
+    )
 
 
 def default_cache_dir() -> str:
     """$GSPO_JAX_CACHE, else ~/.cache/gspo_jax."""
     return os.environ.get(
-        "GSPO_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gspo_jax"))
+        "GSPO_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gspo_jax")
+    )
 
 
-def cache_path(task: Task, model_cfg: models.ModelConfig, warm_cfg: Any = None,
-               cache_dir: str | os.PathLike | None = None) -> str:
+def cache_path(
+    task: Task,
+    model_cfg: models.ModelConfig,
+    warm_cfg: Any = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> str:
     """Where the base policy for (task, model_cfg, warm_cfg) is cached:
     ``cache_dir/warmstart/<task>_<hash>`` (a complete entry has a meta.json)."""
     key = cache_key(task, model_cfg, warm_cfg)
-    return os.path.abspath(os.path.join(
-        os.fspath(cache_dir or default_cache_dir()), "warmstart", f"{task.name}_{key}"))
+    return os.path.abspath(
+        os.path.join(os.fspath(cache_dir or default_cache_dir()), "warmstart", f"{task.name}_{key}")
+    )
 
 
 def _restore(path: str, model_cfg: models.ModelConfig, mesh) -> nnx.Module:
@@ -270,10 +318,84 @@ def _restore(path: str, model_cfg: models.ModelConfig, mesh) -> nnx.Module:
     target = abs_state
     if mesh is not None:
         target = sharding.with_shardings(abs_state, sharding.state_shardings(abs_state, mesh))
-    restored = ocp.StandardCheckpointer().restore(os.path.join(path, "params"),
-                                                  nnx.to_pure_dict(target))
+    restored = ocp.StandardCheckpointer().restore(
+        os.path.join(path, "params"), nnx.to_pure_dict(target)
+    )
     nnx.replace_by_pure_dict(abs_state, restored)
     return nnx.merge(graphdef, abs_state)
+
+
+def _why_unreadable(e: BaseException) -> str:
+    """An exception as one short line (orbax / tensorstore messages span many lines)."""
+    lines = str(e).strip().splitlines()
+    first = (lines[0] if lines else "").split(" See full TensorStore details")[0]
+    text = f"{type(e).__name__}: {first}"
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _load_entry(path: str, model_cfg: models.ModelConfig, mesh) -> tuple[nnx.Module | None, str]:
+    """(model, "") for a complete entry, (None, "") for no entry, (None, why) for an entry that
+    cannot be loaded: files missing, truncated or otherwise unreadable."""
+    if not os.path.exists(path):
+        return None, ""
+    if not os.path.exists(os.path.join(path, "meta.json")):
+        return None, "no meta.json: an interrupted or partly deleted entry"
+    try:
+        return _restore(path, model_cfg, mesh), ""
+    except Exception as e:  # noqa: BLE001 - orbax and tensorstore raise many types for bad files
+        return None, _why_unreadable(e)
+
+
+def _move_aside(path: str) -> str:
+    """Renames a broken entry to ``<entry>.corrupt-<time>`` (kept for inspection, not deleted)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside, n = f"{path}.corrupt-{stamp}", 1
+    while os.path.exists(aside):
+        aside, n = f"{path}.corrupt-{stamp}-{n}", n + 1
+    os.rename(path, aside)
+    return aside
+
+
+def _write_entry(path: str, model: nnx.Module, meta: Mapping[str, Any]) -> None:
+    """Saves ``model`` and ``meta`` as the entry ``path``: written into a private folder next to it
+    and renamed into place, so a reader sees no entry or a complete one, never a half-written one
+    (a crash mid-save leaves only the private folder). If another process's entry got there
+    first (a filesystem without locks), that one is kept and this one dropped."""
+    tmp = f"{path}.tmp-{socket.gethostname()}-{os.getpid()}"
+    try:
+        os.makedirs(tmp, exist_ok=True)
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save(
+            os.path.join(tmp, "params"), nnx.to_pure_dict(nnx.state(model)), force=True
+        )
+        checkpointer.wait_until_finished()
+        with open(os.path.join(tmp, "meta.json"), "w") as f:
+            json.dump(meta, f, indent=2, default=str)
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            if not os.path.exists(os.path.join(path, "meta.json")):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # the winner's entry is the same base
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # only this process's own unfinished files
+        raise
+
+
+def _load_only_error(path: str, why: str) -> FileNotFoundError:
+    """The error of a multi-host run (which only loads) for a missing or broken entry."""
+    if why:
+        what = f"the cached warm start at {path} cannot be loaded ({why})"
+        does = "it moves the broken entry aside, then trains and caches the base policy again"
+    else:
+        what = f"the warm start is not cached at {path}"
+        does = "it trains and caches the base policy"
+    return FileNotFoundError(
+        f"multi-host run: {what}. Run the same command once on one host in a single process "
+        "(python -m gspo_jax.main --config ... --workdir ... --prepare_only, without --multihost "
+        f"/ --coordinator_address): {does}. Put the cache on a filesystem every host sees, then "
+        "launch the multi-host run."
+    )
 
 
 def get_base_model(
@@ -291,35 +413,51 @@ def get_base_model(
 
     cache_dir defaults to $GSPO_JAX_CACHE or ~/.cache/gspo_jax; data_dir is where the task's
     TFDS dataset lives (see data.py). With ``mesh`` the parameters come back sharded over it by
-    the model's logical axis rules. A multi-process run (jax.process_count() > 1) only loads: it
-    raises if the cache is cold rather than train the same base on every host at once.
+    the model's logical axis rules.
+
+    Processes started together on a cold cache train once: the first trains under the entry's
+    file lock, the others print what they wait for and load its result. An entry that cannot be
+    loaded is reported in one line, moved aside to ``<entry>.corrupt-<time>`` and trained again.
+    A multi-process run (jax.process_count() > 1) only loads: it raises FileNotFoundError naming
+    --prepare_only if the entry is missing or broken, rather than train the same base on every
+    host at once.
     """
     warm_cfg = as_warm_config(warm_cfg, task)
     path = cache_path(task, model_cfg, warm_cfg, cache_dir)
-    if os.path.exists(os.path.join(path, "meta.json")):
-        return _restore(path, model_cfg, mesh)
+    model, why = _load_entry(path, model_cfg, mesh)
+    if model is not None:
+        return model
     if jax.process_count() > 1:
-        raise FileNotFoundError(
-            f"multi-host run: the warm start is not cached at {path}. Run the same command once "
-            "in a single process (without --multihost / --coordinator_address) with "
-            "--prepare_only: it trains and caches the base policy. Put the cache on a filesystem "
-            "every host sees, then launch the multi-host run.")
+        raise _load_only_error(path, why)
 
-    model, stats = train(task, model_cfg, warm_cfg, data_dir=data_dir, progress=progress)
-    os.makedirs(path, exist_ok=True)
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(os.path.join(path, "params"), nnx.to_pure_dict(nnx.state(model)),
-                      force=True)
-    checkpointer.wait_until_finished()
-    # meta.json is written last: its presence marks a complete cache entry.
-    meta = dict(task=task.name, task_config=task.config, model=dataclasses.asdict(model_cfg),
-                warm=dataclasses.asdict(warm_cfg), **stats)
-    with open(os.path.join(path, "meta.json.tmp"), "w") as f:
-        json.dump(meta, f, indent=2, default=str)
-    os.replace(os.path.join(path, "meta.json.tmp"), os.path.join(path, "meta.json"))
+    with filelock.locked(path, f"the {task.name} warm start at {path}"):
+        # The process this one waited for may have trained (or repaired) it meanwhile.
+        model, why = _load_entry(path, model_cfg, mesh)
+        if model is not None:
+            return model
+        if why:
+            aside = _move_aside(path)
+            print(
+                f"warm start cache entry {path} is unreadable ({why}); moved it to {aside} "
+                "and training it again",
+                file=sys.stderr,
+                flush=True,
+            )
+        model, stats = train(task, model_cfg, warm_cfg, data_dir=data_dir, progress=progress)
+        meta = dict(
+            task=task.name,
+            task_config=task.config,
+            model=dataclasses.asdict(model_cfg),
+            warm=dataclasses.asdict(warm_cfg),
+            **stats,
+        )
+        _write_entry(path, model, meta)
     if progress:
-        print(f"warm start ({task.name}): {stats['wall_s']:.0f} s, final loss "
-              f"{stats['final_loss']:.4f}; cached at {path}", file=sys.stderr)
+        print(
+            f"warm start ({task.name}): {stats['wall_s']:.0f} s, final loss "
+            f"{stats['final_loss']:.4f}; cached at {path}",
+            file=sys.stderr,
+        )
     if mesh is not None:
         from gspo_jax import sharding
 

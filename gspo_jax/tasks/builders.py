@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import sys
 from typing import Any
 
 import tensorflow_datasets as tfds
@@ -31,8 +32,7 @@ class _QuietCustomConfig(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         msg = record.getMessage()
-        return not ("Using custom data configuration" in msg
-                    or "has no dataset_info.json" in msg)
+        return not ("Using custom data configuration" in msg or "has no dataset_info.json" in msg)
 
 
 logging.getLogger("absl").addFilter(_QuietCustomConfig())
@@ -84,8 +84,26 @@ def get_builder(task: Task, data_dir: str) -> tfds.core.DatasetBuilder:
     if task.name not in _BUILDERS:
         raise ValueError(
             f"task {task.name!r} has no generated dataset builder; generated tasks are "
-            f"{sorted(_BUILDERS)}.")
+            f"{sorted(_BUILDERS)}."
+        )
     name = f"{task.name}_{config_hash(task.config)}"
-    cfg = TaskBuilderConfig(name=name, description=json.dumps(task.config, sort_keys=True),
-                            task=task)
+    cfg = TaskBuilderConfig(
+        name=name, description=json.dumps(task.config, sort_keys=True), task=task
+    )
     return _BUILDERS[task.name](data_dir=data_dir, config=cfg)
+
+
+def build(builder: tfds.core.DatasetBuilder) -> None:
+    """Generates ``builder``'s files (array_record) with a progress bar.
+
+    Not safe to run twice at once on the same files: TFDS writes into a private folder and renames
+    it into place, and the second rename fails. data.prepare calls this under the entry's lock.
+    """
+    print(
+        f"Preparing the {builder.builder_config.task.name} dataset "
+        f"({builder.builder_config.name}) under {builder.data_dir} ...",
+        file=sys.stderr,
+        flush=True,
+    )
+    tfds.display_progress_bar(True)
+    builder.download_and_prepare(file_format="array_record")
