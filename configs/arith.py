@@ -25,7 +25,8 @@ a minute per run, mostly compilation.
 Headline metric: eval/greedy_accuracy (held-out greedy accuracy), base vs final, in
 <workdir>/summary.json. The base policy answers directly when greedy (wrong whenever a column
 carries: 0.395); RL moves it to the worked, column-by-column format, which is mostly right:
-measured 0.395 -> 0.880 (+48.5 points; seed 1: 0.850), the switch happening around step 45. Also watch rollout/response_len_mean (the
+measured 0.395 -> 0.880 (+48.5 points; seed 1: 0.850), the switch happening around step 45.
+Also watch rollout/response_len_mean (the
 worked format is longer), train/clip_frac (GSPO clips whole sequences) and rollout/logp_diff_mean
 (sampler vs trainer log-probs: must stay ~1e-7, or GSPO's ε = 3e-4 clips everything).
 
@@ -209,7 +210,9 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     runs = []
     for seed in range(a.seeds):
         for name in OBJECTIVES:
-            runs.append(dict(name=f"{name}_s{seed}", overrides={"objective.name": name, "seed": seed}))
+            runs.append(
+                dict(name=f"{name}_s{seed}", overrides={"objective.name": name, "seed": seed})
+            )
         for name, eps in (("grpo", 3e-4), ("gspo", 0.2), ("gspo", 3e-4)):
             runs.append(
                 dict(

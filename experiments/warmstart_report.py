@@ -26,8 +26,9 @@ from gspo_jax import evaluation, models, tasks, warmstart
 
 
 def _wall_s(task, model_cfg, warm_cfg, cache_dir) -> float:
-    with open(os.path.join(warmstart.cache_path(task, model_cfg, warm_cfg, cache_dir),
-                           "meta.json")) as f:
+    with open(
+        os.path.join(warmstart.cache_path(task, model_cfg, warm_cfg, cache_dir), "meta.json")
+    ) as f:
         return float(json.load(f)["wall_s"])
 
 
@@ -35,11 +36,13 @@ def report_task(name: str, args) -> dict[str, float]:
     task = tasks.get_task(name)
     model_cfg = models.get_model_config("small", vocab_size=task.tokenizer.vocab_size)
     warm_cfg = warmstart.as_warm_config(None, task)  # the task's default step count
-    model = warmstart.get_base_model(task, model_cfg, warm_cfg, args.cache_dir,
-                                     data_dir=args.data_dir)
+    model = warmstart.get_base_model(
+        task, model_cfg, warm_cfg, args.cache_dir, data_dir=args.data_dir
+    )
     t0 = time.time()
-    m = evaluation.evaluate(model, task, num_problems=args.num_problems, pass_k=8,
-                            data_dir=args.data_dir)
+    m = evaluation.evaluate(
+        model, task, num_problems=args.num_problems, pass_k=8, data_dir=args.data_dir
+    )
     print(name, "1x:", json.dumps({k: round(v, 4) for k, v in m.items()}), flush=True)
     out = {f"{name}/{k}": v for k, v in m.items()}
     out[f"{name}/eval_s"] = time.time() - t0
@@ -47,10 +50,12 @@ def report_task(name: str, args) -> dict[str, float]:
     out[f"{name}/warmstart_steps"] = warm_cfg.steps
     if not args.no_2x:
         long_cfg = dataclasses.replace(warm_cfg, steps=2 * warm_cfg.steps)
-        long_model = warmstart.get_base_model(task, model_cfg, long_cfg, args.cache_dir,
-                                              data_dir=args.data_dir)
-        m2 = evaluation.evaluate(long_model, task, num_problems=args.num_problems, pass_k=8,
-                                 data_dir=args.data_dir)
+        long_model = warmstart.get_base_model(
+            task, model_cfg, long_cfg, args.cache_dir, data_dir=args.data_dir
+        )
+        m2 = evaluation.evaluate(
+            long_model, task, num_problems=args.num_problems, pass_k=8, data_dir=args.data_dir
+        )
         out[f"{name}/2x_greedy_accuracy"] = m2["greedy_accuracy"]
         out[f"{name}/2x_pass@8"] = m2["pass@8"]
         out[f"{name}/2x_warmstart_s"] = _wall_s(task, model_cfg, long_cfg, args.cache_dir)
@@ -75,17 +80,30 @@ def main():
     for name in args.tasks.split(","):
         figures.update(report_task(name, args))
 
-    rows = ["greedy_accuracy", "pass@8", "sample_accuracy", "mean_response_length",
-            "sample_mean_response_length", "worked_accuracy", "direct_accuracy",
-            "worked_fraction", "greedy_worked_fraction", "greedy_partial", "warmstart_s",
-            "2x_greedy_accuracy", "2x_pass@8", "2x_warmstart_s"]
+    rows = [
+        "greedy_accuracy",
+        "pass@8",
+        "sample_accuracy",
+        "mean_response_length",
+        "sample_mean_response_length",
+        "worked_accuracy",
+        "direct_accuracy",
+        "worked_fraction",
+        "greedy_worked_fraction",
+        "greedy_partial",
+        "warmstart_s",
+        "2x_greedy_accuracy",
+        "2x_pass@8",
+        "2x_warmstart_s",
+    ]
     names = args.tasks.split(",")
     print(f"\n{'figure':<30}" + "".join(f"{n:>14}" for n in names))
     for r in rows:
         vals = [figures.get(f"{n}/{r}") for n in names]
         if any(v is not None for v in vals):
-            print(f"{r:<30}" + "".join(f"{v:>14.3f}" if v is not None else f"{'-':>14}"
-                                       for v in vals))
+            print(
+                f"{r:<30}" + "".join(f"{v:>14.3f}" if v is not None else f"{'-':>14}" for v in vals)
+            )
     targets = {}
     for n in names:
         targets[f"{n}/greedy_accuracy"] = {"op": ">=", "threshold": 0.2}
@@ -95,8 +113,12 @@ def main():
     if "arith/worked_accuracy" in figures:
         targets["arith/worked_accuracy"] = {"op": ">=", "threshold": 0.5}
     if args.out:
-        machine = {"platform": platform.platform(), "devices": str(jax.devices()),
-                   "jax": jax.__version__, "cpus": os.cpu_count()}
+        machine = {
+            "platform": platform.platform(),
+            "devices": str(jax.devices()),
+            "jax": jax.__version__,
+            "cpus": os.cpu_count(),
+        }
         with open(args.out, "w") as f:
             json.dump({"machine": machine, "figures": figures, "targets": targets}, f, indent=2)
 

@@ -210,7 +210,7 @@ class Checkpointer:
         return self._manager.latest_step()
 
     def describe(self) -> str:
-        """Where the newest checkpoint is, in words (for messages that tell the user what is kept)."""
+        """Where the newest checkpoint is, in words (for messages saying what is kept)."""
         steps = self.all_steps()
         if not steps:
             return f"no checkpoint has been written yet in {self.directory}"
@@ -251,8 +251,11 @@ class Checkpointer:
 
     def _save_error(self, step: int, e: BaseException) -> CheckpointSaveError:
         kept = [s for s in self.all_steps() if s != step]
-        keep = (f"the previous checkpoint, step {max(kept)}, is kept" if kept
-                else "no earlier checkpoint exists")
+        keep = (
+            f"the previous checkpoint, step {max(kept)}, is kept"
+            if kept
+            else "no earlier checkpoint exists"
+        )
         return CheckpointSaveError(
             f"saving the checkpoint of step {step} in {self.directory} failed ({_one_line(e)}); "
             f"{keep}. Fix the cause (free disk space, permissions) and rerun the same command to "
@@ -275,9 +278,10 @@ class Checkpointer:
             raise self._save_error(step, RuntimeError("the step folder was not committed"))
         self._committed = step
 
-    def restore(self, step: int, abstract_state: Any, data_iterator: Any, *,
-                any_process_count: bool = False) -> tuple[Any, dict]:
-        """Restores the state into ``abstract_state``'s shapes/shardings and repositions the iterator.
+    def restore(
+        self, step: int, abstract_state: Any, data_iterator: Any, *, any_process_count: bool = False
+    ) -> tuple[Any, dict]:
+        """Restores the state into ``abstract_state``'s shapes/shardings; repositions the iterator.
 
         ``any_process_count``: the iterator state is the same on every process (the trainer's
         process_sharding="slice"), so a run may resume on another number of processes.
@@ -303,7 +307,9 @@ class Checkpointer:
         missing = [i for i in ITEMS if not os.path.isdir(os.path.join(step_dir, i))]
         if missing:
             what = "the step folder is empty" if len(missing) == len(ITEMS) else "missing"
-            raise FileNotFoundError(f"{what}: no {', '.join(m + '/' for m in missing)} in {step_dir}")
+            raise FileNotFoundError(
+                f"{what}: no {', '.join(m + '/' for m in missing)} in {step_dir}"
+            )
 
     def read_meta(self, step: int) -> dict:
         """The small meta dict of a checkpoint (step, wall time, config), without the arrays."""
@@ -329,15 +335,18 @@ class Checkpointer:
         bad = []
         for step in steps:
             try:
-                state, meta = self.restore(step, abstract_state, data_iterator,
-                                           any_process_count=any_process_count)
+                state, meta = self.restore(
+                    step, abstract_state, data_iterator, any_process_count=any_process_count
+                )
             except Exception as e:  # noqa: BLE001 (any unreadable checkpoint: fall back)
                 where = _file_in(e, self._step_dir(step)) or self._step_dir(step)
                 bad.append(step)
                 older = [s for s in steps if s < step]
                 then = f"falling back to step {older[0]}" if older else "no older checkpoint"
-                report(f"checkpoint step {step} is unreadable ({where}: {_one_line(e)}); "
-                       f"moved aside; {then}")
+                report(
+                    f"checkpoint step {step} is unreadable ({where}: {_one_line(e)}); "
+                    f"moved aside; {then}"
+                )
                 self._move_aside(step)
                 continue
             if bad:

@@ -79,7 +79,8 @@ def _parse_value(key: str, text: str, default: Any) -> Any:
         return typ(text)
     except ValueError as e:
         raise ValueError(
-            f"config argument {key}={text!r}: expected {typ.__name__} (default {default_value!r}): {e}"
+            f"config argument {key}={text!r}: expected {typ.__name__} "
+            f"(default {default_value!r}): {e}"
         ) from None
 
 
@@ -261,12 +262,14 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
     estimator = resolve_estimator(config)
     if estimator not in advantages.ESTIMATORS:
         raise ConfigError(
-            f"config.rl.advantage_estimator={estimator!r} is unknown; valid: {advantages.ESTIMATORS}"
+            f"config.rl.advantage_estimator={estimator!r} is unknown; "
+            f"valid: {advantages.ESTIMATORS}"
         )
     if rl.group_size < 2:
         raise ConfigError(
-            f"config.rl.group_size={rl.group_size}: group-relative advantages compare each response "
-            f"with the other samples of its prompt ({estimator!r} divides by the group's std, which "
+            f"config.rl.group_size={rl.group_size}: group-relative advantages compare each "
+            f"response with the other samples of its prompt ({estimator!r} divides by the "
+            "group's std, which "
             "is 0 for a single sample), so every advantage would be 0 and nothing would train. "
             "Set --config.rl.group_size to 2 or more (8 is the default)."
         )

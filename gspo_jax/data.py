@@ -1,7 +1,7 @@
 """Grain pipelines from TFDS data sources to fixed-shape numpy batches.
 
     it = data.make_train_iterator(task, batch_size=P, seed=0, data_dir=D)   # infinite, resumable
-    batch = next(it)          # {"prompt": [P, Lp] int32, "prompt_length": [P] int32, <record fields>}
+    batch = next(it)  # {"prompt": [P, Lp] int32, "prompt_length": [P] int32, <record fields>}
     state = it.get_state()    # JSON-serialisable dict; it.set_state(state) resumes at that element
     for batch, num_valid in data.make_eval_batches(task, "test", batch_size=P, data_dir=D): ...
 
@@ -37,11 +37,15 @@ DEFAULT_DATA_DIR = os.path.join(os.path.expanduser("~"), ".cache", "gspo_jax", "
 
 
 def _data_dir(data_dir: str | os.PathLike | None) -> str:
-    return (
-        os.fspath(data_dir)
-        if data_dir is not None
-        else os.environ.get("GSPO_JAX_DATA_DIR", DEFAULT_DATA_DIR)
-    )
+    """``data_dir``, else $GSPO_JAX_DATA_DIR, else $GSPO_JAX_CACHE/tfds, else DEFAULT_DATA_DIR
+    (one environment variable moves every cache of a run, as the README says)."""
+    if data_dir is not None:
+        return os.fspath(data_dir)
+    if "GSPO_JAX_DATA_DIR" in os.environ:
+        return os.environ["GSPO_JAX_DATA_DIR"]
+    if "GSPO_JAX_CACHE" in os.environ:
+        return os.path.join(os.environ["GSPO_JAX_CACHE"], "tfds")
+    return DEFAULT_DATA_DIR
 
 
 def prepare(task: Task, data_dir: str | os.PathLike | None = None):

@@ -100,7 +100,9 @@ def make_data_iterator(config, task):
     )
     P = config.rl.prompts_per_step
     if mode == "slice":
-        it = data.make_train_iterator(task, batch_size=P, process_index=0, process_count=1, **kwargs)
+        it = data.make_train_iterator(
+            task, batch_size=P, process_index=0, process_count=1, **kwargs
+        )
         return ProcessSlice(it, pindex, pcount) if pcount > 1 else it
     if mode == "records":
         return data.make_train_iterator(
@@ -108,6 +110,4 @@ def make_data_iterator(config, task):
         )
     from gspo_jax.config import ConfigError
 
-    raise ConfigError(
-        f"config.data.process_sharding={mode!r}; valid: 'slice', 'records'"
-    )
+    raise ConfigError(f"config.data.process_sharding={mode!r}; valid: 'slice', 'records'")

@@ -38,8 +38,12 @@ from gspo_jax.tasks.task import Task
 
 def _formats(task: Task, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Format name of each response row."""
-    return np.array([task.response_format(task.split_response(t, m)[0])
-                     for t, m in zip(tokens, mask, strict=True)])
+    return np.array(
+        [
+            task.response_format(task.split_response(t, m)[0])
+            for t, m in zip(tokens, mask, strict=True)
+        ]
+    )
 
 
 def process_local_copy(model):
@@ -59,8 +63,7 @@ def process_local_copy(model):
     leaves = jax.tree.leaves(state)
     if all(getattr(x, "is_fully_addressable", True) for x in leaves):
         return model
-    replicated = jax.tree.map(
-        lambda x: NamedSharding(x.sharding.mesh, PartitionSpec()), state)
+    replicated = jax.tree.map(lambda x: NamedSharding(x.sharding.mesh, PartitionSpec()), state)
     state = jax.jit(lambda s: s, out_shardings=replicated)(state)
     local = jax.local_devices()[0]
     state = jax.tree.map(lambda x: jax.device_put(x.addressable_data(0), local), state)
@@ -91,18 +94,34 @@ def evaluate(
     T = max_new_tokens or task.max_response_len
     key = jax.random.key(seed)
     greedy, samples, g_fmt, s_fmt = [], [], [], []
-    for i, (batch, n) in enumerate(data.make_eval_batches(
-            task, split, batch_size=batch_size, num_problems=num_problems, data_dir=data_dir)):
+    for i, (batch, n) in enumerate(
+        data.make_eval_batches(
+            task, split, batch_size=batch_size, num_problems=num_problems, data_dir=data_dir
+        )
+    ):
         common = dict(max_new_tokens=T, eos_id=task.tokenizer.eos_id, pad_id=task.tokenizer.pad_id)
-        out = sampler.generate(model, batch["prompt"], batch["prompt_length"], num_samples=1,
-                               rng=jax.random.fold_in(key, 2 * i), temperature=0.0, **common)
+        out = sampler.generate(
+            model,
+            batch["prompt"],
+            batch["prompt_length"],
+            num_samples=1,
+            rng=jax.random.fold_in(key, 2 * i),
+            temperature=0.0,
+            **common,
+        )
         tokens, mask = np.asarray(out.tokens)[:n], np.asarray(out.mask)[:n]  # [n, T]
         scores = task.score({k: v[:n] for k, v in batch.items()}, tokens, mask, 1)
         scores["length"] = mask.sum(-1)
         greedy.append(scores)
-        out = sampler.generate(model, batch["prompt"], batch["prompt_length"], num_samples=pass_k,
-                               rng=jax.random.fold_in(key, 2 * i + 1), temperature=temperature,
-                               **common)
+        out = sampler.generate(
+            model,
+            batch["prompt"],
+            batch["prompt_length"],
+            num_samples=pass_k,
+            rng=jax.random.fold_in(key, 2 * i + 1),
+            temperature=temperature,
+            **common,
+        )
         s_tokens = np.asarray(out.tokens)[: n * pass_k]  # [n * k, T]
         s_mask = np.asarray(out.mask)[: n * pass_k]
         s_scores = task.score({k: v[:n] for k, v in batch.items()}, s_tokens, s_mask, pass_k)
@@ -133,6 +152,7 @@ def evaluate(
             sel = sf == fmt
             metrics[f"{fmt}_fraction"] = float(sel.mean())
             metrics[f"greedy_{fmt}_fraction"] = float((gf == fmt).mean())
-            metrics[f"{fmt}_accuracy"] = float(s["correct"][sel].mean()) if sel.any() else float(
-                "nan")
+            metrics[f"{fmt}_accuracy"] = (
+                float(s["correct"][sel].mean()) if sel.any() else float("nan")
+            )
     return metrics

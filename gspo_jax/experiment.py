@@ -71,7 +71,6 @@ def make_optimizer(opt_cfg: Any, total_updates: int) -> tuple[optax.GradientTran
     return optax.chain(*parts), schedule
 
 
-
 @dataclasses.dataclass
 class Run:
     """Everything built from the config before the first step."""
@@ -138,8 +137,14 @@ def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
     cache_dir = cache_dir or cache_dir_of(config)
     t0 = time.time()
     if config.init.kind == "warmstart":
-        model = _base_model(config, run.task, run.model_cfg, cache_dir, mesh=run.mesh,
-                            progress=config.log.progress and metrics_lib.is_writer_process())
+        model = _base_model(
+            config,
+            run.task,
+            run.model_cfg,
+            cache_dir,
+            mesh=run.mesh,
+            progress=config.log.progress and metrics_lib.is_writer_process(),
+        )
         _, params, _ = _split_model(model)
         params = jax.device_put(params, run.state_shardings)  # a no-op unless the rules differ
     elif config.init.kind == "random":
@@ -158,9 +163,15 @@ def _base_model(config, task, model_cfg, cache_dir: str, *, mesh, progress: bool
     from gspo_jax import warmstart
 
     try:
-        return warmstart.get_base_model(task, model_cfg, config.init.warmstart, cache_dir,
-                                        data_dir=config.data.data_dir or None,
-                                        progress=progress, mesh=mesh)
+        return warmstart.get_base_model(
+            task,
+            model_cfg,
+            config.init.warmstart,
+            cache_dir,
+            data_dir=config.data.data_dir or None,
+            progress=progress,
+            mesh=mesh,
+        )
     except FileNotFoundError as e:
         raise config_lib.ConfigError(str(e)) from None
 
@@ -236,5 +247,11 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None = None) -> No
     task = make_task(config)
     data.prepare(task, config.data.data_dir or None)
     if config.init.kind == "warmstart":
-        _base_model(config, task, build_model_config(config, task), cache_dir_of(config),
-                    mesh=None, progress=config.log.progress)
+        _base_model(
+            config,
+            task,
+            build_model_config(config, task),
+            cache_dir_of(config),
+            mesh=None,
+            progress=config.log.progress,
+        )

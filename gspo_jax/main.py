@@ -45,12 +45,14 @@ _PREPARE_ONLY = flags.DEFINE_bool(
     "prepare_only", False, "Only prepare the data and the cached warm start, then exit."
 )
 _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
-    "allow_config_change", False,
+    "allow_config_change",
+    False,
     "Resume even though the config differs from the checkpoint's in fields that change the "
     "experiment (the changed fields are listed; config.json keeps the earlier versions).",
 )
 _START_FRESH = flags.DEFINE_bool(
-    "start_fresh", False,
+    "start_fresh",
+    False,
     "Move the workdir's checkpoint folder aside (never deleted) and start from step 0.",
 )
 flags.mark_flags_as_required(["config", "workdir"])
@@ -73,8 +75,12 @@ def main(argv: list[str]) -> None:
 
         experiment.prepare(_CONFIG.value, _WORKDIR.value)
         return
-    trainer.train(_CONFIG.value, _WORKDIR.value, allow_config_change=_ALLOW_CONFIG_CHANGE.value,
-                  start_fresh=_START_FRESH.value)
+    trainer.train(
+        _CONFIG.value,
+        _WORKDIR.value,
+        allow_config_change=_ALLOW_CONFIG_CHANGE.value,
+        start_fresh=_START_FRESH.value,
+    )
 
 
 def _config_spec(argv: list[str]) -> str | None:
@@ -108,8 +114,10 @@ def run() -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C before the RL loop (which handles it itself)
-        print("interrupted before the first RL step; nothing was lost (rerun the same command)",
-              file=sys.stderr)
+        print(
+            "interrupted before the first RL step; nothing was lost (rerun the same command)",
+            file=sys.stderr,
+        )
         sys.exit(130)
     except Exception as e:
         code = _exit_code(e)

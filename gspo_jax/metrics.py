@@ -3,7 +3,7 @@
 Every run directory gets:
 
     <workdir>/config.json      the full config, written once at start
-    <workdir>/metrics.jsonl    one JSON object per line: {"step": int, "<prefix>/<name>": float, ...}
+    <workdir>/metrics.jsonl    one JSON object per line: {"step": int, "<prefix>/<name>": float}
     <workdir>/tb/              TensorBoard event files with the same scalars
 
 Metric names carry one of the prefixes ``train/`` (update step: loss, clip fractions, ratios,
@@ -12,8 +12,8 @@ zero-variance groups, rollout-vs-trainer log-prob difference), ``eval/`` (held-o
 ``time/`` (phase timings and throughput). The prefix is enforced so that notebooks and the sweep
 collector can rely on it.
 
-Only process 0 writes (docs/design.md convention 9): every other process gets a writer whose methods do
-nothing, so the trainer calls the same code on every host.
+Only process 0 writes (docs/design.md convention 9): every other process gets a writer whose
+methods do nothing, so the trainer calls the same code on every host.
 
 A resumed run cuts metrics.jsonl back to the restored step (a fresh start in a used workdir, to
 nothing), keeping the old file beside it (rundir.cut_metrics), and purges TensorBoard events after
@@ -91,8 +91,13 @@ def non_finite(metrics: Mapping[str, float], names: Iterable[str] = GUARDED) -> 
     return [f"{n}={metrics[n]}" for n in names if n in metrics and not math.isfinite(metrics[n])]
 
 
-def check_finite(metrics: Mapping[str, float], step: int, names: Iterable[str] = GUARDED, *,
-                 on_disk: str = "the last checkpoint in the workdir is intact") -> None:
+def check_finite(
+    metrics: Mapping[str, float],
+    step: int,
+    names: Iterable[str] = GUARDED,
+    *,
+    on_disk: str = "the last checkpoint in the workdir is intact",
+) -> None:
     """Raises NonFiniteError naming every guarded quantity that is NaN or inf at ``step``.
 
     ``on_disk`` says what the user can resume from (the trainer passes the checkpoint folder's
@@ -154,8 +159,9 @@ def read_jsonl(path: str) -> list[dict[str, float]]:
     """
     with open(path) as f:
         recs = [json.loads(line) for line in f if line.strip()]
-    return [{k: _NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in r.items()}
-            for r in recs]
+    return [
+        {k: _NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in r.items()} for r in recs
+    ]
 
 
 def _jsonable(x: Any) -> Any:
@@ -190,8 +196,9 @@ class MetricWriter:
         if tensorboard:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=keep_until + 1,
-                                     flush_secs=30)
+            self._tb = SummaryWriter(
+                os.path.join(workdir, "tb"), purge_step=keep_until + 1, flush_secs=30
+            )
 
     def write_config(self, config: Any) -> str | None:
         """Writes config.json (a ConfigDict, dict, or anything with to_dict()); an earlier,

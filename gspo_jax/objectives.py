@@ -388,7 +388,7 @@ def _sequence_terms(obj, delta, adv, mask, n_tok, nonempty):
 
 
 def _sequence_token_terms(obj, delta, adv, mask, n_tok, nonempty):
-    """GSPO-token: s_{i,t} = sg[s_i]·π_θ(y_{i,t})/sg[π_θ(y_{i,t})]: value s_i, gradient per token."""
+    """GSPO-token: s_{i,t} = sg[s_i]·π_θ(y_{i,t})/sg[π_θ(y_{i,t})]; value s_i, per-token grad."""
     if adv.ndim == 1:
         # With one A_i per response GSPO-token equals GSPO in value and gradient (GSPO eq. 14;
         # tested against this per-token path with a per-token A that is constant per response).

@@ -63,8 +63,9 @@ def changed_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple
     return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
-def check_resume_config(saved: Mapping[str, Any] | None, config: Any, step: int, *,
-                        allow_change: bool) -> list[str]:
+def check_resume_config(
+    saved: Mapping[str, Any] | None, config: Any, step: int, *, allow_change: bool
+) -> list[str]:
     """Refuses to resume a checkpoint written with another config; returns notes to print.
 
     Raises ConfigError listing every changed field outside SAFE_TO_CHANGE (unless
@@ -81,11 +82,15 @@ def check_resume_config(saved: Mapping[str, Any] | None, config: Any, step: int,
             f"this workdir's checkpoint (step {step}) was written with a different config: "
             f"{_fmt(unsafe)}. Rerun with the same config, pass another --workdir for a new run, or "
             f"pass --allow_config_change to resume with the new config anyway (safe to change "
-            f"without it: {', '.join(s.rstrip('.') + ('*' if s.endswith('.') else '') for s in SAFE_TO_CHANGE)})"
+            f"without it: {_safe_list()})"
         )
     if unsafe:
         notes.append(f"resuming with a changed config (--allow_config_change): {_fmt(unsafe)}")
     return notes
+
+
+def _safe_list() -> str:
+    return ", ".join(s.rstrip(".") + ("*" if s.endswith(".") else "") for s in SAFE_TO_CHANGE)
 
 
 def _fmt(changes: list[tuple[str, Any, Any]]) -> str:

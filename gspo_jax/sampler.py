@@ -143,8 +143,9 @@ def sample_token(logits: jax.Array, key, *, temperature: float, top_k: int, top_
     return tok, logp, sample_logp
 
 
-def prefill(model, prompts, prompt_lengths, *, num_samples: int, cache_len: int,
-            return_routes: bool = False):
+def prefill(
+    model, prompts, prompt_lengths, *, num_samples: int, cache_len: int, return_routes: bool = False
+):
     """Prefills each of the P prompts once and shares the result with its G samples.
 
     prompts [P, Lp], prompt_lengths [P] -> (logits [B, V] f32 predicting the first response
@@ -160,11 +161,18 @@ def prefill(model, prompts, prompt_lengths, *, num_samples: int, cache_len: int,
     slot = jnp.arange(Lp, dtype=jnp.int32)
     valid = slot[None, :] < n[:, None]  # [P, Lp]
     pos = jnp.broadcast_to(slot, (P, Lp))
-    out = model.forward(prompts.astype(jnp.int32), pos, attention_mask(valid, slot),
-                        token_mask=valid, cache=model.init_cache(P, Lp), write_index=0,
-                        return_routes=return_routes)
+    out = model.forward(
+        prompts.astype(jnp.int32),
+        pos,
+        attention_mask(valid, slot),
+        token_mask=valid,
+        cache=model.init_cache(P, Lp),
+        write_index=0,
+        return_routes=return_routes,
+    )
     h_last = jnp.take_along_axis(out["hidden"], (n - 1)[:, None, None], axis=1)[:, 0]  # [P, D]
     logits = jnp.repeat(model.logits(h_last), G, axis=0)  # [B, V]
+
     def extend(c, slot_axis):  # zero-extend the slot axis to cache_len, repeat rows G times
         pad = [(0, 0)] * c.ndim
         pad[slot_axis] = (0, cache_len - Lp)
@@ -172,14 +180,29 @@ def prefill(model, prompts, prompt_lengths, *, num_samples: int, cache_len: int,
 
     cache = [{"k": extend(c["k"], 3), "v": extend(c["v"], 2)} for c in out["cache"]]
     if return_routes:
-        routes = jnp.pad(jnp.repeat(out["routes"], G, axis=1),
-                         ((0, 0), (0, 0), (0, cache_len - Lp), (0, 0)))  # [L, B, cache_len, k]
+        routes = jnp.pad(
+            jnp.repeat(out["routes"], G, axis=1), ((0, 0), (0, 0), (0, cache_len - Lp), (0, 0))
+        )  # [L, B, cache_len, k]
         return logits, cache, jnp.repeat(n, G), routes
     return logits, cache, jnp.repeat(n, G)
 
 
-def _generate(graphdef, state, prompts, prompt_lengths, rng, eos_id, pad_id, *, num_samples,
-              max_new_tokens, temperature, top_k, top_p, return_routes):
+def _generate(
+    graphdef,
+    state,
+    prompts,
+    prompt_lengths,
+    rng,
+    eos_id,
+    pad_id,
+    *,
+    num_samples,
+    max_new_tokens,
+    temperature,
+    top_k,
+    top_p,
+    return_routes,
+):
     _TRACES["generate"] += 1
     model = nnx.merge(graphdef, state)
     G, T = num_samples, max_new_tokens
@@ -187,8 +210,9 @@ def _generate(graphdef, state, prompts, prompt_lengths, rng, eos_id, pad_id, *, 
     B, S = P * G, Lp + T
     slot = jnp.arange(S, dtype=jnp.int32)
     settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
-    pre = prefill(model, prompts, prompt_lengths, num_samples=G, cache_len=S,
-                  return_routes=return_routes)
+    pre = prefill(
+        model, prompts, prompt_lengths, num_samples=G, cache_len=S, return_routes=return_routes
+    )
     logits0, cache, n_b = pre[:3]
 
     tok, lp, slp = sample_token(logits0, jax.random.fold_in(rng, 0), **settings)
@@ -196,9 +220,13 @@ def _generate(graphdef, state, prompts, prompt_lengths, rng, eos_id, pad_id, *, 
     init = _LoopState(
         step=jnp.array(1, jnp.int32),
         tokens=jnp.full((B, T), pad_id, jnp.int32).at[:, 0].set(tok),
-        mask=zeros.at[:, 0].set(1.0), logp=zeros.at[:, 0].set(lp),
-        sample_logp=zeros.at[:, 0].set(slp), done=tok == eos_id, cache=cache,
-        routes=pre[3] if return_routes else None)
+        mask=zeros.at[:, 0].set(1.0),
+        logp=zeros.at[:, 0].set(lp),
+        sample_logp=zeros.at[:, 0].set(slp),
+        done=tok == eos_id,
+        cache=cache,
+        routes=pre[3] if return_routes else None,
+    )
 
     def cond(s: _LoopState):
         return (s.step < T) & ~jnp.all(s.done)
@@ -208,36 +236,71 @@ def _generate(graphdef, state, prompts, prompt_lengths, rng, eos_id, pad_id, *, 
         q_slot = Lp + t - 1  # slot of the token being fed (sampled at step t - 1)
         prev = jax.lax.dynamic_slice_in_dim(s.tokens, t - 1, 1, axis=1)  # [B, 1]
         key_valid = (slot[None, :] < n_b[:, None]) | ((slot >= Lp) & (slot <= q_slot))[None, :]
-        o = model.forward(prev, (n_b + t - 1)[:, None], key_valid[:, None, :],
-                          cache=s.cache, write_index=q_slot, return_routes=return_routes)
+        o = model.forward(
+            prev,
+            (n_b + t - 1)[:, None],
+            key_valid[:, None, :],
+            cache=s.cache,
+            write_index=q_slot,
+            return_routes=return_routes,
+        )
         new_tok, new_lp, new_slp = sample_token(
-            model.logits(o["hidden"][:, 0]), jax.random.fold_in(rng, t), **settings)
+            model.logits(o["hidden"][:, 0]), jax.random.fold_in(rng, t), **settings
+        )
         alive = ~s.done
         new_tok = jnp.where(alive, new_tok, pad_id)
         put = lambda buf, v: jax.lax.dynamic_update_slice_in_dim(buf, v[:, None], t, axis=1)
         return _LoopState(
-            step=t + 1, tokens=put(s.tokens, new_tok), mask=put(s.mask, alive.astype(jnp.float32)),
+            step=t + 1,
+            tokens=put(s.tokens, new_tok),
+            mask=put(s.mask, alive.astype(jnp.float32)),
             logp=put(s.logp, jnp.where(alive, new_lp, 0.0)),
             sample_logp=put(s.sample_logp, jnp.where(alive, new_slp, 0.0)),
-            done=s.done | (new_tok == eos_id), cache=o["cache"],
+            done=s.done | (new_tok == eos_id),
+            cache=o["cache"],
             routes=jax.lax.dynamic_update_slice_in_dim(s.routes, o["routes"], q_slot, axis=2)
-            if return_routes else None)
+            if return_routes
+            else None,
+        )
 
     final = jax.lax.while_loop(cond, body, init)
-    return SampleOutput(tokens=final.tokens, mask=final.mask, logp=final.logp,
-                        sample_logp=final.sample_logp,
-                        lengths=jnp.sum(final.mask, axis=-1).astype(jnp.int32),
-                        routes=final.routes)
+    return SampleOutput(
+        tokens=final.tokens,
+        mask=final.mask,
+        logp=final.logp,
+        sample_logp=final.sample_logp,
+        lengths=jnp.sum(final.mask, axis=-1).astype(jnp.int32),
+        routes=final.routes,
+    )
 
 
-_STATIC = ("graphdef", "num_samples", "max_new_tokens", "temperature", "top_k", "top_p",
-           "return_routes")
+_STATIC = (
+    "graphdef",
+    "num_samples",
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "return_routes",
+)
 _generate_jit = jax.jit(_generate, static_argnames=_STATIC)
 
 
-def generate(model, prompts, prompt_lengths, *, num_samples: int, max_new_tokens: int, rng,
-             temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, eos_id: int,
-             pad_id: int = 0, return_routes: bool = False) -> SampleOutput:
+def generate(
+    model,
+    prompts,
+    prompt_lengths,
+    *,
+    num_samples: int,
+    max_new_tokens: int,
+    rng,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_id: int,
+    pad_id: int = 0,
+    return_routes: bool = False,
+) -> SampleOutput:
     """Samples num_samples responses for each of P right-padded prompts.
 
     prompts [P, Lp] int32 right-padded, prompt_lengths [P] int32 (1 <= n <= Lp). Returns a
@@ -252,18 +315,22 @@ def generate(model, prompts, prompt_lengths, *, num_samples: int, max_new_tokens
     prompts = jnp.asarray(prompts)
     prompt_lengths = jnp.asarray(prompt_lengths)
     if prompts.ndim != 2 or prompt_lengths.shape != prompts.shape[:1]:
-        raise ValueError(f"prompts must be [P, Lp] and prompt_lengths [P]; got {prompts.shape} "
-                         f"and {prompt_lengths.shape}.")
+        raise ValueError(
+            f"prompts must be [P, Lp] and prompt_lengths [P]; got {prompts.shape} "
+            f"and {prompt_lengths.shape}."
+        )
     P, Lp = prompts.shape
     if Lp + max_new_tokens > cfg.max_seq_len:
         raise ValueError(
             f"Prompt length {Lp} + max_new_tokens {max_new_tokens} = {Lp + max_new_tokens} "
             f"exceeds the model's cache limit max_seq_len={cfg.max_seq_len}. Truncate the prompts "
             f"(or pad them less), lower max_new_tokens, or build the model with "
-            f"get_model_config(..., max_seq_len={Lp + max_new_tokens}).")
+            f"get_model_config(..., max_seq_len={Lp + max_new_tokens})."
+        )
     if num_samples < 1 or max_new_tokens < 1:
-        raise ValueError(f"num_samples={num_samples} and max_new_tokens={max_new_tokens} must be "
-                         f">= 1.")
+        raise ValueError(
+            f"num_samples={num_samples} and max_new_tokens={max_new_tokens} must be >= 1."
+        )
     if not 0 <= top_k <= cfg.vocab_size:
         raise ValueError(f"top_k={top_k} must be in [0, vocab_size={cfg.vocab_size}] (0 = off).")
     if not 0.0 < top_p <= 1.0:
@@ -273,20 +340,37 @@ def generate(model, prompts, prompt_lengths, *, num_samples: int, max_new_tokens
     if temperature < 0:
         raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy).")
     if not -1 <= eos_id < cfg.vocab_size or not 0 <= pad_id < cfg.vocab_size:
-        raise ValueError(f"eos_id={eos_id} and pad_id={pad_id} must be token ids in "
-                         f"[0, {cfg.vocab_size}) (eos_id=-1: never stop early).")
+        raise ValueError(
+            f"eos_id={eos_id} and pad_id={pad_id} must be token ids in "
+            f"[0, {cfg.vocab_size}) (eos_id=-1: never stop early)."
+        )
     if not isinstance(prompt_lengths, jax.core.Tracer):
         # Multi-host: np.asarray cannot read rows other hosts hold, so every process gathers all
         # of them (a small collective; every host calls generate alike) and all raise together.
-        lengths = (np.asarray(prompt_lengths) if prompt_lengths.is_fully_addressable
-                   else np.asarray(multihost_utils.process_allgather(prompt_lengths, tiled=True)))
+        lengths = (
+            np.asarray(prompt_lengths)
+            if prompt_lengths.is_fully_addressable
+            else np.asarray(multihost_utils.process_allgather(prompt_lengths, tiled=True))
+        )
         if lengths.min() < 1 or lengths.max() > Lp:
-            raise ValueError(f"prompt_lengths must be in [1, Lp={Lp}]; got min {lengths.min()}, "
-                             f"max {lengths.max()}. Every prompt needs at least one token.")
+            raise ValueError(
+                f"prompt_lengths must be in [1, Lp={Lp}]; got min {lengths.min()}, "
+                f"max {lengths.max()}. Every prompt needs at least one token."
+            )
     chex.assert_type([prompts, prompt_lengths], [int, int])
     graphdef, state = nnx.split(model)
-    return _generate_jit(graphdef, state, prompts, prompt_lengths, rng,
-                         jnp.asarray(eos_id, jnp.int32), jnp.asarray(pad_id, jnp.int32),
-                         num_samples=int(num_samples), max_new_tokens=int(max_new_tokens),
-                         temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
-                         return_routes=bool(return_routes))
+    return _generate_jit(
+        graphdef,
+        state,
+        prompts,
+        prompt_lengths,
+        rng,
+        jnp.asarray(eos_id, jnp.int32),
+        jnp.asarray(pad_id, jnp.int32),
+        num_samples=int(num_samples),
+        max_new_tokens=int(max_new_tokens),
+        temperature=float(temperature),
+        top_k=int(top_k),
+        top_p=float(top_p),
+        return_routes=bool(return_routes),
+    )

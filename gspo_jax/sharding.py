@@ -69,20 +69,27 @@ def make_mesh(mesh_cfg: Mapping[str, int] | Any | None = None, devices=None) -> 
         raise ValueError(f"Unknown mesh axes {unknown}; valid axes: {MESH_AXES}.")
     sizes = [int(cfg.get(a, 1)) for a in MESH_AXES]
     if sizes.count(-1) > 1:
-        raise ValueError(f"At most one mesh axis may be -1 (fill); got {dict(zip(MESH_AXES, sizes, strict=True))}.")
+        raise ValueError(
+            "At most one mesh axis may be -1 (fill); "
+            f"got {dict(zip(MESH_AXES, sizes, strict=True))}."
+        )
     if any(s == 0 or s < -1 for s in sizes):
-        raise ValueError(f"Mesh axis sizes must be >= 1 or -1; got {dict(zip(MESH_AXES, sizes, strict=True))}.")
+        raise ValueError(
+            f"Mesh axis sizes must be >= 1 or -1; got {dict(zip(MESH_AXES, sizes, strict=True))}."
+        )
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
         if len(devices) % known:
             raise ValueError(
                 f"Cannot fill a mesh axis: {len(devices)} devices are not divisible by the product "
-                f"{known} of the other axes {dict(zip(MESH_AXES, sizes, strict=True))}.")
+                f"{known} of the other axes {dict(zip(MESH_AXES, sizes, strict=True))}."
+            )
         sizes[sizes.index(-1)] = len(devices) // known
     if math.prod(sizes) != len(devices):
         raise ValueError(
             f"Mesh {dict(zip(MESH_AXES, sizes, strict=True))} needs {math.prod(sizes)} devices but "
-            f"{len(devices)} are available; set one axis to -1 to fill.")
+            f"{len(devices)} are available; set one axis to -1 to fill."
+        )
     return jax.sharding.Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
 
 
@@ -90,8 +97,9 @@ def _mesh_axis_sizes(mesh) -> dict[str, int]:
     return dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True))
 
 
-def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], mesh
-                    ) -> PartitionSpec:
+def logical_to_spec(
+    logical_axes: Sequence[str | None], shape: Sequence[int], mesh
+) -> PartitionSpec:
     """PartitionSpec for an array of `shape` whose dimensions carry `logical_axes`.
 
     Mesh axes absent from `mesh`, of size 1, already used by an earlier dimension, or not
@@ -106,8 +114,12 @@ def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int], me
         axes = (target,) if isinstance(target, str) else tuple(target or ())
         kept = []
         for a in axes:
-            if a in sizes and sizes[a] > 1 and a not in used and dim % (
-                    math.prod(sizes[k] for k in kept) * sizes[a]) == 0:
+            if (
+                a in sizes
+                and sizes[a] > 1
+                and a not in used
+                and dim % (math.prod(sizes[k] for k in kept) * sizes[a]) == 0
+            ):
                 kept.append(a)
         used.update(kept)
         spec.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
@@ -139,7 +151,7 @@ def state_shardings(state, mesh: jax.sharding.Mesh):
         if isinstance(v, nnx.Variable):
             axes = v.get_metadata().get("out_sharding")
             shape = v.get_value().shape
-            spec = (logical_to_spec(axes, shape, mesh) if axes else PartitionSpec())
+            spec = logical_to_spec(axes, shape, mesh) if axes else PartitionSpec()
             return v.replace(NamedSharding(mesh, spec))
         return NamedSharding(mesh, PartitionSpec())
 
@@ -149,8 +161,9 @@ def state_shardings(state, mesh: jax.sharding.Mesh):
 def with_shardings(abstract, shardings):
     """ShapeDtypeStructs of ``abstract`` (arrays or ShapeDtypeStructs) carrying ``shardings`` (a
     tree of the same structure): the target orbax restores into and jit lowers with."""
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, shardings)
+    return jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings
+    )
 
 
 def create_sharded_model(cfg, mesh: jax.sharding.Mesh, rng_seed: int = 0):

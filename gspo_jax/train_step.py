@@ -193,7 +193,9 @@ def make_update_fn(
 
     def micro_loss(params, mb, den):
         out = _forward(graphdef, params, rest, mb, temperature)
-        sums = objective.sums(out["logp"], mb["old_logp"], mb["adv"], mb["mask"], mb.get("ref_logp"))
+        sums = objective.sums(
+            out["logp"], mb["old_logp"], mb["adv"], mb["mask"], mb.get("ref_logp")
+        )
         mask = mb["mask"]
         diff = (out["logp"] - mb["old_logp"]) * mask
         extra = {
@@ -258,7 +260,9 @@ def make_update_fn(
             raise ValueError(f"{B} rows do not split into {K} minibatches; see config.validate")
         key = jax.random.wrap_key_data(shuffle_key)
         if shuffle:
-            perms = [jax.random.permutation(jax.random.fold_in(key, e), B) for e in range(num_epochs)]
+            perms = [
+                jax.random.permutation(jax.random.fold_in(key, e), B) for e in range(num_epochs)
+            ]
         else:
             perms = [jnp.arange(B) for _ in range(num_epochs)]
         idx = jnp.stack(perms).reshape(num_epochs * K, B // K)  # [μK, Bm] rows of each minibatch
@@ -286,7 +290,7 @@ def make_update_fn(
     return update
 
 
-# ------------------------------------------------------------------------------------ RL step phases
+# ---------------------------------------------------------------------------------- RL step phases
 
 
 def make_rollout_fn(run: Run):
@@ -324,7 +328,8 @@ def make_rollout_fn(run: Run):
         lengths=sharding.rows_sharding(run.mesh, 1),
         # [L, B, S, k]: the rollout's expert choices, for Routing Replay
         routes=NamedSharding(run.mesh, PartitionSpec(None, rows, None, None))
-        if rl.routing_replay else None,
+        if rl.routing_replay
+        else None,
     )
     return jax.jit(fn, out_shardings=out_sh)
 
@@ -352,8 +357,10 @@ def make_prepare_fn(run: Run):
         }
         if sample.routes is not None:  # Routing Replay: the update replays the rollout's experts
             batch["routes"] = jnp.swapaxes(sample.routes, 0, 1)  # [B, L, S, k]
-        batch = {k: jax.lax.with_sharding_constraint(v, sharding.rows_sharding(run.mesh, v.ndim))
-                 for k, v in batch.items()}
+        batch = {
+            k: jax.lax.with_sharding_constraint(v, sharding.rows_sharding(run.mesh, v.ndim))
+            for k, v in batch.items()
+        }
         lens = sample.mask.sum(-1)  # [B]
         has_eos = ((sample.tokens == eos_id) & (sample.mask > 0)).any(-1)
         m = {
@@ -369,8 +376,6 @@ def make_prepare_fn(run: Run):
         return batch, m
 
     return jax.jit(fn)
-
-
 
 
 @dataclasses.dataclass
@@ -389,13 +394,30 @@ def make_phases(run: Run, state: TrainState, with_ref: bool) -> Phases:
     row_spec = sharding.row_spec(run.mesh)
     logprob = ref = None
     if rl.recompute_old_logp:
-        logprob = jax.jit(make_logprob_fn(
-            run.graphdef, run.rest, temperature=rl.temperature, num_chunks=rl.num_minibatches,
-            return_routes=False, row_spec=row_spec, mesh=run.mesh))
+        logprob = jax.jit(
+            make_logprob_fn(
+                run.graphdef,
+                run.rest,
+                temperature=rl.temperature,
+                num_chunks=rl.num_minibatches,
+                return_routes=False,
+                row_spec=row_spec,
+                mesh=run.mesh,
+            )
+        )
     if with_ref:
-        ref = jax.jit(make_logprob_fn(
-            run.graphdef, run.rest, temperature=rl.temperature, num_chunks=rl.num_minibatches,
-            return_routes=False, row_spec=row_spec, mesh=run.mesh, replay_routes=False))
+        ref = jax.jit(
+            make_logprob_fn(
+                run.graphdef,
+                run.rest,
+                temperature=rl.temperature,
+                num_chunks=rl.num_minibatches,
+                return_routes=False,
+                row_spec=row_spec,
+                mesh=run.mesh,
+                replay_routes=False,
+            )
+        )
     update = jax.jit(
         make_update_fn(
             run.graphdef,
@@ -417,8 +439,9 @@ def make_phases(run: Run, state: TrainState, with_ref: bool) -> Phases:
     return Phases(make_rollout_fn(run), make_prepare_fn(run), logprob, ref, update)
 
 
-def rl_step(run: Run, phases: Phases, state: TrainState, batch_local: dict, *,
-            ref_params=None) -> tuple[TrainState, dict[str, float]]:
+def rl_step(
+    run: Run, phases: Phases, state: TrainState, batch_local: dict, *, ref_params=None
+) -> tuple[TrainState, dict[str, float]]:
     """One RL step on this process's prompts ``batch_local``; returns (state, host metrics).
 
     Phases are timed with block_until_ready at their boundaries (time/rollout_s, time/reward_s,
@@ -434,8 +457,12 @@ def rl_step(run: Run, phases: Phases, state: TrainState, batch_local: dict, *,
         sample = phases.rollout(state.params, prompts, lengths, keys["rollout"])
         jax.block_until_ready(sample.tokens)
     t1 = time.time()
-    scores = run.task.score(batch_local, distributed.to_local(sample.tokens),
-                            distributed.to_local(sample.mask), rl.group_size)
+    scores = run.task.score(
+        batch_local,
+        distributed.to_local(sample.tokens),
+        distributed.to_local(sample.mask),
+        rl.group_size,
+    )
     rewards = distributed.to_global(scores["reward"].astype(np.float32), mesh)
     score_parts = {k: distributed.to_global(v.astype(np.float32), mesh) for k, v in scores.items()}
     t2 = time.time()
@@ -465,13 +492,15 @@ def rl_step(run: Run, phases: Phases, state: TrainState, batch_local: dict, *,
     m.update(metrics_lib.with_prefix("rollout/", pass_m))
     m.update({f"rollout/{k}": jnp.mean(v) for k, v in score_parts.items()})
     m = metrics_lib.to_host_scalars(m)
-    m.update({
-        "time/rollout_s": t1 - t0,
-        "time/reward_s": t2 - t1,
-        "time/logp_s": t3 - t2,
-        "time/update_s": t4 - t3,
-        "time/step_s": t4 - t0,
-        "time/tokens_per_s": m["rollout/tokens"] / max(t4 - t0, 1e-9),
-        "time/rollout_tokens_per_s": m["rollout/tokens"] / max(t1 - t0, 1e-9),
-    })
+    m.update(
+        {
+            "time/rollout_s": t1 - t0,
+            "time/reward_s": t2 - t1,
+            "time/logp_s": t3 - t2,
+            "time/update_s": t4 - t3,
+            "time/step_s": t4 - t0,
+            "time/tokens_per_s": m["rollout/tokens"] / max(t4 - t0, 1e-9),
+            "time/rollout_tokens_per_s": m["rollout/tokens"] / max(t1 - t0, 1e-9),
+        }
+    )
     return state, m

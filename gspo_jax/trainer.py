@@ -1,4 +1,4 @@
-"""The RL loop: rollout -> reward -> group advantages -> (old/ref log-probs) -> update -> log/eval/save.
+"""The RL loop: rollout -> reward -> advantages -> (old/ref log-probs) -> update -> log/eval/save.
 
     summary = trainer.train(config, workdir)     # what `python -m gspo_jax.main` calls
 
@@ -74,8 +74,7 @@ def evaluate(run: exp.Run, params) -> dict[str, float] | None:
         return None
     # Multi-host: evaluation.evaluate gives every process its own whole copy of the parameters
     # and leaves the mesh; single-process it samples on the mesh.
-    mesh_ctx = (sharding.use_mesh(run.mesh) if jax.process_count() == 1
-                else contextlib.nullcontext())
+    mesh_ctx = sharding.use_mesh(run.mesh) if jax.process_count() == 1 else contextlib.nullcontext()
     model = nnx.merge(run.graphdef, params, run.rest)
     with mesh_ctx:
         out = evaluation.evaluate(
@@ -135,12 +134,20 @@ class StopSignals:
 
     def _handle(self, signum, frame):
         if self.signum and signum == signal.SIGINT:
-            print("\nsecond interrupt: exiting now (a save in flight is abandoned; the previous "
-                  "checkpoint is intact)", file=sys.stderr, flush=True)
+            print(
+                "\nsecond interrupt: exiting now (a save in flight is abandoned; the previous "
+                "checkpoint is intact)",
+                file=sys.stderr,
+                flush=True,
+            )
             os._exit(128 + signum)
         self.signum = self.signum or signum
-        print(f"\n{signal.Signals(signum).name}: stopping after this step and saving it "
-              "(Ctrl-C again to exit at once)", file=sys.stderr, flush=True)
+        print(
+            f"\n{signal.Signals(signum).name}: stopping after this step and saving it "
+            "(Ctrl-C again to exit at once)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -172,8 +179,14 @@ def _saved_config(ckpt: checkpoint_lib.Checkpointer, step: int, workdir: str) ->
     return saved if saved is not None else rundir.read_config_json(workdir)
 
 
-def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | None = None,
-          allow_config_change: bool = False, start_fresh: bool = False) -> dict | None:
+def train(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    stop_after: int | None = None,
+    allow_config_change: bool = False,
+    start_fresh: bool = False,
+) -> dict | None:
     """Runs (or resumes) the experiment ``config`` in ``workdir``; returns the summary dict.
 
     Every configuration check runs first (config.validate), so a bad config fails in seconds; a
@@ -205,10 +218,13 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
     )
     latest = ckpt.latest_step()
     if latest is not None:
-        notes += rundir.check_resume_config(_saved_config(ckpt, latest, workdir), config, latest,
-                                            allow_change=allow_config_change)
+        notes += rundir.check_resume_config(
+            _saved_config(ckpt, latest, workdir), config, latest, allow_change=allow_config_change
+        )
     restored = ckpt.restore_latest(
-        exp.abstract_state(run, run.abs_params), data_iter, report=notes.append,
+        exp.abstract_state(run, run.abs_params),
+        data_iter,
+        report=notes.append,
         any_process_count=config.data.process_sharding == "slice",
     )
     resumed_step = restored[0] if restored is not None else None
@@ -219,8 +235,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
     if kept:
         notes.append(f"config.json changed; the earlier one is kept as {kept}")
     if writer.metrics_aside:
-        notes.append(f"metrics.jsonl cut back to step {resumed_step or 0}; the full earlier "
-                     f"file is kept as {writer.metrics_aside}")
+        notes.append(
+            f"metrics.jsonl cut back to step {resumed_step or 0}; the full earlier "
+            f"file is kept as {writer.metrics_aside}"
+        )
     meta_config = {"config": rundir.config_dict(config), "config_hash": rundir.config_hash(config)}
 
     # ---- initial state: resume, or the base policy
@@ -253,8 +271,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
                     json.dump(base_eval, f, indent=2)
             notes.append("base  " + _fmt_eval(base_eval))
     phases = ts.make_phases(run, state, with_ref=ref_params is not None)
-    log = metrics_lib.Progress(total=rl.num_steps, initial=resumed_step or 0,
-                               enabled=None if config.log.progress else False)
+    log = metrics_lib.Progress(
+        total=rl.num_steps,
+        initial=resumed_step or 0,
+        enabled=None if config.log.progress else False,
+    )
     for note in notes:
         log.write(note)
 
@@ -297,7 +318,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
                         ckpt.close()
                         raise metrics_lib.CollapseError(
                             f"stopped at step {done} (config.rl.stop_on_collapse): "
-                            f"{warning.removeprefix('warning: ')}")
+                            f"{warning.removeprefix('warning: ')}"
+                        )
                 signum = signals.agreed()
                 if signum and done < rl.num_steps:
                     save(done, force=True)
@@ -324,10 +346,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, stop_after: int | 
         "workdir": workdir,
     }
     if summary["base"] and summary["final"]:
-        summary["delta_greedy_accuracy"] = (
-            summary["final"].get("greedy_accuracy", np.nan)
-            - summary["base"].get("greedy_accuracy", np.nan)
-        )
+        summary["delta_greedy_accuracy"] = summary["final"].get(
+            "greedy_accuracy", np.nan
+        ) - summary["base"].get("greedy_accuracy", np.nan)
     if metrics_lib.is_writer_process():
         with open(os.path.join(workdir, "summary.json"), "w") as f:
             json.dump(_strict_json(summary), f, indent=2, allow_nan=False)

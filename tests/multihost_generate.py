@@ -27,15 +27,23 @@ cfg = models.get_model_config("tiny", vocab_size=16, max_seq_len=32)
 graphdef, state = nnx.split(models.Transformer(cfg, rngs=nnx.Rngs(0)))
 replicated = NamedSharding(mesh, PartitionSpec())
 state = jax.tree.map(
-    lambda x: jax.make_array_from_process_local_data(replicated, np.asarray(x)), state)
+    lambda x: jax.make_array_from_process_local_data(replicated, np.asarray(x)), state
+)
 rows = NamedSharding(mesh, PartitionSpec("data"))
 lengths = np.array([4, 9 if (mode == "bad" and pid == 1) else 2], np.int32)  # Lp = 4
 prompts = jax.make_array_from_process_local_data(rows, np.full((2, 4), 3, np.int32))
 lengths = jax.make_array_from_process_local_data(rows, lengths)
 try:
     with sharding.use_mesh(mesh):
-        out = sampler.generate(nnx.merge(graphdef, state), prompts, lengths, num_samples=2,
-                               max_new_tokens=4, rng=jax.random.key(0), eos_id=1)
+        out = sampler.generate(
+            nnx.merge(graphdef, state),
+            prompts,
+            lengths,
+            num_samples=2,
+            max_new_tokens=4,
+            rng=jax.random.key(0),
+            eos_id=1,
+        )
     print(f"RESULT ok {out.tokens.shape}", flush=True)
 except ValueError as e:
     print(f"RESULT ValueError {e}", flush=True)

@@ -126,7 +126,9 @@ _ABS = {"x": jax.ShapeDtypeStruct((64,), jnp.float32)}
 
 def _truncate_array_files(step_dir):
     """Cuts the array data files (orbax's OCDBT data under state/.../d/) to 10 bytes."""
-    files = [p for p in step_dir.joinpath("state").rglob("*") if p.is_file() and p.parent.name == "d"]
+    files = [
+        p for p in step_dir.joinpath("state").rglob("*") if p.is_file() and p.parent.name == "d"
+    ]
     assert files
     for f in files:
         f.write_bytes(f.read_bytes()[:10])
@@ -224,8 +226,9 @@ def _failing_writer(monkeypatch, delay=0.2):
     monkeypatch.setattr(ocp.type_handlers.ArrayHandler, "serialize", serialize)
 
 
-def test_failed_background_save_surfaces_in_one_line_and_keeps_the_previous(tmp_path,
-                                                                            monkeypatch, capfd):
+def test_failed_background_save_surfaces_in_one_line_and_keeps_the_previous(
+    tmp_path, monkeypatch, capfd
+):
     import time
 
     ck = checkpoint.Checkpointer(str(tmp_path), save_every=1)

@@ -189,8 +189,21 @@ def _sweep_module():
 
 def test_sweep_expands_to_commands_and_collects_tables(tmp_path, capsys):
     sweep = _sweep_module()
-    assert sweep.main(["--config", f"{ARITH}:runlocal", "--sweep", "seeds=1",
-                       "--workdir", str(tmp_path), "--dry_run", "--config.rl.num_steps=2"]) == 0
+    assert (
+        sweep.main(
+            [
+                "--config",
+                f"{ARITH}:runlocal",
+                "--sweep",
+                "seeds=1",
+                "--workdir",
+                str(tmp_path),
+                "--dry_run",
+                "--config.rl.num_steps=2",
+            ]
+        )
+        == 0
+    )
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 10
     assert all("gspo_jax.main" in ln and "--config.rl.num_steps=2" in ln for ln in lines)
@@ -199,13 +212,22 @@ def test_sweep_expands_to_commands_and_collects_tables(tmp_path, capsys):
     runs = sweep.load_sweep(ARITH, "seeds=1")[:2]
     wd = tmp_path / runs[0]["name"]
     wd.mkdir()
-    (wd / "summary.json").write_text(json.dumps({
-        "base": {"greedy_accuracy": 0.3, "mean_response_length": 6.0},
-        "final": {"greedy_accuracy": 0.5, "mean_response_length": 20.0},
-        "steps": 2, "wall_s": 9.0}))
+    (wd / "summary.json").write_text(
+        json.dumps(
+            {
+                "base": {"greedy_accuracy": 0.3, "mean_response_length": 6.0},
+                "final": {"greedy_accuracy": 0.5, "mean_response_length": 20.0},
+                "steps": 2,
+                "wall_s": 9.0,
+            }
+        )
+    )
     (wd / "metrics.jsonl").write_text(
-        json.dumps({"step": 1, "train/clip_frac": 0.1, "rollout/reward": 0.4}) + "\n"
-        + json.dumps({"step": 2, "train/clip_frac": 0.3, "rollout/reward": 0.6}) + "\n")
+        json.dumps({"step": 1, "train/clip_frac": 0.1, "rollout/reward": 0.4})
+        + "\n"
+        + json.dumps({"step": 2, "train/clip_frac": 0.3, "rollout/reward": 0.6})
+        + "\n"
+    )
     rows = sweep.collect(runs, str(tmp_path))
     assert rows[0]["status"] == "ok" and rows[1]["status"] == "missing"
     assert rows[0]["delta_acc"] == pytest.approx(0.2)
@@ -228,5 +250,11 @@ def test_multihost_cold_warm_start_cache_is_a_config_error(tmp_path, monkeypatch
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(warmstart, "train", lambda *a, **k: pytest.fail("trained on every host"))
     with pytest.raises(ConfigError, match="--prepare_only"):
-        experiment._base_model(c, task, experiment.build_model_config(c, task),
-                               c.init.cache_dir, mesh=None, progress=False)
+        experiment._base_model(
+            c,
+            task,
+            experiment.build_model_config(c, task),
+            c.init.cache_dir,
+            mesh=None,
+            progress=False,
+        )

@@ -34,8 +34,7 @@ def test_builder_is_deterministic_cached_and_splits_disjoint(name, tmp_path):
     assert builder.is_prepared()
     mtime = {p.name: p.stat().st_mtime for p in (tmp_path / "a").rglob("*.array_record*")}
     data.load_source(task, "train", tmp_path / "a")
-    assert mtime == {p.name: p.stat().st_mtime
-                     for p in (tmp_path / "a").rglob("*.array_record*")}
+    assert mtime == {p.name: p.stat().st_mtime for p in (tmp_path / "a").rglob("*.array_record*")}
     # Different knobs live in their own builder config.
     other = tasks.get_task(name, num_train=150, num_test=30, seed=3)
     assert _prompts(data.load_source(other, "train", tmp_path / "a")) != a["train"]
@@ -48,7 +47,11 @@ def test_batches_have_fixed_shapes(arith, data_dir):
         assert batch["prompt"].shape == (16, arith.max_prompt_len)
         assert batch["prompt"].dtype == np.int32 and batch["prompt_length"].dtype == np.int32
         assert {k: v.shape for k, v in batch.items() if k != "prompt"} == {
-            "prompt_length": (16,), "a": (16,), "b": (16,), "target": (16,)}
+            "prompt_length": (16,),
+            "a": (16,),
+            "b": (16,),
+            "target": (16,),
+        }
         for row, n in zip(batch["prompt"], batch["prompt_length"], strict=True):
             assert row[0] == arith.tokenizer.bos_id and (row[n:] == arith.tokenizer.pad_id).all()
             assert arith.tokenizer.decode(row[:n]).endswith("=")
@@ -85,15 +88,17 @@ def test_resume_from_saved_state(arith, data_dir):
 def test_per_process_shards_are_disjoint(arith, data_dir):
     seen = []
     for index in range(2):
-        it = data.make_train_iterator(arith, batch_size=10, seed=0, data_dir=data_dir,
-                                      process_index=index, process_count=2)
+        it = data.make_train_iterator(
+            arith, batch_size=10, seed=0, data_dir=data_dir, process_index=index, process_count=2
+        )
         batches = [next(it) for _ in range(10)]  # one epoch of this 100-record shard
         seen.append({(a, b) for x in batches for a, b in zip(x["a"], x["b"], strict=True)})
     assert len(seen[0]) == len(seen[1]) == 100
     assert not seen[0] & seen[1]
     with pytest.raises(ValueError, match="process_index"):
-        data.make_train_iterator(arith, batch_size=4, seed=0, data_dir=data_dir,
-                                 process_index=2, process_count=2)
+        data.make_train_iterator(
+            arith, batch_size=4, seed=0, data_dir=data_dir, process_index=2, process_count=2
+        )
 
 
 def test_eval_batches_cover_the_split_in_order(arith, data_dir):
@@ -103,8 +108,10 @@ def test_eval_batches_cover_the_split_in_order(arith, data_dir):
     targets = np.concatenate([b["target"][:n] for b, n in batches])
     source = data.load_source(arith, "test", data_dir)
     np.testing.assert_array_equal(targets, [source[i]["target"] for i in range(len(source))])
-    assert len(data.make_eval_batches(arith, "test", batch_size=16, num_problems=5,
-                                      data_dir=data_dir)) == 1
+    assert (
+        len(data.make_eval_batches(arith, "test", batch_size=16, num_problems=5, data_dir=data_dir))
+        == 1
+    )
 
 
 def test_bad_inputs_fail_with_a_message(arith, data_dir):
@@ -116,5 +123,4 @@ def test_bad_inputs_fail_with_a_message(arith, data_dir):
 
 def test_missing_catalogue_dataset_says_how_to_get_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="tfds build gsm8k"):
-        data.make_train_iterator(tasks.get_task("gsm8k"), batch_size=2, seed=0,
-                                 data_dir=tmp_path)
+        data.make_train_iterator(tasks.get_task("gsm8k"), batch_size=2, seed=0, data_dir=tmp_path)

@@ -114,7 +114,9 @@ def test_fresh_start_in_a_used_workdir_keeps_the_old_log_aside(tmp_path):
     w.write(1, {"train/loss": 2.0})
     w.close()
     assert w.metrics_aside == str(tmp_path / "metrics.1.jsonl")
-    assert [r["train/loss"] for r in metrics_lib.read_jsonl(str(tmp_path / "metrics.jsonl"))] == [2.0]
+    assert [r["train/loss"] for r in metrics_lib.read_jsonl(str(tmp_path / "metrics.jsonl"))] == [
+        2.0
+    ]
     assert [r["train/loss"] for r in metrics_lib.read_jsonl(w.metrics_aside)] == [1.0]
 
 
@@ -132,4 +134,8 @@ def test_summary_json_is_strict():
     from gspo_jax import trainer
 
     s = trainer._strict_json({"a": math.nan, "b": [1.0, math.inf], "c": {"d": 2}})
-    assert json.loads(json.dumps(s, allow_nan=False)) == {"a": None, "b": [1.0, None], "c": {"d": 2}}
+    assert json.loads(json.dumps(s, allow_nan=False)) == {
+        "a": None,
+        "b": [1.0, None],
+        "c": {"d": 2},
+    }

@@ -29,8 +29,9 @@ def _batch(V, seed=0):
     return jnp.asarray(prompts), jnp.asarray(LENGTHS), jnp.asarray(responses)
 
 
-logprobs = nnx.jit(models.response_logprobs,
-                   static_argnames=("temperature", "chunk", "return_routes"))
+logprobs = nnx.jit(
+    models.response_logprobs, static_argnames=("temperature", "chunk", "return_routes")
+)
 
 
 @nnx.jit
@@ -46,7 +47,7 @@ def _reference_logits(model, prompts, lengths, responses):
     seq = np.zeros((B, prompts.shape[1] + T_), np.int32)
     for b in range(B):
         n = int(lengths[b])
-        seq[b, :n + T_] = np.concatenate([prompts[b, :n], responses[b]])
+        seq[b, : n + T_] = np.concatenate([prompts[b, :n], responses[b]])
     logits = _causal_logits(model, jnp.asarray(seq))
     idx = np.asarray(lengths)[:, None] - 1 + np.arange(T_)[None]
     return jnp.take_along_axis(logits, jnp.asarray(idx)[..., None], axis=1)
@@ -55,8 +56,14 @@ def _reference_logits(model, prompts, lengths, responses):
 def test_get_model_config_presets_and_errors():
     cfg = models.get_model_config("small", vocab_size=32)
     assert cfg.vocab_size == 32 and cfg.name == "small"
-    assert set(models.PRESETS) >= {"tiny", "small", "small_moe", "qwen3_0_6b", "qwen3_1_7b",
-                                   "qwen3_30b_a3b"}
+    assert set(models.PRESETS) >= {
+        "tiny",
+        "small",
+        "small_moe",
+        "qwen3_0_6b",
+        "qwen3_1_7b",
+        "qwen3_30b_a3b",
+    }
     with pytest.raises(ValueError, match="valid presets"):
         models.get_model_config("qwen9")
     with pytest.raises(ValueError, match="valid fields"):
@@ -65,9 +72,10 @@ def test_get_model_config_presets_and_errors():
         models.get_model_config("tiny", num_heads=3)
 
 
-@pytest.mark.parametrize("name,total,active", [
-    ("qwen3_0_6b", 0.596e9, None), ("qwen3_1_7b", 1.72e9, None),
-    ("qwen3_30b_a3b", 30.5e9, 3.3e9)])
+@pytest.mark.parametrize(
+    "name,total,active",
+    [("qwen3_0_6b", 0.596e9, None), ("qwen3_1_7b", 1.72e9, None), ("qwen3_30b_a3b", 30.5e9, 3.3e9)],
+)
 def test_real_shapes_param_counts(name, total, active):
     cfg = models.get_model_config(name)
     abstract = nnx.eval_shape(lambda: models.Transformer(cfg, rngs=nnx.Rngs(0)))
@@ -88,10 +96,10 @@ def test_response_logprobs_matches_unpadded_reference(model):
     """The padded prompt+response layout and the chunked log-softmax equal a plain forward."""
     prompts, lengths, responses = _batch(model.cfg.vocab_size)
     for temperature in (0.7,) if model.cfg.is_moe else (1.0, 0.7):
-        out = logprobs(model, prompts, lengths, responses,
-                                       temperature=temperature, chunk=2)
-        ref = jax.nn.log_softmax(_reference_logits(model, prompts, lengths, responses)
-                                 / temperature, axis=-1)
+        out = logprobs(model, prompts, lengths, responses, temperature=temperature, chunk=2)
+        ref = jax.nn.log_softmax(
+            _reference_logits(model, prompts, lengths, responses) / temperature, axis=-1
+        )
         ref_logp = jnp.take_along_axis(ref, responses[..., None], -1)[..., 0]
         ref_ent = -jnp.sum(jnp.exp(ref) * ref, -1)
         np.testing.assert_allclose(out["logp"], ref_logp, atol=1e-5)
@@ -104,8 +112,7 @@ def test_cached_decoding_equals_full_forward(model):
     """Prefill + one-token decode steps through the KV cache give the full pass's logits."""
     prompts, lengths, responses = _batch(model.cfg.vocab_size, seed=1)
     full = _reference_logits(model, prompts, lengths, responses)  # [B, T, V]
-    np.testing.assert_allclose(_decode_logits(model, prompts, lengths, responses), full,
-                               atol=1e-5)
+    np.testing.assert_allclose(_decode_logits(model, prompts, lengths, responses), full, atol=1e-5)
 
 
 @nnx.jit
@@ -115,15 +122,25 @@ def _decode_logits(model, prompts, lengths, responses):
     slot = jnp.arange(S)
     valid = slot[None] < lengths[:, None]
     pos = jnp.broadcast_to(jnp.arange(LP), (B, LP))
-    out = model.forward(prompts, pos, models.attention_mask(valid, jnp.arange(LP)),
-                        cache=model.init_cache(B, S), write_index=0)
+    out = model.forward(
+        prompts,
+        pos,
+        models.attention_mask(valid, jnp.arange(LP)),
+        cache=model.init_cache(B, S),
+        write_index=0,
+    )
     step_logits = [model.logits(out["hidden"][jnp.arange(B), lengths - 1])]
     cache = out["cache"]
     for t in range(1, T):
         q = LP + t - 1
         valid = (slot[None] < lengths[:, None]) | ((slot >= LP) & (slot <= q))[None]
-        out = model.forward(responses[:, t - 1:t], (lengths + t - 1)[:, None], valid[:, None],
-                            cache=cache, write_index=q)
+        out = model.forward(
+            responses[:, t - 1 : t],
+            (lengths + t - 1)[:, None],
+            valid[:, None],
+            cache=cache,
+            write_index=q,
+        )
         cache = out["cache"]
         step_logits.append(model.logits(out["hidden"][:, 0]))
     return jnp.stack(step_logits, 1)
@@ -179,8 +196,7 @@ def test_routing_replay():
     m = models.Transformer(cfg, rngs=nnx.Rngs(0))
     prompts, lengths, responses = _batch(cfg.vocab_size)
     free = logprobs(m, prompts, lengths, responses, return_routes=True)
-    replay = logprobs(m, prompts, lengths, responses, routes=free["routes"],
-                                      return_routes=True)
+    replay = logprobs(m, prompts, lengths, responses, routes=free["routes"], return_routes=True)
     np.testing.assert_array_equal(replay["logp"], free["logp"])
     np.testing.assert_array_equal(replay["routes"], free["routes"])
 
@@ -190,16 +206,20 @@ def test_routing_replay():
         r = layer.mlp.router
         r.value = r[...] + 0.5 * jax.random.normal(jax.random.fold_in(key, i), r.shape)
     new_free = logprobs(m, prompts, lengths, responses, return_routes=True)
-    new_replay = logprobs(m, prompts, lengths, responses, routes=free["routes"],
-                                          return_routes=True)
+    new_replay = logprobs(m, prompts, lengths, responses, routes=free["routes"], return_routes=True)
     np.testing.assert_array_equal(new_replay["routes"], free["routes"])
     assert bool(jnp.any(new_free["routes"] != free["routes"]))
     assert float(jnp.max(jnp.abs(new_free["logp"] - new_replay["logp"]))) > 1e-4
     # Replay still recomputes weights from the current router: it differs from the old pass.
     assert float(jnp.max(jnp.abs(new_replay["logp"] - free["logp"]))) > 1e-4
     # Gradients reach the router under replay.
-    g = nnx.jit(nnx.grad(lambda mm: logprobs(
-        mm, prompts, lengths, responses, routes=free["routes"])["logp"].sum()))(m)
+    g = nnx.jit(
+        nnx.grad(
+            lambda mm: logprobs(mm, prompts, lengths, responses, routes=free["routes"])[
+                "logp"
+            ].sum()
+        )
+    )(m)
     assert float(jnp.abs(g.layers[0].mlp.router[...]).sum()) > 0
 
 

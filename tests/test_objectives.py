@@ -163,7 +163,7 @@ def reference_grad(obj, logp, old_logp, adv, mask, ref_logp=None):
 @pytest.mark.parametrize("seed, drift", [(3, 1e-4), (6, 1e-3), (3, 0.3)])
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_matches_reference_formula(name, seed, drift):
-    """Value (float64 reference, rtol 1e-5), gradient and metrics of every preset, with a KL term."""
+    """Value (float64 reference, rtol 1e-5), gradient and metrics of every preset, with KL."""
     obj = WITH_KL[name]
     logp, old_logp, adv, mask, ref_logp = make_batch(seed=seed, drift=drift)
     loss, metrics, grad = run(obj, logp, old_logp, adv, mask, ref_logp)

@@ -50,7 +50,9 @@ def test_truncated_newest_checkpoint_falls_back_and_resumes_exactly(shared, sing
     assert_trees(final_params(wd), final_params(single[0]))
     assert_records(records(wd), records(single[0]))  # no step logged twice
     assert os.path.exists(os.path.join(wd, "metrics.1.jsonl"))  # the old log is kept aside
-    assert any(n.startswith(f"{STEPS}.unreadable-") for n in os.listdir(os.path.join(wd, "checkpoints")))
+    assert any(
+        n.startswith(f"{STEPS}.unreadable-") for n in os.listdir(os.path.join(wd, "checkpoints"))
+    )
 
 
 def test_emptied_checkpoint_folder_starts_over_without_duplicate_steps(shared, single, capsys):

@@ -30,8 +30,7 @@ def _causal_logits(model, tokens):
 def _peaked(name):
     """A tiny untied model with a scaled-up output projection so next-token distributions are far
     from uniform (a random init is nearly uniform: temperature and truncation untestable)."""
-    m = models.Transformer(models.get_model_config(name, tie_embeddings=False),
-                           rngs=nnx.Rngs(0))
+    m = models.Transformer(models.get_model_config(name, tie_embeddings=False), rngs=nnx.Rngs(0))
     m.lm_head.value = m.lm_head[...] * 15.0
     return m
 
@@ -72,11 +71,22 @@ def _check_eos_layout(out):
 @pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (5, 0.8)])
 def test_sampler_logp_equals_response_logprobs(dense, top_k, top_p):
     prompts, lengths = _prompts(dense.cfg.vocab_size)
-    out = sampler.generate(dense, prompts, lengths, num_samples=G, max_new_tokens=T,
-                           rng=jax.random.key(0), temperature=TEMP, top_k=top_k, top_p=top_p,
-                           eos_id=EOS, pad_id=PAD)
-    ref = logprobs(dense, jnp.repeat(prompts, G, 0), jnp.repeat(lengths, G), out.tokens,
-                   temperature=TEMP)
+    out = sampler.generate(
+        dense,
+        prompts,
+        lengths,
+        num_samples=G,
+        max_new_tokens=T,
+        rng=jax.random.key(0),
+        temperature=TEMP,
+        top_k=top_k,
+        top_p=top_p,
+        eos_id=EOS,
+        pad_id=PAD,
+    )
+    ref = logprobs(
+        dense, jnp.repeat(prompts, G, 0), jnp.repeat(lengths, G), out.tokens, temperature=TEMP
+    )
     np.testing.assert_allclose(ref["logp"] * out.mask, out.logp, atol=1e-5)
     _check_eos_layout(out)
     if top_k or top_p < 1:
@@ -89,9 +99,17 @@ def test_sampler_logp_equals_response_logprobs(dense, top_k, top_p):
 
 def test_moe_sampler_logp_and_routes_equal_response_logprobs(moe):
     prompts, lengths = _prompts(moe.cfg.vocab_size)
-    out = sampler.generate(moe, prompts, lengths, num_samples=G, max_new_tokens=T,
-                           rng=jax.random.key(1), temperature=TEMP, eos_id=EOS,
-                           return_routes=True)
+    out = sampler.generate(
+        moe,
+        prompts,
+        lengths,
+        num_samples=G,
+        max_new_tokens=T,
+        rng=jax.random.key(1),
+        temperature=TEMP,
+        eos_id=EOS,
+        return_routes=True,
+    )
     rows = (jnp.repeat(prompts, G, 0), jnp.repeat(lengths, G), out.tokens)
     ref = logprobs(moe, *rows, temperature=TEMP, return_routes=True)
     np.testing.assert_allclose(ref["logp"] * out.mask, out.logp, atol=1e-5)
@@ -117,7 +135,7 @@ def test_greedy_is_argmax_and_deterministic(dense):
     seq = np.zeros((len(LENGTHS), LP + 6), np.int32)
     n = np.asarray(lengths).copy()
     for p in range(len(LENGTHS)):
-        seq[p, :n[p]] = prompts[p, :n[p]]
+        seq[p, : n[p]] = prompts[p, : n[p]]
     stopped = np.zeros(len(LENGTHS), bool)
     for t in range(6):
         logits = np.asarray(_causal_logits(dense, jnp.asarray(seq)))
@@ -149,8 +167,16 @@ def test_sample_frequencies_match_softmax_chi_square(dense):
     and are rejected against the wrong temperature 1.0."""
     prompts, lengths = _prompts(dense.cfg.vocab_size)
     N, temp = 8192, 0.7
-    out = sampler.generate(dense, prompts[:1], lengths[:1], num_samples=N, max_new_tokens=1,
-                           rng=jax.random.key(7), temperature=temp, eos_id=EOS)
+    out = sampler.generate(
+        dense,
+        prompts[:1],
+        lengths[:1],
+        num_samples=N,
+        max_new_tokens=1,
+        rng=jax.random.key(7),
+        temperature=temp,
+        eos_id=EOS,
+    )
     counts = np.bincount(np.asarray(out.tokens[:, 0]), minlength=dense.cfg.vocab_size)
     logits = np.asarray(_first_token_logits(dense, prompts[0], int(lengths[0])), np.float64)
     softmax = lambda x: np.exp(x - x.max()) / np.exp(x - x.max()).sum()  # float64
@@ -163,8 +189,17 @@ def test_sample_frequencies_match_softmax_chi_square(dense):
 @pytest.mark.parametrize("top_k,top_p", [(3, 1.0), (0, 0.6)])
 def test_truncation_samples_only_allowed_tokens(dense, top_k, top_p):
     prompts, lengths = _prompts(dense.cfg.vocab_size)
-    out = sampler.generate(dense, prompts[:1], lengths[:1], num_samples=512, max_new_tokens=1,
-                           rng=jax.random.key(3), top_k=top_k, top_p=top_p, eos_id=EOS)
+    out = sampler.generate(
+        dense,
+        prompts[:1],
+        lengths[:1],
+        num_samples=512,
+        max_new_tokens=1,
+        rng=jax.random.key(3),
+        top_k=top_k,
+        top_p=top_p,
+        eos_id=EOS,
+    )
     probs = np.asarray(jax.nn.softmax(_first_token_logits(dense, prompts[0], int(lengths[0]))))
     order = np.argsort(-probs)
     if top_k:
@@ -186,8 +221,17 @@ def test_tokens_after_eos_are_masked(dense):
     prompts, lengths = _prompts(dense.cfg.vocab_size, seed=2)
     probs = jax.nn.softmax(_first_token_logits(dense, prompts[0], int(lengths[0])))
     eos = int(jnp.argsort(-probs)[1])
-    out = sampler.generate(dense, prompts, lengths, num_samples=G, max_new_tokens=T,
-                           rng=jax.random.key(5), temperature=TEMP, eos_id=eos, pad_id=PAD)
+    out = sampler.generate(
+        dense,
+        prompts,
+        lengths,
+        num_samples=G,
+        max_new_tokens=T,
+        rng=jax.random.key(5),
+        temperature=TEMP,
+        eos_id=eos,
+        pad_id=PAD,
+    )
     tokens = np.asarray(out.tokens)
     n_eos = [(np.flatnonzero(r == eos)[:1].tolist() or [None])[0] for r in tokens]
     assert any(i is not None and i < T - 1 for i in n_eos)
@@ -196,7 +240,7 @@ def test_tokens_after_eos_are_masked(dense):
             assert out.mask[b].all()
         else:
             assert out.lengths[b] == i + 1 and out.mask[b, i] == 1
-            assert (tokens[b, i + 1:] == PAD).all() and not out.mask[b, i + 1:].any()
+            assert (tokens[b, i + 1 :] == PAD).all() and not out.mask[b, i + 1 :].any()
 
 
 def test_shared_prefix_equals_separate_prefill(dense):
@@ -205,8 +249,9 @@ def test_shared_prefix_equals_separate_prefill(dense):
     prompts, lengths = _prompts(dense.cfg.vocab_size)
     kw = dict(max_new_tokens=T, rng=jax.random.key(11), temperature=TEMP, eos_id=EOS)
     shared = sampler.generate(dense, prompts, lengths, num_samples=G, **kw)
-    separate = sampler.generate(dense, jnp.repeat(prompts, G, 0), jnp.repeat(lengths, G),
-                                num_samples=1, **kw)
+    separate = sampler.generate(
+        dense, jnp.repeat(prompts, G, 0), jnp.repeat(lengths, G), num_samples=1, **kw
+    )
     np.testing.assert_array_equal(shared.tokens, separate.tokens)
     np.testing.assert_allclose(shared.logp, separate.logp, atol=1e-5)
     assert len(set(map(tuple, np.asarray(shared.tokens[:G])))) > 1  # the G samples differ
@@ -218,8 +263,9 @@ def test_new_prompt_contents_do_not_recompile(dense):
     sampler.generate(dense, prompts, lengths, rng=jax.random.key(0), **kw)
     before = sampler._TRACES["generate"]
     prompts2, _ = _prompts(dense.cfg.vocab_size, seed=5)
-    out = sampler.generate(dense, prompts2, jnp.asarray([3, 5, 1], jnp.int32),
-                           rng=jax.random.key(1), **kw)
+    out = sampler.generate(
+        dense, prompts2, jnp.asarray([3, 5, 1], jnp.int32), rng=jax.random.key(1), **kw
+    )
     out.tokens.block_until_ready()
     assert sampler._TRACES["generate"] == before
     # New parameter values (same graph) do not recompile either.
@@ -232,14 +278,36 @@ def test_bad_input_fails_before_compiling(dense):
     prompts, lengths = _prompts(dense.cfg.vocab_size)
     before = sampler._TRACES["generate"]
     with pytest.raises(ValueError, match=r"Prompt length 6 \+ max_new_tokens 300.*max_seq_len"):
-        sampler.generate(dense, prompts, lengths, num_samples=2, max_new_tokens=300,
-                         rng=jax.random.key(0), eos_id=EOS)
+        sampler.generate(
+            dense,
+            prompts,
+            lengths,
+            num_samples=2,
+            max_new_tokens=300,
+            rng=jax.random.key(0),
+            eos_id=EOS,
+        )
     with pytest.raises(ValueError, match="prompt_lengths must be in"):
-        sampler.generate(dense, prompts, jnp.asarray([0, 2, 3], jnp.int32), num_samples=2,
-                         max_new_tokens=4, rng=jax.random.key(0), eos_id=EOS)
+        sampler.generate(
+            dense,
+            prompts,
+            jnp.asarray([0, 2, 3], jnp.int32),
+            num_samples=2,
+            max_new_tokens=4,
+            rng=jax.random.key(0),
+            eos_id=EOS,
+        )
     with pytest.raises(ValueError, match="top_p"):
-        sampler.generate(dense, prompts, lengths, num_samples=2, max_new_tokens=4,
-                         rng=jax.random.key(0), eos_id=EOS, top_p=0.0)
+        sampler.generate(
+            dense,
+            prompts,
+            lengths,
+            num_samples=2,
+            max_new_tokens=4,
+            rng=jax.random.key(0),
+            eos_id=EOS,
+            top_p=0.0,
+        )
     assert sampler._TRACES["generate"] == before
 
 
@@ -251,12 +319,28 @@ def test_generate_under_outer_jit(dense):
     @jax.jit
     def rollout(state, prompts, lengths, rng):
         m = nnx.merge(graphdef, state)
-        return sampler.generate(m, prompts, lengths, num_samples=G, max_new_tokens=T, rng=rng,
-                                temperature=TEMP, eos_id=EOS)
+        return sampler.generate(
+            m,
+            prompts,
+            lengths,
+            num_samples=G,
+            max_new_tokens=T,
+            rng=rng,
+            temperature=TEMP,
+            eos_id=EOS,
+        )
 
     a = rollout(state, prompts, lengths, jax.random.key(0))
-    b = sampler.generate(dense, prompts, lengths, num_samples=G, max_new_tokens=T,
-                         rng=jax.random.key(0), temperature=TEMP, eos_id=EOS)
+    b = sampler.generate(
+        dense,
+        prompts,
+        lengths,
+        num_samples=G,
+        max_new_tokens=T,
+        rng=jax.random.key(0),
+        temperature=TEMP,
+        eos_id=EOS,
+    )
     np.testing.assert_array_equal(a.tokens, b.tokens)
 
 
@@ -278,16 +362,32 @@ def test_two_process_generate_checks_every_row():
     import sys
 
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=repo, JAX_PLATFORMS="cpu",
-               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env = dict(
+        os.environ,
+        PYTHONPATH=repo,
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    )
     for mode in ("bad", "good"):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        procs = [subprocess.Popen(
-            [sys.executable, os.path.join(repo, "tests", "multihost_generate.py"), str(i),
-             str(port), mode], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True) for i in range(2)]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    os.path.join(repo, "tests", "multihost_generate.py"),
+                    str(i),
+                    str(port),
+                    mode,
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for i in range(2)
+        ]
         try:
             outs = [p.communicate(timeout=180)[0] for p in procs]
         finally:
@@ -296,7 +396,9 @@ def test_two_process_generate_checks_every_row():
         results = [[line for line in o.splitlines() if line.startswith("RESULT")] for o in outs]
         assert all(len(r) == 1 for r in results), outs
         if mode == "bad":
-            assert all("ValueError prompt_lengths must be in [1, Lp=4]" in r[0] and "max 9" in r[0]
-                       for r in results), results
+            assert all(
+                "ValueError prompt_lengths must be in [1, Lp=4]" in r[0] and "max 9" in r[0]
+                for r in results
+            ), results
         else:
             assert all(r[0] == "RESULT ok (8, 4)" for r in results), results

@@ -15,14 +15,20 @@ from gspo_jax import models, sampler, sharding
 
 LP, T, G = 6, 6, 2
 LENGTHS = np.array([6, 2, 4, 5], np.int32)
-MESHES = {"tiny": {"data": 2, "fsdp": 2, "tensor": 2},
-          "tiny_moe": {"data": 2, "tensor": 2, "expert": 2}}
+MESHES = {
+    "tiny": {"data": 2, "fsdp": 2, "tensor": 2},
+    "tiny_moe": {"data": 2, "tensor": 2, "expert": 2},
+}
 
 
 def test_make_mesh_sizes_and_errors():
     mesh = sharding.make_mesh({"data": -1, "tensor": 2})
     assert dict(zip(mesh.axis_names, mesh.axis_sizes, strict=True)) == {
-        "data": 4, "fsdp": 1, "tensor": 2, "expert": 1}
+        "data": 4,
+        "fsdp": 1,
+        "tensor": 2,
+        "expert": 1,
+    }
     assert sharding.make_mesh(None).axis_sizes == (8, 1, 1, 1)
     with pytest.raises(ValueError, match="valid axes"):
         sharding.make_mesh({"model": 2})
@@ -49,20 +55,25 @@ def pair(request):
     partitioning is the same in every layer and each layer costs compile time."""
     cfg = models.get_model_config(request.param, num_layers=1)
     mesh = sharding.make_mesh(MESHES[request.param])
-    return (models.Transformer(cfg, rngs=nnx.Rngs(0)),
-            sharding.create_sharded_model(cfg, mesh, rng_seed=0), mesh)
+    return (
+        models.Transformer(cfg, rngs=nnx.Rngs(0)),
+        sharding.create_sharded_model(cfg, mesh, rng_seed=0),
+        mesh,
+    )
 
 
 def test_params_created_sharded_with_same_values(pair):
     single, sharded, mesh = pair
     q = sharded.layers[0].attn.q_proj[...]
-    assert q.sharding.spec == sharding.logical_to_spec(("embed", "heads", "head_dim"), q.shape,
-                                                       mesh)
+    assert q.sharding.spec == sharding.logical_to_spec(
+        ("embed", "heads", "head_dim"), q.shape, mesh
+    )
     assert len(q.sharding.device_set) == 8 and not q.sharding.is_fully_replicated
     if single.cfg.is_moe:
         assert sharded.layers[0].mlp.gate_proj[...].sharding.spec[0] == "expert"
-    for a, b in zip(jax.tree.leaves(nnx.state(single)), jax.tree.leaves(nnx.state(sharded)),
-                    strict=True):
+    for a, b in zip(
+        jax.tree.leaves(nnx.state(single)), jax.tree.leaves(nnx.state(sharded)), strict=True
+    ):
         np.testing.assert_array_equal(a, b)
 
 

@@ -25,14 +25,26 @@ LONG = 400  # steps: the run is always stopped by a signal long before
 
 def _cmd(shared, wd, *extra):
     flags = [f"--config.{k}={v}" for k, v in runs.overrides(shared).items() if k != "rl.num_steps"]
-    return [sys.executable, "-m", "gspo_jax.main", f"--config={ARITH}:runlocal", f"--workdir={wd}",
-            f"--config.rl.num_steps={LONG}", *flags, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "gspo_jax.main",
+        f"--config={ARITH}:runlocal",
+        f"--workdir={wd}",
+        f"--config.rl.num_steps={LONG}",
+        *flags,
+        *extra,
+    ]
 
 
 def _env(shared, devices=1):
     env = dict(os.environ)
-    env.update(PYTHONPATH=REPO, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=shared["xla"],
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    env.update(
+        PYTHONPATH=REPO,
+        JAX_PLATFORMS="cpu",
+        JAX_COMPILATION_CACHE_DIR=shared["xla"],
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    )
     return env
 
 
@@ -50,8 +62,14 @@ def _wait_for_step(wd, step, procs, timeout=240):
 
 
 def _start(shared, wd, devices=1, *extra):
-    return subprocess.Popen(_cmd(shared, wd, *extra), env=_env(shared, devices), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        _cmd(shared, wd, *extra),
+        env=_env(shared, devices),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _saved_steps(wd):
@@ -93,8 +111,14 @@ def test_signal_to_one_host_stops_every_host_at_the_same_saved_step(shared, sing
     wd = os.path.join(shared["root"], "cli_multihost")
     port = runs.free_port()
     procs = [
-        _start(shared, wd, 4, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
-               f"--process_id={i}")
+        _start(
+            shared,
+            wd,
+            4,
+            f"--coordinator_address=127.0.0.1:{port}",
+            "--num_processes=2",
+            f"--process_id={i}",
+        )
         for i in range(2)
     ]
     _wait_for_step(wd, 2, procs)

@@ -97,8 +97,14 @@ def test_demonstration_mix_follows_knobs():
     assert 0.25 < len(worked) / len(demos) < 0.35
     assert set(worked) == {"W48=12,37=11,26=09,15=06A06912"}
     assert set(demos) - set(worked) == {"A06802"}  # direct demonstrations forget carries
-    correct = tasks.get_task("arith", max_digits=4, num_train=200, num_test=20,
-                             direct_style="correct", worked_fraction=0.0)
+    correct = tasks.get_task(
+        "arith",
+        max_digits=4,
+        num_train=200,
+        num_test=20,
+        direct_style="correct",
+        worked_fraction=0.0,
+    )
     assert correct.demonstration(record, rng) == "A06912"
 
 
@@ -143,9 +149,13 @@ def _rows(task, texts, terminated=True):
 
 
 def test_arith_score_batch(arith):
-    batch = dict(prompt=np.zeros((2, arith.max_prompt_len), np.int32),
-                 prompt_length=np.ones(2, np.int32), a=np.array([1234, 5]),
-                 b=np.array([5678, 7]), target=np.array([6912, 12]))
+    batch = dict(
+        prompt=np.zeros((2, arith.max_prompt_len), np.int32),
+        prompt_length=np.ones(2, np.int32),
+        a=np.array([1234, 5]),
+        b=np.array([5678, 7]),
+        target=np.array([6912, 12]),
+    )
     # group_size 2: rows 0, 1 answer prompt 0 (1234+5678), rows 2, 3 prompt 1 (5+7)
     texts = ["A06912", "A06802", "W57=12,00=01,00=00,00=00A00012", "A00002"]
     tokens, mask = _rows(arith, texts)
@@ -162,8 +172,13 @@ def test_arith_score_batch(arith):
 
 
 def test_score_ignores_tokens_after_eos_and_outside_mask(arith):
-    batch = dict(prompt=np.zeros((1, 16), np.int32), prompt_length=np.ones(1, np.int32),
-                 a=np.array([1]), b=np.array([2]), target=np.array([3]))
+    batch = dict(
+        prompt=np.zeros((1, 16), np.int32),
+        prompt_length=np.ones(1, np.int32),
+        a=np.array([1]),
+        b=np.array([2]),
+        target=np.array([3]),
+    )
     tokens, mask = _rows(arith, ["A3"])
     tokens[0, 3:6] = arith.tokenizer.encode("999")  # junk after eos
     assert arith.score(batch, tokens, mask, 1)["correct"][0] == 1
@@ -239,18 +254,24 @@ def test_gsm8k_answer_extraction():
 # ---------------------------------------------------------------------------- fuzz
 
 
-_ALL = {"arith": tasks.get_task("arith", max_digits=4, num_train=10, num_test=10),
-        "countdown": tasks.get_task("countdown", num_train=10, num_test=10),
-        "gsm8k": tasks.get_task("gsm8k")}
-_RECORDS = {"arith": dict(a=1234, b=5678, target=6912),
-            "countdown": dict(numbers=np.array([2, 3, 5, 7]), target=24, solution="7*3+5-2"),
-            "gsm8k": dict(short_answer="12", annotation="")}
+_ALL = {
+    "arith": tasks.get_task("arith", max_digits=4, num_train=10, num_test=10),
+    "countdown": tasks.get_task("countdown", num_train=10, num_test=10),
+    "gsm8k": tasks.get_task("gsm8k"),
+}
+_RECORDS = {
+    "arith": dict(a=1234, b=5678, target=6912),
+    "countdown": dict(numbers=np.array([2, 3, 5, 7]), target=24, solution="7*3+5-2"),
+    "gsm8k": dict(short_answer="12", annotation=""),
+}
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=st.one_of(st.text(max_size=80),
-                      st.text(alphabet="0123456789+-*()=,AW:#. ", max_size=80)),
-       terminated=st.booleans(), name=st.sampled_from(sorted(_ALL)))
+@given(
+    text=st.one_of(st.text(max_size=80), st.text(alphabet="0123456789+-*()=,AW:#. ", max_size=80)),
+    terminated=st.booleans(),
+    name=st.sampled_from(sorted(_ALL)),
+)
 def test_verifiers_never_raise(text, terminated, name):
     v = _ALL[name].verify(_RECORDS[name], text, terminated)
     assert v.correct in (0.0, 1.0) and v.format in (0.0, 1.0)
@@ -262,20 +283,25 @@ def test_score_never_raises_on_random_token_rows(name):
     task, rng = _ALL[name], random.Random(0)
     record = _RECORDS[name]
     batch = {k: np.asarray([v, v]) for k, v in record.items()}
-    batch.update(prompt=np.zeros((2, task.max_prompt_len), np.int32),
-                 prompt_length=np.ones(2, np.int32))
+    batch.update(
+        prompt=np.zeros((2, task.max_prompt_len), np.int32), prompt_length=np.ones(2, np.int32)
+    )
     for _ in range(50):
         T = task.max_response_len
-        tokens = np.array([[rng.randrange(task.tokenizer.vocab_size + 3) for _ in range(T)]
-                           for _ in range(8)], np.int32)
-        mask = (np.arange(T)[None] < np.array([rng.randrange(T + 1) for _ in range(8)])[:, None])
+        tokens = np.array(
+            [[rng.randrange(task.tokenizer.vocab_size + 3) for _ in range(T)] for _ in range(8)],
+            np.int32,
+        )
+        mask = np.arange(T)[None] < np.array([rng.randrange(T + 1) for _ in range(8)])[:, None]
         out = task.score(batch, tokens, mask.astype(np.float32), group_size=4)
         assert all(np.isfinite(v).all() and v.shape == (8,) for v in out.values())
 
 
-_SOLUTIONS = {"arith": [arithmetic.worked_text(1234, 5678, 4), "A06912"],
-              "countdown": ["7*3+5-2", "(5*3)+(7+2)"],
-              "gsm8k": ["so 12\n#### 12"]}
+_SOLUTIONS = {
+    "arith": [arithmetic.worked_text(1234, 5678, 4), "A06912"],
+    "countdown": ["7*3+5-2", "(5*3)+(7+2)"],
+    "gsm8k": ["so 12\n#### 12"],
+}
 
 
 def _mutate(text: str, rng: random.Random) -> str:

@@ -43,12 +43,29 @@ def test_run_writes_metrics_tensorboard_checkpoints_summary(single):
     recs = records(wd, drop_time=False)
     assert [r["step"] for r in recs] == [0, 1, 2, 3, 4]  # 0: the base evaluation
     for key in (
-        "rollout/reward", "rollout/correct", "rollout/format", "rollout/response_len_mean",
-        "rollout/response_len_max", "rollout/truncated_frac", "rollout/frac_zero_std_groups",
-        "rollout/logp_diff_mean", "train/loss", "train/clip_frac", "train/clip_frac_low",
-        "train/clip_frac_high", "train/seq_clip_frac", "train/ratio_mean", "train/ratio_min",
-        "train/ratio_max", "train/entropy", "train/grad_norm", "train/lr", "time/rollout_s",
-        "time/reward_s", "time/update_s", "time/tokens_per_s",
+        "rollout/reward",
+        "rollout/correct",
+        "rollout/format",
+        "rollout/response_len_mean",
+        "rollout/response_len_max",
+        "rollout/truncated_frac",
+        "rollout/frac_zero_std_groups",
+        "rollout/logp_diff_mean",
+        "train/loss",
+        "train/clip_frac",
+        "train/clip_frac_low",
+        "train/clip_frac_high",
+        "train/seq_clip_frac",
+        "train/ratio_mean",
+        "train/ratio_min",
+        "train/ratio_max",
+        "train/entropy",
+        "train/grad_norm",
+        "train/lr",
+        "time/rollout_s",
+        "time/reward_s",
+        "time/update_s",
+        "time/tokens_per_s",
     ):
         assert key in recs[1], key
     assert "eval/greedy_accuracy" in recs[0] and "eval/greedy_accuracy" in recs[-1]
@@ -98,11 +115,22 @@ def two_process(shared):
     flags = [f"--config.{k}={v}" for k, v in run_overrides(shared).items()]
     procs = []
     for i in range(2):
-        cmd = [sys.executable, "-m", "gspo_jax.main", f"--config={ARITH}:runlocal",
-               f"--workdir={wd}", f"--coordinator_address=127.0.0.1:{port}",
-               "--num_processes=2", f"--process_id={i}", *flags]
-        procs.append(subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        cmd = [
+            sys.executable,
+            "-m",
+            "gspo_jax.main",
+            f"--config={ARITH}:runlocal",
+            f"--workdir={wd}",
+            f"--coordinator_address=127.0.0.1:{port}",
+            "--num_processes=2",
+            f"--process_id={i}",
+            *flags,
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     outs = runs.wait_all(procs, timeout=600)
     assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     return wd, outs
@@ -118,8 +146,9 @@ def test_two_process_run_equals_one_process(two_process, sharded):
 
 
 @pytest.mark.slow
-def test_two_process_checkpoint_resumes_on_eight_devices_of_one_process(shared, two_process,
-                                                                         sharded):
+def test_two_process_checkpoint_resumes_on_eight_devices_of_one_process(
+    shared, two_process, sharded
+):
     """A pod run's checkpoint (2 processes) resumes on one process with 8 devices."""
     wd = os.path.join(shared["root"], "multi_to_8")
     shutil.copytree(two_process[0], wd)

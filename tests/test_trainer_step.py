@@ -17,8 +17,17 @@ EOS, PAD, V = 1, 0, 20
 
 
 def _opt_cfg(**kw):
-    d = dict(learning_rate=1e-3, schedule="constant", warmup_updates=0, end_lr_ratio=0.0,
-             b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, grad_clip=1.0)
+    d = dict(
+        learning_rate=1e-3,
+        schedule="constant",
+        warmup_updates=0,
+        end_lr_ratio=0.0,
+        b1=0.9,
+        b2=0.999,
+        eps=1e-8,
+        weight_decay=0.0,
+        grad_clip=1.0,
+    )
     d.update(kw)
     return ml_collections.ConfigDict(d)
 
@@ -30,36 +39,75 @@ def _rollout(preset="tiny", seed=0):
     rng = np.random.default_rng(seed)
     prompts = jnp.asarray(rng.integers(3, V, (P, LP)), jnp.int32)
     lengths = jnp.asarray(rng.integers(2, LP + 1, P), jnp.int32)
-    out = sampler.generate(model, prompts, lengths, num_samples=G, max_new_tokens=T,
-                           rng=jax.random.key(seed + 1), eos_id=EOS, pad_id=PAD)
+    out = sampler.generate(
+        model,
+        prompts,
+        lengths,
+        num_samples=G,
+        max_new_tokens=T,
+        rng=jax.random.key(seed + 1),
+        eos_id=EOS,
+        pad_id=PAD,
+    )
     rewards = (out.tokens[:, 0] % 3 == 0).astype(jnp.float32) + 0.1 * out.mask.sum(-1) / T
     adv, _ = advantages.group_advantages(rewards, G)
-    batch = dict(prompts=jnp.repeat(prompts, G, 0), prompt_lengths=jnp.repeat(lengths, G, 0),
-                 responses=out.tokens, mask=out.mask, old_logp=out.logp, adv=adv)
+    batch = dict(
+        prompts=jnp.repeat(prompts, G, 0),
+        prompt_lengths=jnp.repeat(lengths, G, 0),
+        responses=out.tokens,
+        mask=out.mask,
+        old_logp=out.logp,
+        adv=adv,
+    )
     return model, batch
 
 
 def test_recomputed_old_logp_equals_rollout_logp():
     model, batch = _rollout("tiny")
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    fn = jax.jit(ts.make_logprob_fn(graphdef, rest, temperature=1.0, num_chunks=2,
-                                    return_routes=model.cfg.is_moe, row_spec=None, mesh=None))
+    fn = jax.jit(
+        ts.make_logprob_fn(
+            graphdef,
+            rest,
+            temperature=1.0,
+            num_chunks=2,
+            return_routes=model.cfg.is_moe,
+            row_spec=None,
+            mesh=None,
+        )
+    )
     out = fn(params, batch)
     mask = np.asarray(batch["mask"])
     assert mask.sum() > P * G  # responses longer than one token
-    np.testing.assert_allclose(np.asarray(out["logp"]) * mask, np.asarray(batch["old_logp"]) * mask,
-                               atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(out["logp"]) * mask, np.asarray(batch["old_logp"]) * mask, atol=2e-5, rtol=1e-5
+    )
 
 
 def _update_fn(model, *, U=1, shuffle=True, objective="gspo", K=2, epochs=2, tx=None):
     """batch -> (state, metrics): one jitted update from the model's parameters (reusable)."""
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = tx or make_optimizer(_opt_cfg(), 10)[0]
-    fn = jax.jit(ts.make_update_fn(
-        graphdef, rest, objectives.get_objective(objective), tx, temperature=1.0, num_epochs=epochs,
-        num_minibatches=K, num_microbatches=U, shuffle=shuffle, aux_loss_coef=1e-3))
-    state = ts.TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(params),
-                          rng=jax.random.key_data(jax.random.key(0)))
+    fn = jax.jit(
+        ts.make_update_fn(
+            graphdef,
+            rest,
+            objectives.get_objective(objective),
+            tx,
+            temperature=1.0,
+            num_epochs=epochs,
+            num_minibatches=K,
+            num_microbatches=U,
+            shuffle=shuffle,
+            aux_loss_coef=1e-3,
+        )
+    )
+    state = ts.TrainState(
+        step=jnp.int32(0),
+        params=params,
+        opt_state=tx.init(params),
+        rng=jax.random.key_data(jax.random.key(0)),
+    )
     return lambda batch: fn(state, batch, jax.random.key_data(jax.random.key(3)))
 
 
@@ -86,8 +134,10 @@ def test_microbatching_equals_whole_minibatch():
 
 
 def _max_param_diff(a, b) -> float:
-    return max(float(jnp.abs(x - y).max())
-               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+    return max(
+        float(jnp.abs(x - y).max())
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
 
 
 def test_routing_replay_update_uses_the_routes():
@@ -99,15 +149,25 @@ def test_routing_replay_update_uses_the_routes():
     """
     model, batch = _rollout("tiny_moe")
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    fn = jax.jit(ts.make_logprob_fn(graphdef, rest, temperature=1.0, num_chunks=1,
-                                    return_routes=True, row_spec=None, mesh=None))
+    fn = jax.jit(
+        ts.make_logprob_fn(
+            graphdef,
+            rest,
+            temperature=1.0,
+            num_chunks=1,
+            return_routes=True,
+            row_spec=None,
+            mesh=None,
+        )
+    )
     out = fn(params, batch)
     cfg = model.cfg
     own = out["routes"]  # [B, L, S, k]: the experts these parameters choose
     assert own.shape == (P * G, cfg.num_layers, LP + T, cfg.experts_per_token)
     mask = np.asarray(batch["mask"])  # MoE: recomputed old_logp == rollout logp too
-    np.testing.assert_allclose(np.asarray(out["logp"]) * mask, np.asarray(batch["old_logp"]) * mask,
-                               atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(
+        np.asarray(out["logp"]) * mask, np.asarray(batch["old_logp"]) * mask, atol=2e-5, rtol=1e-5
+    )
     # Every choice moved to the next expert: still k distinct experts per token, none the router's.
     other = (own + 1) % cfg.num_experts
     assert not np.any(np.asarray(other) == np.asarray(own))
@@ -134,11 +194,24 @@ def test_routing_replay_update_uses_the_routes():
     replay = dict(batch, routes=other)
     logp_other = np.asarray(fn(params, replay)["logp"]) * mask
     assert np.abs(logp_other - np.asarray(batch["old_logp"]) * mask).max() > 1e-2
-    no_replay = jax.jit(ts.make_logprob_fn(graphdef, rest, temperature=1.0, num_chunks=1,
-                                           return_routes=False, row_spec=None, mesh=None,
-                                           replay_routes=False))
-    np.testing.assert_allclose(np.asarray(no_replay(params, replay)["logp"]) * mask,
-                               np.asarray(batch["old_logp"]) * mask, atol=2e-5, rtol=1e-5)
+    no_replay = jax.jit(
+        ts.make_logprob_fn(
+            graphdef,
+            rest,
+            temperature=1.0,
+            num_chunks=1,
+            return_routes=False,
+            row_spec=None,
+            mesh=None,
+            replay_routes=False,
+        )
+    )
+    np.testing.assert_allclose(
+        np.asarray(no_replay(params, replay)["logp"]) * mask,
+        np.asarray(batch["old_logp"]) * mask,
+        atol=2e-5,
+        rtol=1e-5,
+    )
 
 
 def test_schedules_and_step_keys():

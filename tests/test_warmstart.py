@@ -26,16 +26,16 @@ def setup(tmp_path_factory):
 
 
 def _eval(model, task, data_dir):
-    return evaluation.evaluate(model, task, num_problems=64, pass_k=4, batch_size=64,
-                               data_dir=data_dir)
+    return evaluation.evaluate(
+        model, task, num_problems=64, pass_k=4, batch_size=64, data_dir=data_dir
+    )
 
 
 def test_tiny_warm_start_beats_untrained_and_is_cached(setup):
     task, cfg, data_dir, cache_dir = setup
     before = _eval(models.Transformer(cfg, rngs=nnx.Rngs(0)), task, data_dir)
     t0 = time.time()
-    model = warmstart.get_base_model(task, cfg, _WARM, cache_dir, data_dir=data_dir,
-                                     progress=False)
+    model = warmstart.get_base_model(task, cfg, _WARM, cache_dir, data_dir=data_dir, progress=False)
     train_s = time.time() - t0
     after = _eval(model, task, data_dir)
     assert before["greedy_accuracy"] <= 0.05
@@ -44,11 +44,13 @@ def test_tiny_warm_start_beats_untrained_and_is_cached(setup):
 
     # Same configs: loaded from the orbax cache (no training), identical parameters.
     t0 = time.time()
-    again = warmstart.get_base_model(task, cfg, _WARM, cache_dir, data_dir=data_dir,
-                                     progress=False)
+    again = warmstart.get_base_model(task, cfg, _WARM, cache_dir, data_dir=data_dir, progress=False)
     assert time.time() - t0 < train_s
-    for x, y in zip(jax.tree.leaves(nnx.state(model, nnx.Param)),
-                    jax.tree.leaves(nnx.state(again, nnx.Param)), strict=True):
+    for x, y in zip(
+        jax.tree.leaves(nnx.state(model, nnx.Param)),
+        jax.tree.leaves(nnx.state(again, nnx.Param)),
+        strict=True,
+    ):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
@@ -58,11 +60,15 @@ def test_cache_key_covers_every_config(setup):
     assert base == warmstart.cache_key(task, cfg, warmstart.as_warm_config(dict(_WARM)))
     assert base != warmstart.cache_key(task, cfg, warmstart.as_warm_config({**_WARM, "seed": 1}))
     assert base != warmstart.cache_key(
-        tasks_lib.get_task("countdown", **{**_KNOBS, "wrong_fraction": 0.5}), cfg,
-        warmstart.as_warm_config(_WARM))
-    assert base != warmstart.cache_key(task, models.get_model_config(
-        "tiny", vocab_size=task.tokenizer.vocab_size, max_seq_len=128),
-        warmstart.as_warm_config(_WARM))
+        tasks_lib.get_task("countdown", **{**_KNOBS, "wrong_fraction": 0.5}),
+        cfg,
+        warmstart.as_warm_config(_WARM),
+    )
+    assert base != warmstart.cache_key(
+        task,
+        models.get_model_config("tiny", vocab_size=task.tokenizer.vocab_size, max_seq_len=128),
+        warmstart.as_warm_config(_WARM),
+    )
 
 
 def test_bad_warm_configs_fail_early(setup):
@@ -90,10 +96,24 @@ def test_evaluate_reports_formats_and_untrained_is_nan_safe(setup):
     _, _, data_dir, _ = setup
     task = tasks_lib.get_task("arith", num_train=100, num_test=16)
     cfg = models.get_model_config("tiny", vocab_size=task.tokenizer.vocab_size, max_seq_len=64)
-    m = evaluation.evaluate(models.Transformer(cfg, rngs=nnx.Rngs(1)), task, num_problems=16,
-                            pass_k=2, batch_size=16, data_dir=data_dir)
-    for k in ("greedy_accuracy", "pass@2", "mean_response_length", "worked_accuracy",
-              "direct_accuracy", "worked_fraction", "greedy_worked_fraction", "num_problems"):
+    m = evaluation.evaluate(
+        models.Transformer(cfg, rngs=nnx.Rngs(1)),
+        task,
+        num_problems=16,
+        pass_k=2,
+        batch_size=16,
+        data_dir=data_dir,
+    )
+    for k in (
+        "greedy_accuracy",
+        "pass@2",
+        "mean_response_length",
+        "worked_accuracy",
+        "direct_accuracy",
+        "worked_fraction",
+        "greedy_worked_fraction",
+        "num_problems",
+    ):
         assert k in m
     assert m["num_problems"] == 16
     assert 0 <= m["mean_response_length"] <= task.max_response_len
@@ -108,8 +128,10 @@ def _assert_on_mesh(model, mesh):
     want = sharding.state_shardings(state, mesh)
     for x, s in zip(jax.tree.leaves(state), jax.tree.leaves(want), strict=True):
         assert x.sharding.is_equivalent_to(s, x.ndim)
-    assert any(len(x.sharding.device_set) == 8 and not x.sharding.is_fully_replicated
-               for x in jax.tree.leaves(state))
+    assert any(
+        len(x.sharding.device_set) == 8 and not x.sharding.is_fully_replicated
+        for x in jax.tree.leaves(state)
+    )
 
 
 def _assert_same_numbers(a, b):
@@ -125,19 +147,24 @@ def test_base_model_comes_on_the_mesh_when_loaded_or_trained(setup, tmp_path):
 
     task, cfg, data_dir, cache_dir = setup
     mesh = sharding.make_mesh({"data": 2, "fsdp": 4})
-    plain = warmstart.get_base_model(task, cfg, _WARM, cache_dir, data_dir=data_dir,
-                                     progress=False)
-    restored = warmstart.get_base_model(task, cfg, _WARM, cache_dir, data_dir=data_dir,
-                                        progress=False, mesh=mesh)
+    plain = warmstart.get_base_model(task, cfg, _WARM, cache_dir, data_dir=data_dir, progress=False)
+    restored = warmstart.get_base_model(
+        task, cfg, _WARM, cache_dir, data_dir=data_dir, progress=False, mesh=mesh
+    )
     _assert_on_mesh(restored, mesh)
     _assert_same_numbers(plain, restored)
 
     short = {**_WARM, "steps": 2}
-    trained = warmstart.get_base_model(task, cfg, short, str(tmp_path), data_dir=data_dir,
-                                       progress=False, mesh=mesh)  # cold cache: trains
+    trained = warmstart.get_base_model(
+        task, cfg, short, str(tmp_path), data_dir=data_dir, progress=False, mesh=mesh
+    )  # cold cache: trains
     _assert_on_mesh(trained, mesh)
-    _assert_same_numbers(trained, warmstart.get_base_model(
-        task, cfg, short, str(tmp_path), data_dir=data_dir, progress=False))
+    _assert_same_numbers(
+        trained,
+        warmstart.get_base_model(
+            task, cfg, short, str(tmp_path), data_dir=data_dir, progress=False
+        ),
+    )
 
 
 def test_multi_process_run_with_cold_cache_fails_before_training(setup, monkeypatch, tmp_path):
@@ -145,16 +172,21 @@ def test_multi_process_run_with_cold_cache_fails_before_training(setup, monkeypa
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(warmstart, "train", lambda *a, **k: pytest.fail("trained on every host"))
     with pytest.raises(FileNotFoundError, match="--prepare_only"):
-        warmstart.get_base_model(task, cfg, _WARM, str(tmp_path), data_dir=data_dir,
-                                 progress=False)
+        warmstart.get_base_model(task, cfg, _WARM, str(tmp_path), data_dir=data_dir, progress=False)
 
 
 def test_train_callback_sees_the_model_every_n_steps(setup):
     task, cfg, data_dir, _ = setup
     seen = []
-    final, stats = warmstart.train(task, cfg, {**_WARM, "steps": 5}, data_dir=data_dir,
-                                   progress=False, callback_every=2,
-                                   callback=lambda step, m: seen.append((step, m)))
+    final, stats = warmstart.train(
+        task,
+        cfg,
+        {**_WARM, "steps": 5},
+        data_dir=data_dir,
+        progress=False,
+        callback_every=2,
+        callback=lambda step, m: seen.append((step, m)),
+    )
     assert [step for step, _ in seen] == [2, 4, 5]
     assert stats["steps"] == 5 and math.isfinite(stats["final_loss"])
     # The models it was given stay readable after training went on (the step donates its
@@ -162,10 +194,17 @@ def test_train_callback_sees_the_model_every_n_steps(setup):
     kernels = [np.asarray(jax.tree.leaves(nnx.state(m, nnx.Param))[0]) for _, m in seen]
     assert not np.array_equal(kernels[0], kernels[1])
     np.testing.assert_array_equal(
-        kernels[2], np.asarray(jax.tree.leaves(nnx.state(final, nnx.Param))[0]))
+        kernels[2], np.asarray(jax.tree.leaves(nnx.state(final, nnx.Param))[0])
+    )
     with pytest.raises(ValueError, match="callback_every"):
-        warmstart.train(task, cfg, {**_WARM, "steps": 1}, data_dir=data_dir, progress=False,
-                        callback=lambda step, m: None)
+        warmstart.train(
+            task,
+            cfg,
+            {**_WARM, "steps": 1},
+            data_dir=data_dir,
+            progress=False,
+            callback=lambda step, m: None,
+        )
 
 
 def test_default_steps_come_from_the_task(setup):
@@ -176,6 +215,7 @@ def test_default_steps_come_from_the_task(setup):
     assert warmstart.as_warm_config(dict(steps=7), task).steps == 7  # explicit steps win
     # The cache is keyed by the resolved step count: steps=None and the task's own are one base.
     assert warmstart.cache_key(task, cfg, None) == warmstart.cache_key(
-        task, cfg, dict(steps=task.warm_start_steps))
+        task, cfg, dict(steps=task.warm_start_steps)
+    )
     with pytest.raises(ValueError, match="step count"):
         warmstart.make_optimizer(warmstart.WarmStartConfig())

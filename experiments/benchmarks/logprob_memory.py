@@ -41,6 +41,7 @@ def with_grad(fn):
     def loss(h, w, tok):
         logp, ent = fn(h, w, tok)
         return jnp.mean(logp) + 0.01 * jnp.mean(ent)
+
     return jax.grad(loss, argnums=(0, 1))
 
 
@@ -73,23 +74,38 @@ def main(argv=None):
     }
     figs["fwd_reduction_x"] = figs["naive_fwd_temp_gib"] / figs["chunked_fwd_temp_gib"]
     figs["fwd_bwd_reduction_x"] = figs["naive_fwd_bwd_temp_gib"] / figs["chunked_fwd_bwd_temp_gib"]
-    print(f"log-prob peak temp memory, B={a.B} T={a.T} V={a.V} D={a.D} (chunk C={C} positions; "
-          f"[B,T,V] f32 = {figs['full_logits_f32_gib']:.2f} GiB)")
+    print(
+        f"log-prob peak temp memory, B={a.B} T={a.T} V={a.V} D={a.D} (chunk C={C} positions; "
+        f"[B,T,V] f32 = {figs['full_logits_f32_gib']:.2f} GiB)"
+    )
     print(f"{'path':<10}{'forward GiB':>14}{'fwd+bwd GiB':>14}")
-    print(f"{'naive':<10}{figs['naive_fwd_temp_gib']:>14.3f}{figs['naive_fwd_bwd_temp_gib']:>14.3f}")
-    print(f"{'chunked':<10}{figs['chunked_fwd_temp_gib']:>14.3f}"
-          f"{figs['chunked_fwd_bwd_temp_gib']:>14.3f}")
+    print(
+        f"{'naive':<10}{figs['naive_fwd_temp_gib']:>14.3f}{figs['naive_fwd_bwd_temp_gib']:>14.3f}"
+    )
+    print(
+        f"{'chunked':<10}{figs['chunked_fwd_temp_gib']:>14.3f}"
+        f"{figs['chunked_fwd_bwd_temp_gib']:>14.3f}"
+    )
     print(f"{'ratio':<10}{figs['fwd_reduction_x']:>13.1f}x{figs['fwd_bwd_reduction_x']:>13.1f}x")
     if a.out:
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
         with open(a.out, "w") as f:
-            json.dump({"machine": {"platform": platform.platform(),
-                                   "devices": [str(d) for d in jax.devices()],
-                                   "jax": jax.__version__},
-                       "figures": figs,
-                       "targets": {"fwd_reduction_x": {"op": ">=", "threshold": 10.0},
-                                   "fwd_bwd_reduction_x": {"op": ">=", "threshold": 5.0}}},
-                      f, indent=2)
+            json.dump(
+                {
+                    "machine": {
+                        "platform": platform.platform(),
+                        "devices": [str(d) for d in jax.devices()],
+                        "jax": jax.__version__,
+                    },
+                    "figures": figs,
+                    "targets": {
+                        "fwd_reduction_x": {"op": ">=", "threshold": 10.0},
+                        "fwd_bwd_reduction_x": {"op": ">=", "threshold": 5.0},
+                    },
+                },
+                f,
+                indent=2,
+            )
     return figs
 
 

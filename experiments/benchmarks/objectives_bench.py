@@ -135,7 +135,8 @@ def main(argv=None):
         f"mean of logp + grad: {floor_s * 1e3:.3f} ms (compile {floor_compile_s:.2f} s)"
     )
     print(
-        f"{'':<12}{'---------- loss + grad ----------':>36}{'------ loss + grad + metrics ------':>38}"
+        f"{'':<12}{'---------- loss + grad ----------':>36}"
+        f"{'------ loss + grad + metrics ------':>38}"
     )
     head = f"{'compile s':>9}{'ms':>8}{'x floor':>9}{'x cpu':>8}"
     print(f"{'objective':<18}{head:>36}{head:>38}")

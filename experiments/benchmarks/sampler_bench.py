@@ -43,10 +43,26 @@ from flax import nnx
 from gspo_jax import models, sampler
 
 SHAPES = {
-    "small": dict(vocab_size=512, hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
-                  head_dim=32, mlp_dim=768, tie_embeddings=True),
-    "wide": dict(vocab_size=151_936, hidden_size=1024, num_layers=4, num_heads=16,
-                 num_kv_heads=8, head_dim=128, mlp_dim=3072, tie_embeddings=True),
+    "small": dict(
+        vocab_size=512,
+        hidden_size=256,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=32,
+        mlp_dim=768,
+        tie_embeddings=True,
+    ),
+    "wide": dict(
+        vocab_size=151_936,
+        hidden_size=1024,
+        num_layers=4,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=3072,
+        tie_embeddings=True,
+    ),
 }
 
 
@@ -80,17 +96,39 @@ def bench_ours(model, prompts, lengths, G, T, repeats):
     graphdef, state = nnx.split(model)
     t0 = time.perf_counter()  # compile time, measured explicitly (first-call minus median is
     sampler._generate_jit.lower(  # unreliable on a shared machine)
-        graphdef, state, prompts, lengths, key, jnp.int32(-1), jnp.int32(0), num_samples=G,
-        max_new_tokens=T, temperature=1.0, top_k=0, top_p=1.0, return_routes=False).compile()
+        graphdef,
+        state,
+        prompts,
+        lengths,
+        key,
+        jnp.int32(-1),
+        jnp.int32(0),
+        num_samples=G,
+        max_new_tokens=T,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        return_routes=False,
+    ).compile()
     compile_s = time.perf_counter() - t0
-    first, total = timed(lambda: sampler.generate(model, prompts, lengths, rng=key, **kw).tokens,
-                         repeats, "ours")
-    pre = jax.jit(lambda st, p, n: sampler.prefill(nnx.merge(graphdef, st), p, n, num_samples=G,
-                                                   cache_len=prompts.shape[1] + T))
+    first, total = timed(
+        lambda: sampler.generate(model, prompts, lengths, rng=key, **kw).tokens, repeats, "ours"
+    )
+    pre = jax.jit(
+        lambda st, p, n: sampler.prefill(
+            nnx.merge(graphdef, st), p, n, num_samples=G, cache_len=prompts.shape[1] + T
+        )
+    )
     _, prefill_s = timed(lambda: pre(state, prompts, lengths), repeats, "ours prefill")
     B = prompts.shape[0] * G
-    return {"compile_s": compile_s, "first_call_s": first, "total_s": total, "prefill_s": prefill_s,
-            "decode_tps": B * (T - 1) / max(total - prefill_s, 1e-9), "total_tps": B * T / total}
+    return {
+        "compile_s": compile_s,
+        "first_call_s": first,
+        "total_s": total,
+        "prefill_s": prefill_s,
+        "decode_tps": B * (T - 1) / max(total - prefill_s, 1e-9),
+        "total_tps": B * T / total,
+    }
 
 
 def make_nocache_sampler(model, P, Lp, G, steps):
@@ -109,8 +147,9 @@ def make_nocache_sampler(model, P, Lp, G, steps):
         def step(t, buf):
             h = m.forward(buf, pos, mask)["hidden"]  # [B, S, D]: the full recomputation
             h_t = jax.lax.dynamic_index_in_dim(h, Lp + t - 1, axis=1, keepdims=False)
-            tok, _, _ = sampler.sample_token(m.logits(h_t), jax.random.fold_in(rng, t),
-                                             temperature=1.0, top_k=0, top_p=1.0)
+            tok, _, _ = sampler.sample_token(
+                m.logits(h_t), jax.random.fold_in(rng, t), temperature=1.0, top_k=0, top_p=1.0
+            )
             return jax.lax.dynamic_update_slice_in_dim(buf, tok[:, None], Lp + t, axis=1)
 
         return jax.lax.fori_loop(0, steps, step, buf)
@@ -122,8 +161,12 @@ def bench_nocache(model, prompts, G, steps, repeats):
     P, Lp = prompts.shape
     fn = make_nocache_sampler(model, P, Lp, G, steps)
     first, total = timed(lambda: fn(prompts), repeats, f"no-cache sampler ({steps} steps)")
-    return {"compile_s": first - total, "steps": steps, "total_s": total,
-            "total_tps": P * G * steps / total}
+    return {
+        "compile_s": first - total,
+        "steps": steps,
+        "total_s": total,
+        "total_tps": P * G * steps / total,
+    }
 
 
 def bench_prefill_sharing(model, P, G, Lp, T, repeats):
@@ -134,12 +177,17 @@ def bench_prefill_sharing(model, P, G, Lp, T, repeats):
     lengths = jnp.full((P,), Lp, jnp.int32)
 
     def pre(p, n, g):
-        f = jax.jit(lambda st, p, n: sampler.prefill(nnx.merge(graphdef, st), p, n,
-                                                     num_samples=g, cache_len=Lp + T))
+        f = jax.jit(
+            lambda st, p, n: sampler.prefill(
+                nnx.merge(graphdef, st), p, n, num_samples=g, cache_len=Lp + T
+            )
+        )
         return lambda: f(state, p, n)
 
-    fns = {"shared": pre(prompts, lengths, G),
-           "repeated": pre(jnp.repeat(prompts, G, 0), jnp.repeat(lengths, G), 1)}
+    fns = {
+        "shared": pre(prompts, lengths, G),
+        "repeated": pre(jnp.repeat(prompts, G, 0), jnp.repeat(lengths, G), 1),
+    }
     log(f"timing shared vs repeated prefill (prompt {Lp}), interleaved, {repeats} repeats")
     for f in fns.values():  # warm-up / compile
         jax.block_until_ready(f())
@@ -164,28 +212,48 @@ def bench_hf(shape, prompts_np, G, T, repeats):
         return {"skipped": f"transformers/torch not installed ({e}); pip install -e '.[peers]'"}
     s = SHAPES[shape]
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=s["vocab_size"], hidden_size=s["hidden_size"],
-                      intermediate_size=s["mlp_dim"], num_hidden_layers=s["num_layers"],
-                      num_attention_heads=s["num_heads"], num_key_value_heads=s["num_kv_heads"],
-                      head_dim=s["head_dim"], tie_word_embeddings=True,
-                      max_position_embeddings=4096)
+    cfg = Qwen3Config(
+        vocab_size=s["vocab_size"],
+        hidden_size=s["hidden_size"],
+        intermediate_size=s["mlp_dim"],
+        num_hidden_layers=s["num_layers"],
+        num_attention_heads=s["num_heads"],
+        num_key_value_heads=s["num_kv_heads"],
+        head_dim=s["head_dim"],
+        tie_word_embeddings=True,
+        max_position_embeddings=4096,
+    )
     model = Qwen3ForCausalLM(cfg).eval()
     ids = torch.as_tensor(prompts_np, dtype=torch.long)
     P = ids.shape[0]
 
     def run(max_new):
         with torch.no_grad():
-            return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                  do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                  max_new_tokens=max_new, min_new_tokens=max_new,
-                                  num_return_sequences=G, pad_token_id=0, eos_token_id=None)
+            return model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=max_new,
+                min_new_tokens=max_new,
+                num_return_sequences=G,
+                pad_token_id=0,
+                eos_token_id=None,
+            )
 
     first, total = timed(lambda: run(T), repeats, "hf generate")
     _, prefill_s = timed(lambda: run(1), repeats, "hf prefill (1 new token)")
     B = P * G
-    return {"total_s": total, "prefill_s": prefill_s, "warmup_s": first,
-            "decode_tps": B * (T - 1) / max(total - prefill_s, 1e-9), "total_tps": B * T / total,
-            "torch_threads": torch.get_num_threads()}
+    return {
+        "total_s": total,
+        "prefill_s": prefill_s,
+        "warmup_s": first,
+        "decode_tps": B * (T - 1) / max(total - prefill_s, 1e-9),
+        "total_tps": B * T / total,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def bench_tunix(shape, prompts_np, G, T, repeats):
@@ -197,30 +265,56 @@ def bench_tunix(shape, prompts_np, G, T, repeats):
     s = SHAPES[shape]
     P, Lp = prompts_np.shape
     cfg = tunix_qwen3.ModelConfig(
-        num_layers=s["num_layers"], vocab_size=s["vocab_size"], embed_dim=s["hidden_size"],
-        hidden_dim=s["mlp_dim"], num_heads=s["num_heads"], head_dim=s["head_dim"],
-        num_kv_heads=s["num_kv_heads"], rope_theta=1_000_000, norm_eps=1e-6,
-        use_tied_embedding=True)
+        num_layers=s["num_layers"],
+        vocab_size=s["vocab_size"],
+        embed_dim=s["hidden_size"],
+        hidden_dim=s["mlp_dim"],
+        num_heads=s["num_heads"],
+        head_dim=s["head_dim"],
+        num_kv_heads=s["num_kv_heads"],
+        rope_theta=1_000_000,
+        norm_eps=1e-6,
+        use_tied_embedding=True,
+    )
     model = tunix_qwen3.Qwen3(cfg, rngs=nnx.Rngs(0))
     tok = _IdTokenizer(s["vocab_size"])
     smp = tunix_sampler.Sampler(
-        transformer=model, tokenizer=tok,
-        cache_config=tunix_sampler.CacheConfig(cache_size=Lp + T + 8, num_layers=s["num_layers"],
-                                               num_kv_heads=s["num_kv_heads"],
-                                               head_dim=s["head_dim"]))
+        transformer=model,
+        tokenizer=tok,
+        cache_config=tunix_sampler.CacheConfig(
+            cache_size=Lp + T + 8,
+            num_layers=s["num_layers"],
+            num_kv_heads=s["num_kv_heads"],
+            head_dim=s["head_dim"],
+        ),
+    )
     texts = [tok.decode(list(r)) for r in np.repeat(prompts_np, G, 0)]
 
     def run(max_new):
         # top_p=1.0 selects Tunix's sampling mode (None would be greedy) over the full vocab;
         # eos -1 never matches, so no row stops early.
-        return smp(texts, max_generation_steps=max_new, temperature=1.0, top_k=None, top_p=1.0,
-                   echo=False, max_prompt_length=Lp, seed=0, eos_tokens=[-1]).tokens
+        return smp(
+            texts,
+            max_generation_steps=max_new,
+            temperature=1.0,
+            top_k=None,
+            top_p=1.0,
+            echo=False,
+            max_prompt_length=Lp,
+            seed=0,
+            eos_tokens=[-1],
+        ).tokens
 
     first, total = timed(lambda: run(T), repeats, "tunix sampler")
     _, prefill_s = timed(lambda: run(1), repeats, "tunix prefill (1 new token)")
     B = P * G
-    return {"total_s": total, "prefill_s": prefill_s, "warmup_s": first,
-            "decode_tps": B * (T - 1) / max(total - prefill_s, 1e-9), "total_tps": B * T / total}
+    return {
+        "total_s": total,
+        "prefill_s": prefill_s,
+        "warmup_s": first,
+        "decode_tps": B * (T - 1) / max(total - prefill_s, 1e-9),
+        "total_tps": B * T / total,
+    }
 
 
 class _IdTokenizer:
@@ -261,8 +355,9 @@ def run_shape(shape, a):
     steps = min(T, a.nocache_steps if shape == "small" else a.nocache_steps_wide)
     res["no_cache"] = bench_nocache(model, prompts, G, steps, max(1, a.repeats - 1))
     if shape == "small" or a.prefill_wide:
-        res["prefill_sharing"] = bench_prefill_sharing(model, P, G, a.prefill_prompt_len, 32,
-                                                       max(1, a.repeats - 1))
+        res["prefill_sharing"] = bench_prefill_sharing(
+            model, P, G, a.prefill_prompt_len, 32, max(1, a.repeats - 1)
+        )
     if a.peers:
         res["tunix"] = bench_tunix(shape, prompts_np, G, T, max(1, a.repeats - 1))
         res["hf"] = bench_hf(shape, prompts_np, G, T, max(1, a.repeats - 1))
@@ -309,10 +404,14 @@ def main(argv=None):
             figures[f"{shape}/prefill_sharing_speedup"] = r["prefill_sharing"]["speedup"]
             targets[f"{shape}/prefill_sharing_speedup"] = {"op": ">=", "threshold": 0.6 * a.G}
 
-    print(f"\nsampler benchmark: P={a.P} x G={a.G}, prompt {a.prompt_len}, temperature 1, "
-          f"full vocab, no early stop ({jax.devices()[0].platform}, {len(jax.devices())} dev)")
-    hdr = f"{'shape':<7}{'sampler':<10}{'T':>5}{'decode tok/s':>14}{'prefill s':>11}" \
-          f"{'total tok/s':>13}{'vs ours':>9}"
+    print(
+        f"\nsampler benchmark: P={a.P} x G={a.G}, prompt {a.prompt_len}, temperature 1, "
+        f"full vocab, no early stop ({jax.devices()[0].platform}, {len(jax.devices())} dev)"
+    )
+    hdr = (
+        f"{'shape':<7}{'sampler':<10}{'T':>5}{'decode tok/s':>14}{'prefill s':>11}"
+        f"{'total tok/s':>13}{'vs ours':>9}"
+    )
     print(hdr)
     print("-" * len(hdr))
     for shape, r in results.items():
@@ -324,14 +423,18 @@ def main(argv=None):
                 print(f"{shape:<7}{name:<10}  skipped: {v['skipped']}")
                 continue
             steps = v.get("steps", r["new_tokens"])
-            print(f"{shape:<7}{name:<10}{steps:>5}{v.get('decode_tps', float('nan')):>14.0f}"
-                  f"{v.get('prefill_s', float('nan')):>11.3f}{v['total_tps']:>13.0f}"
-                  f"{o['total_tps'] / v['total_tps']:>8.1f}x")
+            print(
+                f"{shape:<7}{name:<10}{steps:>5}{v.get('decode_tps', float('nan')):>14.0f}"
+                f"{v.get('prefill_s', float('nan')):>11.3f}{v['total_tps']:>13.0f}"
+                f"{o['total_tps'] / v['total_tps']:>8.1f}x"
+            )
         if "prefill_sharing" in r:
             ps = r["prefill_sharing"]
-            print(f"{shape:<7}prefill sharing (prompt {a.prefill_prompt_len}): shared "
-                  f"{ps['shared_s']:.3f} s vs repeated {ps['repeated_s']:.3f} s = "
-                  f"{ps['speedup']:.1f}x (target >= {0.6 * a.G:.1f}x)")
+            print(
+                f"{shape:<7}prefill sharing (prompt {a.prefill_prompt_len}): shared "
+                f"{ps['shared_s']:.3f} s vs repeated {ps['repeated_s']:.3f} s = "
+                f"{ps['speedup']:.1f}x (target >= {0.6 * a.G:.1f}x)"
+            )
         print(f"{shape:<7}compile (ours): {o['compile_s']:.1f} s")
     print("\ntargets:")
     for name, t in targets.items():
@@ -341,10 +444,21 @@ def main(argv=None):
     if a.out:
         os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
         with open(a.out, "w") as f:
-            json.dump({"machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
-                                   "devices": [str(d) for d in jax.devices()],
-                                   "jax": jax.__version__},
-                       "figures": figures, "targets": targets, "details": results}, f, indent=2)
+            json.dump(
+                {
+                    "machine": {
+                        "platform": platform.platform(),
+                        "cpu_count": os.cpu_count(),
+                        "devices": [str(d) for d in jax.devices()],
+                        "jax": jax.__version__,
+                    },
+                    "figures": figures,
+                    "targets": targets,
+                    "details": results,
+                },
+                f,
+                indent=2,
+            )
     return figures
 
 

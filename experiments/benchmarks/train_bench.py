@@ -117,8 +117,9 @@ def main(argv=None) -> int:
     peak = matmul_peak()
     xla_flops = float("nan")
     try:  # XLA's count of the compiled update (the state is donated: lower on shapes only)
-        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                              state)
+        shapes = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
+        )
         with sharding.use_mesh(run.mesh):
             lowered = phases.update.lower(shapes, *_update_inputs(run, phases, state, batch))
         cost = lowered.compile()
@@ -152,20 +153,26 @@ def main(argv=None) -> int:
         "step_tokens_per_s": {"op": ">=", "threshold": 100.0},
     }
 
-    print(f"\ntrain_bench: {run.config.model.preset} model, P={rl.prompts_per_step} x "
-          f"G={rl.group_size}, T={T}, mu={rl.num_epochs} x K={rl.num_minibatches}, "
-          f"{jax.device_count()} device(s), median of {args.repeats}")
+    print(
+        f"\ntrain_bench: {run.config.model.preset} model, P={rl.prompts_per_step} x "
+        f"G={rl.group_size}, T={T}, mu={rl.num_epochs} x K={rl.num_minibatches}, "
+        f"{jax.device_count()} device(s), median of {args.repeats}"
+    )
     print(f"{'phase':<10}{'median s':>10}{'share':>8}{'compile s':>11}")
     for k in PHASES:
         share = med[k] / med["step"]
         c = f"{compile_s[k]:.2f}" if k != "step" else ""
         print(f"{k:<10}{med[k]:>10.3f}{share:>8.1%}{c:>11}")
-    print(f"\nresponse tokens/step {tokens:.0f}; tokens/s: step {figures['step_tokens_per_s']:.0f}, "
-          f"rollout {figures['rollout_tokens_per_s']:.0f}, update (processed) "
-          f"{figures['update_tokens_per_s']:.0f}")
-    print(f"update: {model_flops / 1e9:.2f} model GFLOP (XLA counts {xla_flops / 1e9:.2f}) in "
-          f"{med['update']:.3f} s = {figures['update_gflop_per_s']:.1f} GFLOP/s; f32 matmul peak "
-          f"{peak / 1e9:.1f} GFLOP/s; MFU {figures['update_mfu']:.1%}")
+    print(
+        f"\nresponse tokens/step {tokens:.0f}; tokens/s: step {figures['step_tokens_per_s']:.0f}, "
+        f"rollout {figures['rollout_tokens_per_s']:.0f}, update (processed) "
+        f"{figures['update_tokens_per_s']:.0f}"
+    )
+    print(
+        f"update: {model_flops / 1e9:.2f} model GFLOP (XLA counts {xla_flops / 1e9:.2f}) in "
+        f"{med['update']:.3f} s = {figures['update_gflop_per_s']:.1f} GFLOP/s; f32 matmul peak "
+        f"{peak / 1e9:.1f} GFLOP/s; MFU {figures['update_mfu']:.1%}"
+    )
 
     if args.out:
         report = {

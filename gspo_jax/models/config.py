@@ -56,11 +56,13 @@ class ModelConfig:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads="
-                f"{self.num_kv_heads} (grouped-query attention); change one of them.")
+                f"{self.num_kv_heads} (grouped-query attention); change one of them."
+            )
         if self.num_experts and not 1 <= self.experts_per_token <= self.num_experts:
             raise ValueError(
                 f"experts_per_token={self.experts_per_token} must be in [1, num_experts="
-                f"{self.num_experts}].")
+                f"{self.num_experts}]."
+            )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings.")
         for f in ("vocab_size", "hidden_size", "num_layers", "max_seq_len"):
@@ -82,28 +84,91 @@ class ModelConfig:
 
 _PRESETS: dict[str, dict] = {
     # Unit tests: compiles in about a second.
-    "tiny": dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                 head_dim=8, mlp_dim=64, max_seq_len=256),
-    "tiny_moe": dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                     head_dim=8, num_experts=4, experts_per_token=2, moe_mlp_dim=32,
-                     max_seq_len=256),
+    "tiny": dict(
+        vocab_size=64,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        mlp_dim=64,
+        max_seq_len=256,
+    ),
+    "tiny_moe": dict(
+        vocab_size=64,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        num_experts=4,
+        experts_per_token=2,
+        moe_mlp_dim=32,
+        max_seq_len=256,
+    ),
     # CPU experiments: ~0.8M parameters (+ V*128 embedding), RL-trains in minutes on 2 cores.
-    "small": dict(vocab_size=256, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
-                  head_dim=32, mlp_dim=384, max_seq_len=512),
-    "small_moe": dict(vocab_size=256, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
-                      head_dim=32, num_experts=8, experts_per_token=2, moe_mlp_dim=96,
-                      max_seq_len=512),
+    "small": dict(
+        vocab_size=256,
+        hidden_size=128,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        mlp_dim=384,
+        max_seq_len=512,
+    ),
+    "small_moe": dict(
+        vocab_size=256,
+        hidden_size=128,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        num_experts=8,
+        experts_per_token=2,
+        moe_mlp_dim=96,
+        max_seq_len=512,
+    ),
     # Real Qwen3 shapes (from the released config.json files).
-    "qwen3_0_6b": dict(vocab_size=151_936, hidden_size=1024, num_layers=28, num_heads=16,
-                       num_kv_heads=8, head_dim=128, mlp_dim=3072, tie_embeddings=True,
-                       max_seq_len=40_960, dtype="bfloat16"),
-    "qwen3_1_7b": dict(vocab_size=151_936, hidden_size=2048, num_layers=28, num_heads=16,
-                       num_kv_heads=8, head_dim=128, mlp_dim=6144, tie_embeddings=True,
-                       max_seq_len=40_960, dtype="bfloat16"),
-    "qwen3_30b_a3b": dict(vocab_size=151_936, hidden_size=2048, num_layers=48, num_heads=32,
-                          num_kv_heads=4, head_dim=128, mlp_dim=6144, num_experts=128,
-                          experts_per_token=8, moe_mlp_dim=768, tie_embeddings=False,
-                          max_seq_len=40_960, dtype="bfloat16"),
+    "qwen3_0_6b": dict(
+        vocab_size=151_936,
+        hidden_size=1024,
+        num_layers=28,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=3072,
+        tie_embeddings=True,
+        max_seq_len=40_960,
+        dtype="bfloat16",
+    ),
+    "qwen3_1_7b": dict(
+        vocab_size=151_936,
+        hidden_size=2048,
+        num_layers=28,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=6144,
+        tie_embeddings=True,
+        max_seq_len=40_960,
+        dtype="bfloat16",
+    ),
+    "qwen3_30b_a3b": dict(
+        vocab_size=151_936,
+        hidden_size=2048,
+        num_layers=48,
+        num_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        mlp_dim=6144,
+        num_experts=128,
+        experts_per_token=8,
+        moe_mlp_dim=768,
+        tie_embeddings=False,
+        max_seq_len=40_960,
+        dtype="bfloat16",
+    ),
 }
 
 PRESETS = tuple(_PRESETS)
@@ -120,5 +185,6 @@ def get_model_config(name: str, **overrides) -> ModelConfig:
     unknown = sorted(set(overrides) - fields)
     if unknown:
         raise ValueError(
-            f"Unknown ModelConfig field(s) {unknown}; valid fields: {', '.join(sorted(fields))}.")
+            f"Unknown ModelConfig field(s) {unknown}; valid fields: {', '.join(sorted(fields))}."
+        )
     return ModelConfig(**{"name": name, **_PRESETS[name], **overrides})

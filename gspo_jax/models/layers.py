@@ -30,8 +30,14 @@ def _truncated_normal(key, shape, dtype, std):
     return std * jax.random.truncated_normal(key, -2.0, 2.0, shape, dtype)
 
 
-def make_param(rngs: nnx.Rngs | None, shape, axes, cfg: ModelConfig, init: str = "normal",
-               std: float | None = None) -> nnx.Param:
+def make_param(
+    rngs: nnx.Rngs | None,
+    shape,
+    axes,
+    cfg: ModelConfig,
+    init: str = "normal",
+    std: float | None = None,
+) -> nnx.Param:
     """A float32 parameter with logical axis names (out_sharding metadata, sharded lazily)."""
     dtype = cfg.params_dtype
     if init == "ones":
@@ -103,19 +109,22 @@ class Attention(nnx.Module):
         k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
         new_cache = None
         if cache is not None:
-            k = jax.lax.dynamic_update_slice(cache["k"], k.astype(cache["k"].dtype),
-                                             (0, 0, 0, write_index))
-            v = jax.lax.dynamic_update_slice(cache["v"], v.astype(cache["v"].dtype),
-                                             (0, 0, write_index, 0))
+            k = jax.lax.dynamic_update_slice(
+                cache["k"], k.astype(cache["k"].dtype), (0, 0, 0, write_index)
+            )
+            v = jax.lax.dynamic_update_slice(
+                cache["v"], v.astype(cache["v"].dtype), (0, 0, write_index, 0)
+            )
             new_cache = {"k": k, "v": v}
         k = logical_constraint(k, ("batch", "kv_heads", "head_dim", "length"))
         v = logical_constraint(v, ("batch", "kv_heads", "length", "head_dim"))
         # Queries grouped by kv head: [B, K, Gq * S, Dh] (row = g * S + s).
         qg = q.reshape(B, S, K, Gq, Dh).transpose(0, 2, 3, 1, 4).reshape(B, K, Gq * S, Dh)
         qg = logical_constraint(qg, ("batch", "kv_heads", "length", "head_dim"))
-        scores = jnp.einsum("bkqd,bkdt->bkqt", qg, k.astype(cdt),
-                            preferred_element_type=jnp.float32)
-        scores = scores.reshape(B, K, Gq, S, -1) * (Dh ** -0.5)
+        scores = jnp.einsum(
+            "bkqd,bkdt->bkqt", qg, k.astype(cdt), preferred_element_type=jnp.float32
+        )
+        scores = scores.reshape(B, K, Gq, S, -1) * (Dh**-0.5)
         scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)  # [B, K, Gq, S, Sk]
         probs = jax.nn.softmax(scores, axis=-1).astype(cdt).reshape(B, K, Gq * S, -1)
         out = jnp.einsum("bkqt,bktd->bkqd", probs, v.astype(cdt))
@@ -196,8 +205,11 @@ class MoE(nnx.Module):
         y_e = jnp.einsum("bsef,efd->bsed", h, self.down_proj[...].astype(cdt))
         y = jnp.einsum("bsed,bse->bsd", y_e, combine.astype(cdt))
 
-        m = (jnp.ones(x.shape[:2], jnp.float32) if token_mask is None
-             else token_mask.astype(jnp.float32))
+        m = (
+            jnp.ones(x.shape[:2], jnp.float32)
+            if token_mask is None
+            else token_mask.astype(jnp.float32)
+        )
         n = jnp.maximum(jnp.sum(m), 1.0)
         frac = jnp.einsum("bske,bs->e", onehot, m) / (n * k)  # [E]
         mean_prob = jnp.einsum("bse,bs->e", probs, m) / n  # [E]
@@ -215,8 +227,9 @@ class DecoderBlock(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg)
         self.mlp = MoE(cfg, rngs=rngs) if cfg.is_moe else MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, positions, mask, *, token_mask=None, cache=None, write_index=None,
-                 routes=None):
+    def __call__(
+        self, x, positions, mask, *, token_mask=None, cache=None, write_index=None, routes=None
+    ):
         a, new_cache = self.attn(self.input_norm(x), positions, mask, cache, write_index)
         x = x + a
         if self.cfg.is_moe:

@@ -39,7 +39,7 @@ def scale_logits(logits: jax.Array, temperature) -> jax.Array:
 
 
 def token_logprob_entropy(scaled: jax.Array, tokens: jax.Array):
-    """scaled logits [..., V] f32, tokens [...] -> (log p(token) [...], entropy [...], lse [...])."""
+    """scaled logits [..., V] f32, tokens [...] -> (log p(token), entropy, lse), each [...]."""
     lse = jax.nn.logsumexp(scaled, axis=-1)
     tok = jnp.take_along_axis(scaled, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
     p = jnp.exp(scaled - lse[..., None])
@@ -52,9 +52,15 @@ def chunk_size(batch: int, length: int, vocab: int, budget_bytes: int) -> int:
     return max(1, min(length, budget_bytes // max(1, batch * vocab * 4)))
 
 
-def chunked_logprobs(hidden: jax.Array, w_out: jax.Array, tokens: jax.Array, temperature,
-                     dtype=jnp.float32, chunk: int | None = None,
-                     budget_bytes: int = 256 * 2**20):
+def chunked_logprobs(
+    hidden: jax.Array,
+    w_out: jax.Array,
+    tokens: jax.Array,
+    temperature,
+    dtype=jnp.float32,
+    chunk: int | None = None,
+    budget_bytes: int = 256 * 2**20,
+):
     """log p and entropy [B, T] of tokens [B, T] given the hidden states that predict them.
 
     hidden [B, T, D] (final-normed), w_out [D, V]. Loops over chunks of C positions with
@@ -84,9 +90,18 @@ def chunked_logprobs(hidden: jax.Array, w_out: jax.Array, tokens: jax.Array, tem
     return logp[:, :T], ent[:, :T]
 
 
-def response_logprobs(model, prompts, prompt_lengths, responses, *, temperature=1.0,
-                      routes=None, return_routes=False, response_mask=None,
-                      chunk: int | None = None):
+def response_logprobs(
+    model,
+    prompts,
+    prompt_lengths,
+    responses,
+    *,
+    temperature=1.0,
+    routes=None,
+    return_routes=False,
+    response_mask=None,
+    chunk: int | None = None,
+):
     """Teacher-forced log-probs of `responses` under softmax(logits / temperature).
 
     prompts [B, Lp] int32 right-padded, prompt_lengths [B] int32 (1 <= n <= Lp),
@@ -113,17 +128,25 @@ def response_logprobs(model, prompts, prompt_lengths, responses, *, temperature=
     if response_mask is not None:
         chex.assert_shape(response_mask, (B, T))
         token_mask = key_valid & jnp.concatenate(
-            [jnp.ones((B, Lp), bool), response_mask.astype(bool)], axis=1)
+            [jnp.ones((B, Lp), bool), response_mask.astype(bool)], axis=1
+        )
     mask = attention_mask(key_valid, jnp.arange(Lp + T, dtype=jnp.int32))
-    out = model.forward(tokens, positions, mask, token_mask=token_mask, routes=routes,
-                        return_routes=return_routes)
+    out = model.forward(
+        tokens, positions, mask, token_mask=token_mask, routes=routes, return_routes=return_routes
+    )
     # Hidden state that predicts response token t: the last prompt slot for t = 0, else Lp+t-1.
     t = jnp.arange(T, dtype=jnp.int32)[None, :]
     src = jnp.where(t == 0, prompt_lengths.astype(jnp.int32)[:, None] - 1, Lp + t - 1)  # [B, T]
     h_prev = jnp.take_along_axis(out["hidden"], src[..., None], axis=1)  # [B, T, D]
     logp, entropy = chunked_logprobs(
-        h_prev, model.output_matrix(), responses, temperature, model.cfg.compute_dtype,
-        chunk=chunk, budget_bytes=model.cfg.logprob_chunk_bytes)
+        h_prev,
+        model.output_matrix(),
+        responses,
+        temperature,
+        model.cfg.compute_dtype,
+        chunk=chunk,
+        budget_bytes=model.cfg.logprob_chunk_bytes,
+    )
     result = {"logp": logp, "entropy": entropy, "aux_loss": out["aux_loss"]}
     if return_routes:
         result["routes"] = out["routes"]

@@ -45,8 +45,12 @@ def unembed(hidden: jax.Array, w_out: jax.Array, dtype) -> jax.Array:
     The single logits function used by the model, response_logprobs and the sampler: the matmul
     runs in the compute dtype and accumulates in float32.
     """
-    return jnp.einsum("...d,dv->...v", hidden.astype(dtype), w_out.astype(dtype),
-                      preferred_element_type=jnp.float32)
+    return jnp.einsum(
+        "...d,dv->...v",
+        hidden.astype(dtype),
+        w_out.astype(dtype),
+        preferred_element_type=jnp.float32,
+    )
 
 
 class Transformer(nnx.Module):
@@ -63,8 +67,9 @@ class Transformer(nnx.Module):
         self.layers = nnx.List([DecoderBlock(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg)
         if not cfg.tie_embeddings:
-            self.lm_head = make_param(rngs, (cfg.hidden_size, cfg.vocab_size),
-                                      ("embed", "vocab"), cfg)
+            self.lm_head = make_param(
+                rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), cfg
+            )
 
     def output_matrix(self) -> jax.Array:
         """[D, V] float32 output projection (the embedding transposed when tied)."""
@@ -78,11 +83,23 @@ class Transformer(nnx.Module):
         """Zeroed KV cache: per layer {"k": [batch, K, Dh, length], "v": [batch, K, length, Dh]}
         in the compute dtype (layouts chosen for the attention matmuls, see layers.Attention)."""
         K, Dh, dt = self.cfg.num_kv_heads, self.cfg.head_dim, self.cfg.compute_dtype
-        return [{"k": jnp.zeros((batch, K, Dh, length), dt),
-                 "v": jnp.zeros((batch, K, length, Dh), dt)} for _ in self.layers]
+        return [
+            {"k": jnp.zeros((batch, K, Dh, length), dt), "v": jnp.zeros((batch, K, length, Dh), dt)}
+            for _ in self.layers
+        ]
 
-    def forward(self, tokens, positions, mask, *, token_mask=None, cache=None, write_index=None,
-                routes=None, return_routes=False):
+    def forward(
+        self,
+        tokens,
+        positions,
+        mask,
+        *,
+        token_mask=None,
+        cache=None,
+        write_index=None,
+        routes=None,
+        return_routes=False,
+    ):
         """General forward pass.
 
         tokens [B, S] int32, positions [B, S] int32, mask [B, S, Sk] bool (Sk = S without a cache,
@@ -99,22 +116,33 @@ class Transformer(nnx.Module):
         chex.assert_equal_shape([tokens, positions])
         if routes is not None:
             if not cfg.is_moe:
-                raise ValueError("routes were given to a dense model; Routing Replay needs MoE "
-                                 "(num_experts > 0). Pass routes=None.")
+                raise ValueError(
+                    "routes were given to a dense model; Routing Replay needs MoE "
+                    "(num_experts > 0). Pass routes=None."
+                )
             chex.assert_shape(routes, (cfg.num_layers, *tokens.shape, cfg.experts_per_token))
         x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.compute_dtype)  # [B, S, D]
         x = logical_constraint(x, ("batch", "length", "act_embed"))
         new_cache, used_routes = [], []
         aux = jnp.zeros((), jnp.float32)
         for i, layer in enumerate(self.layers):
-            x, c, a, r = layer(x, positions, mask, token_mask=token_mask,
-                               cache=None if cache is None else cache[i], write_index=write_index,
-                               routes=None if routes is None else routes[i])
+            x, c, a, r = layer(
+                x,
+                positions,
+                mask,
+                token_mask=token_mask,
+                cache=None if cache is None else cache[i],
+                write_index=write_index,
+                routes=None if routes is None else routes[i],
+            )
             new_cache.append(c)
             used_routes.append(r)
             aux = aux + a
-        out = {"hidden": self.final_norm(x), "aux_loss": aux / cfg.num_layers,
-               "cache": new_cache if cache is not None else None}
+        out = {
+            "hidden": self.final_norm(x),
+            "aux_loss": aux / cfg.num_layers,
+            "cache": new_cache if cache is not None else None,
+        }
         if return_routes:
             if not cfg.is_moe:
                 raise ValueError("return_routes=True needs an MoE model (num_experts > 0).")
@@ -146,8 +174,12 @@ def param_count(model: nnx.Module, active: bool = False) -> int:
     for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param)):
         n = math.prod(leaf.shape)
         names = {str(getattr(p, "key", p)) for p in path}
-        if active and cfg.is_moe and "mlp" in names and names & {"gate_proj", "up_proj",
-                                                                  "down_proj"}:
+        if (
+            active
+            and cfg.is_moe
+            and "mlp" in names
+            and names & {"gate_proj", "up_proj", "down_proj"}
+        ):
             n = n * cfg.experts_per_token // cfg.num_experts
         total += n
     return total

@@ -21,8 +21,17 @@ from gspo_jax.tasks.tokenizer import CharTokenizer
 
 TASKS = {"arith": ArithmeticTask, "countdown": CountdownTask, "gsm8k": Gsm8kTask}
 
-__all__ = ["TASKS", "ArithmeticTask", "CharTokenizer", "CountdownTask", "Gsm8kTask", "Task",
-           "Verdict", "get_task", "parse_expression"]
+__all__ = [
+    "TASKS",
+    "ArithmeticTask",
+    "CharTokenizer",
+    "CountdownTask",
+    "Gsm8kTask",
+    "Task",
+    "Verdict",
+    "get_task",
+    "parse_expression",
+]
 
 
 def get_task(name: str, **knobs) -> Task:

@@ -69,8 +69,10 @@ def worked_text(a: int, b: int, width: int) -> str:
 def carryless_sum(a: int, b: int) -> int:
     """Digit-wise sum modulo 10: what a demonstrator that forgets every carry writes."""
     n = max(len(str(a)), len(str(b)))
-    return sum(((da + db) % 10) * 10**i for i, (da, db) in enumerate(
-        zip(_digits_lsd(a, n), _digits_lsd(b, n), strict=True)))
+    return sum(
+        ((da + db) % 10) * 10**i
+        for i, (da, db) in enumerate(zip(_digits_lsd(a, n), _digits_lsd(b, n), strict=True))
+    )
 
 
 class ArithmeticTask(Task):
@@ -106,25 +108,39 @@ class ArithmeticTask(Task):
     ):
         if not 1 <= min_digits <= max_digits <= 9:
             raise ValueError(
-                f"need 1 <= min_digits <= max_digits <= 9, got {min_digits}, {max_digits}.")
+                f"need 1 <= min_digits <= max_digits <= 9, got {min_digits}, {max_digits}."
+            )
         if not 0.0 <= worked_fraction <= 1.0 or not 0.0 <= worked_error_rate <= 1.0:
             raise ValueError(
                 f"worked_fraction and worked_error_rate must lie in [0, 1], got "
-                f"{worked_fraction}, {worked_error_rate}.")
+                f"{worked_fraction}, {worked_error_rate}."
+            )
         if direct_style not in ("carryless", "correct"):
-            raise ValueError(f"direct_style must be 'carryless' or 'correct', got {direct_style!r}.")
+            raise ValueError(
+                f"direct_style must be 'carryless' or 'correct', got {direct_style!r}."
+            )
         if num_train < 1 or num_test < 1:
-            raise ValueError(f"num_train and num_test must be >= 1 (an empty split cannot train), "
-                             f"got {num_train}, {num_test}.")
+            raise ValueError(
+                f"num_train and num_test must be >= 1 (an empty split cannot train), "
+                f"got {num_train}, {num_test}."
+            )
         space = sum(9 * 10 ** (d - 1) + (d == 1) for d in range(min_digits, max_digits + 1)) ** 2
         if num_train + num_test > 0.5 * space:
             raise ValueError(
                 f"{num_train + num_test} problems requested but only {space} exist with "
-                f"{min_digits}-{max_digits} digits; lower num_train/num_test or raise max_digits.")
+                f"{min_digits}-{max_digits} digits; lower num_train/num_test or raise max_digits."
+            )
         self.config = dict(
-            min_digits=min_digits, max_digits=max_digits, worked_fraction=worked_fraction,
-            direct_style=direct_style, worked_error_rate=worked_error_rate,
-            format_weight=format_weight, num_train=num_train, num_test=num_test, seed=seed)
+            min_digits=min_digits,
+            max_digits=max_digits,
+            worked_fraction=worked_fraction,
+            direct_style=direct_style,
+            worked_error_rate=worked_error_rate,
+            format_weight=format_weight,
+            num_train=num_train,
+            num_test=num_test,
+            seed=seed,
+        )
         self.min_digits, self.max_digits = min_digits, max_digits
         self.worked_fraction, self.direct_style = worked_fraction, direct_style
         self.worked_error_rate, self.format_weight = worked_error_rate, format_weight
@@ -136,7 +152,9 @@ class ArithmeticTask(Task):
         # "W" + columns ("dd=dd" and commas) + "A" + answer (max_digits + 1) + eos.
         self.max_response_len = 1 + 6 * max_digits - 1 + 1 + (max_digits + 1) + 1
         w = max_digits
-        self._worked_re = re.compile(rf"W[0-9]{{2}}=[0-9]{{2}}(?:,[0-9]{{2}}=[0-9]{{2}}){{{w - 1}}}A[0-9]{{{w + 1}}}")
+        self._worked_re = re.compile(
+            rf"W[0-9]{{2}}=[0-9]{{2}}(?:,[0-9]{{2}}=[0-9]{{2}}){{{w - 1}}}A[0-9]{{{w + 1}}}"
+        )
         self._direct_re = re.compile(rf"A[0-9]{{{w + 1}}}")
 
     # ---- data ---------------------------------------------------------------------------------
@@ -166,8 +184,11 @@ class ArithmeticTask(Task):
     def generate_split(self, split: str) -> list[dict[str, Any]]:
         check_split(split)
         test = self._problems("test", self.config["num_test"], set())
-        pairs = test if split == "test" else self._problems(
-            "train", self.config["num_train"], set(test))
+        pairs = (
+            test
+            if split == "test"
+            else self._problems("train", self.config["num_train"], set(test))
+        )
         w = self.width
         return [dict(prompt=f"{a:0{w}d}+{b:0{w}d}=", a=a, b=b, target=a + b) for a, b in pairs]
 
@@ -194,9 +215,17 @@ class ArithmeticTask(Task):
         # The answer is what follows the last "A": any digit string with the sum's value (leading
         # zeros allowed, so the fixed width is a format matter, not a correctness one), and
         # bounded in length before int() sees it.
-        answer = text[text.rfind("A") + 1:] if "A" in text else ""
-        correct = float(terminated and 0 < len(answer) <= _MAX_ANSWER_CHARS
-                        and answer.isascii() and answer.isdigit()
-                        and int(answer) == int(record["target"]))
-        return Verdict(reward=correct + self.format_weight * well_formed, correct=correct,
-                       format=well_formed, extras={"worked": worked})
+        answer = text[text.rfind("A") + 1 :] if "A" in text else ""
+        correct = float(
+            terminated
+            and 0 < len(answer) <= _MAX_ANSWER_CHARS
+            and answer.isascii()
+            and answer.isdigit()
+            and int(answer) == int(record["target"])
+        )
+        return Verdict(
+            reward=correct + self.format_weight * well_formed,
+            correct=correct,
+            format=well_formed,
+            extras={"worked": worked},
+        )

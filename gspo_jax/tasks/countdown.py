@@ -1,6 +1,6 @@
 """Countdown: combine the given numbers with + - * and parentheses to reach a target.
 
-    prompt    "6,8,16:88="            the numbers (sorted, so their order gives nothing away), target
+    prompt    "6,8,16:88="            the numbers (sorted: their order gives nothing away), target
     response  "16*6-8"                an expression that uses every number exactly once
 
 Why this task: its rewards are not only 0/1. An expression that uses exactly the given numbers but
@@ -12,8 +12,8 @@ The verifier parses the expression with its own recursive-descent parser (never 
 bounds its length, nesting and number size, so any string yields a verdict.
 
 Reward = partial + format_weight * format, where partial = 1 when correct, else
-partial_weight * max(0, 1 - |value - target| / closeness_scale) when the expression is valid and uses
-exactly the given numbers, else 0; correct and format are 0/1.
+partial_weight * max(0, 1 - |value - target| / closeness_scale) when the expression is valid and
+uses exactly the given numbers, else 0; correct and format are 0/1.
 
 Demonstrations: the expression that generated the target (problems are made by sampling numbers and
 operators and computing the value); a share ``wrong_fraction`` has one operator changed.
@@ -91,7 +91,7 @@ class _Parser:
         start = self.pos
         while self._peek().isdigit() and self._peek() in "0123456789":
             self.pos += 1
-        digits = self.text[start:self.pos]
+        digits = self.text[start : self.pos]
         if not digits or len(digits) > _MAX_NUMBER_DIGITS or (len(digits) > 1 and digits[0] == "0"):
             raise _ParseError(f"bad number at {start}")
         self.numbers.append(int(digits))
@@ -149,18 +149,29 @@ class CountdownTask(Task):
         if not 2 <= max_number <= 99:
             raise ValueError(f"max_number must be in [2, 99], got {max_number}.")
         if max_target < 1 or closeness_scale <= 0:
-            raise ValueError(f"max_target must be >= 1 and closeness_scale > 0, got {max_target}, "
-                             f"{closeness_scale}.")
+            raise ValueError(
+                f"max_target must be >= 1 and closeness_scale > 0, got {max_target}, "
+                f"{closeness_scale}."
+            )
         if not 0.0 <= wrong_fraction <= 1.0:
             raise ValueError(f"wrong_fraction must lie in [0, 1], got {wrong_fraction}.")
         if num_train < 1 or num_test < 1:
-            raise ValueError(f"num_train and num_test must be >= 1 (an empty split cannot train), "
-                             f"got {num_train}, {num_test}.")
+            raise ValueError(
+                f"num_train and num_test must be >= 1 (an empty split cannot train), "
+                f"got {num_train}, {num_test}."
+            )
         self.config = dict(
-            num_numbers=num_numbers, max_number=max_number, max_target=max_target,
-            wrong_fraction=wrong_fraction, partial_weight=partial_weight,
-            closeness_scale=closeness_scale, format_weight=format_weight,
-            num_train=num_train, num_test=num_test, seed=seed)
+            num_numbers=num_numbers,
+            max_number=max_number,
+            max_target=max_target,
+            wrong_fraction=wrong_fraction,
+            partial_weight=partial_weight,
+            closeness_scale=closeness_scale,
+            format_weight=format_weight,
+            num_train=num_train,
+            num_test=num_test,
+            seed=seed,
+        )
         self.num_numbers, self.max_number, self.max_target = num_numbers, max_number, max_target
         self.wrong_fraction, self.partial_weight = wrong_fraction, partial_weight
         self.closeness_scale, self.format_weight = closeness_scale, format_weight
@@ -191,7 +202,8 @@ class CountdownTask(Task):
             if attempts > 200 * n + 10000:
                 raise ValueError(
                     f"could not find {n} distinct countdown problems for split {split!r}; lower "
-                    "num_train/num_test or raise num_numbers/max_number/max_target.")
+                    "num_train/num_test or raise num_numbers/max_number/max_target."
+                )
             nums = [int(x) for x in rng.integers(1, self.max_number + 1, self.num_numbers)]
             ops = [str(o) for o in rng.choice(list(_OPS), self.num_numbers - 1)]
             expr = str(nums[0]) + "".join(o + str(x) for o, x in zip(ops, nums[1:], strict=True))
@@ -200,9 +212,14 @@ class CountdownTask(Task):
             if not 0 <= value <= self.max_target or key in seen:
                 continue
             seen.add(key)
-            out.append(dict(
-                prompt=",".join(map(str, sorted(nums))) + f":{value}=",
-                numbers=np.asarray(sorted(nums), np.int64), target=value, solution=expr))
+            out.append(
+                dict(
+                    prompt=",".join(map(str, sorted(nums))) + f":{value}=",
+                    numbers=np.asarray(sorted(nums), np.int64),
+                    target=value,
+                    solution=expr,
+                )
+            )
         return out
 
     def generate_split(self, split: str) -> list[dict[str, Any]]:
@@ -220,15 +237,16 @@ class CountdownTask(Task):
             positions = [i for i, c in enumerate(expr) if c in _OPS]
             i = int(rng.choice(positions))
             new_op = str(rng.choice([o for o in _OPS if o != expr[i]]))
-            expr = expr[:i] + new_op + expr[i + 1:]
+            expr = expr[:i] + new_op + expr[i + 1 :]
         return expr
 
     # ---- verifier -----------------------------------------------------------------------------
     def verify(self, record: Mapping[str, Any], text: str, terminated: bool) -> Verdict:
         parsed = parse_expression(text) if terminated else None
         if parsed is None:
-            return Verdict(reward=0.0, correct=0.0, format=0.0,
-                           extras={"partial": 0.0, "uses_numbers": 0.0})
+            return Verdict(
+                reward=0.0, correct=0.0, format=0.0, extras={"partial": 0.0, "uses_numbers": 0.0}
+            )
         value, used = parsed
         target = int(record["target"])
         uses = float(sorted(used) == sorted(int(x) for x in np.ravel(record["numbers"])))
@@ -236,8 +254,14 @@ class CountdownTask(Task):
         if correct:
             partial = 1.0
         elif uses:
-            partial = self.partial_weight * max(0.0, 1.0 - abs(value - target) / self.closeness_scale)
+            partial = self.partial_weight * max(
+                0.0, 1.0 - abs(value - target) / self.closeness_scale
+            )
         else:
             partial = 0.0
-        return Verdict(reward=partial + self.format_weight, correct=correct, format=1.0,
-                       extras={"partial": partial, "uses_numbers": uses})
+        return Verdict(
+            reward=partial + self.format_weight,
+            correct=correct,
+            format=1.0,
+            extras={"partial": partial, "uses_numbers": uses},
+        )

@@ -29,7 +29,7 @@ _NUMBER_RE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 def extract_answer(text: str) -> str | None:
     """The final numeric answer in a response, normalised ("1,234" -> "1234"), or None."""
-    tail = text[text.rfind("####") + 4:] if "####" in text else text
+    tail = text[text.rfind("####") + 4 :] if "####" in text else text
     numbers = _NUMBER_RE.findall(tail[-1000:])
     if not numbers:
         return None
@@ -50,13 +50,19 @@ class Gsm8kTask(Task):
     catalogue_name = "gsm8k"
     record_fields = ("short_answer", "annotation")
 
-    def __init__(self, *, max_prompt_len: int = 768, max_response_len: int = 512,
-                 format_weight: float = 0.1):
+    def __init__(
+        self, *, max_prompt_len: int = 768, max_response_len: int = 512, format_weight: float = 0.1
+    ):
         if max_prompt_len < 2 or max_response_len < 2:
-            raise ValueError(f"max_prompt_len and max_response_len must be >= 2 (bos or eos plus "
-                             f"one character), got {max_prompt_len}, {max_response_len}.")
-        self.config = dict(max_prompt_len=max_prompt_len, max_response_len=max_response_len,
-                           format_weight=format_weight)
+            raise ValueError(
+                f"max_prompt_len and max_response_len must be >= 2 (bos or eos plus "
+                f"one character), got {max_prompt_len}, {max_response_len}."
+            )
+        self.config = dict(
+            max_prompt_len=max_prompt_len,
+            max_response_len=max_response_len,
+            format_weight=format_weight,
+        )
         self.max_prompt_len, self.max_response_len = max_prompt_len, max_response_len
         self.format_weight = format_weight
         self.tokenizer = CharTokenizer(string.printable)
@@ -79,5 +85,6 @@ class Gsm8kTask(Task):
         reference = as_str(record["short_answer"]).strip().replace(",", "")
         correct = float(answer is not None and _same_number(answer, reference))
         well_formed = float(terminated and "####" in text and answer is not None)
-        return Verdict(reward=correct + self.format_weight * well_formed, correct=correct,
-                       format=well_formed)
+        return Verdict(
+            reward=correct + self.format_weight * well_formed, correct=correct, format=well_formed
+        )
