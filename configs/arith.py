@@ -110,6 +110,18 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     # row (0: never); stop_on_collapse=True then also saves and stops the run.
     c.rl.collapse_patience = 20
     c.rl.stop_on_collapse = False
+    # The rollout's compute dtype ("" = the model's; "bfloat16" under a float32 trainer gives a
+    # real training-inference mismatch). With recompute_old_logp=True the sampler's log-probs
+    # become rollout_logp (objective.rollout_correction / off_policy_mask read them).
+    c.rl.rollout_dtype = ""
+    # DAPO dynamic sampling: drop groups whose rewards are all equal and draw more prompts, up to
+    # max_gen_batches rollouts per step; overlong shaping (tokens; penalty 0 = off) and masking
+    # truncated responses out of the loss.
+    c.rl.dynamic_sampling = False
+    c.rl.max_gen_batches = 3
+    c.rl.overlong_buffer = 0
+    c.rl.overlong_penalty = 0.0
+    c.rl.mask_truncated = False
 
     c.objective = config_lib.objective_placeholders()
     c.objective.name = "gspo"

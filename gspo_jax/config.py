@@ -348,8 +348,48 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
                 f"config.rl.routing_replay=True needs an MoE model, but preset "
                 f"{config.model.preset!r} is dense; use a *_moe preset or turn routing_replay off"
             )
+    check_rollout_options(config, task)
     if workdir is not None:
         check_workdir_writable(workdir)
+
+
+ROLLOUT_DTYPES = ("", "float32", "bfloat16")
+
+
+def check_rollout_options(config: ml_collections.ConfigDict, task: Task) -> None:
+    """The rollout dtype, dynamic sampling, overlong shaping, collapse watch and the objective's
+    use of the rollout's log-probs, each against the rest of the config."""
+    rl, obj = config.rl, config.objective
+    if rl.rollout_dtype not in ROLLOUT_DTYPES:
+        raise ConfigError(
+            f"config.rl.rollout_dtype={rl.rollout_dtype!r}; valid: {ROLLOUT_DTYPES} "
+            "('' = the model's compute dtype)"
+        )
+    if rl.max_gen_batches < 1:
+        raise ConfigError(
+            f"config.rl.max_gen_batches={rl.max_gen_batches} must be >= 1 (rollouts per step "
+            "with dynamic sampling)"
+        )
+    T = rl.max_new_tokens or task.max_response_len
+    buffer = rl.overlong_buffer
+    if buffer < 0 or buffer >= T or rl.overlong_penalty < 0:
+        raise ConfigError(
+            f"config.rl.overlong_buffer={buffer} must be in [0, max_new_tokens={T}) and "
+            f"config.rl.overlong_penalty={rl.overlong_penalty} >= 0"
+        )
+    if rl.collapse_patience < 0:
+        raise ConfigError(
+            f"config.rl.collapse_patience={rl.collapse_patience} must be >= 0 (0 = never warn)"
+        )
+    reads_rollout = obj.get("rollout_correction") or obj.get("off_policy_mask") is not None
+    if reads_rollout and not rl.recompute_old_logp:
+        raise ConfigError(
+            "config.objective.rollout_correction / off_policy_mask weigh the rollout's log-probs "
+            "against the trainer's, but without config.rl.recompute_old_logp=True the trainer "
+            "uses the rollout's log-probs as old_logp and every weight is 1: set "
+            "--config.rl.recompute_old_logp=True (and a config.rl.rollout_dtype that differs "
+            "from the model's for a real mismatch)"
+        )
 
 
 def check_finite(config: ml_collections.ConfigDict) -> None:

@@ -89,6 +89,8 @@ class Run:
     state_shardings: Any
     updates_per_step: int
     abs_params: Any  # ShapeDtypeStructs with shardings: the restore target
+    rollout_graphdef: Any  # the model computing in config.rl.rollout_dtype (same parameters)
+    uses_rollout_logp: bool  # the objective reads the rollout's log-probs (correction, masking)
 
 
 # The task and model config of an experiment, built (and checked) the one way config.validate does.
@@ -198,6 +200,12 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
     updates_per_step = rl.num_epochs * rl.num_minibatches
     tx, schedule = make_optimizer(config.optimizer, rl.num_steps * updates_per_step)
     graphdef, abs_params, rest, state_sh = abstract_params(model_cfg, mesh, config.seed)
+    rollout_graphdef = graphdef
+    if rl.rollout_dtype and rl.rollout_dtype != model_cfg.dtype:
+        # The same parameters (float32) under a model whose layers compute in rollout_dtype: the
+        # rollout engine's numerics differ from the trainer's, as with a bf16 inference server.
+        rollout_cfg = dataclasses.replace(model_cfg, dtype=rl.rollout_dtype)
+        rollout_graphdef = abstract_params(rollout_cfg, mesh, config.seed)[0]
     if jax.tree.leaves(rest):
         raise NotImplementedError("models with non-parameter state are not supported")
     return Run(
@@ -215,6 +223,11 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
         state_shardings=state_sh,
         updates_per_step=updates_per_step,
         abs_params=abs_params,
+        rollout_graphdef=rollout_graphdef,
+        uses_rollout_logp=bool(
+            getattr(objective, "rollout_correction", None)
+            or getattr(objective, "off_policy_mask", None) is not None
+        ),
     )
 
 

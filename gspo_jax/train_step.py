@@ -193,8 +193,9 @@ def make_update_fn(
 
     def micro_loss(params, mb, den):
         out = _forward(graphdef, params, rest, mb, temperature)
+        rollout = {"rollout_logp": mb["rollout_logp"]} if "rollout_logp" in mb else {}
         sums = objective.sums(
-            out["logp"], mb["old_logp"], mb["adv"], mb["mask"], mb.get("ref_logp")
+            out["logp"], mb["old_logp"], mb["adv"], mb["mask"], mb.get("ref_logp"), **rollout
         )
         mask = mb["mask"]
         diff = (out["logp"] - mb["old_logp"]) * mask
@@ -293,17 +294,37 @@ def make_update_fn(
 # ---------------------------------------------------------------------------------- RL step phases
 
 
+def overlong_penalty(
+    lengths: jax.Array, truncated: jax.Array, max_len: int, buffer: int, penalty: float
+) -> jax.Array:
+    """DAPO's overlong reward shaping (its eq. 13), in tokens: [B] lengths -> [B] reward terms.
+
+        0                                          |y| <= L_max - L_cache
+        ((L_max - L_cache) - |y|) / L_cache * pen  inside the buffer
+        -pen                                       truncated (no EOS within L_max tokens)
+
+    with L_max = max_len (= max_new_tokens) and L_cache = buffer; buffer = 0 gives only the
+    truncation term.
+    """
+    chex.assert_equal_shape([lengths, truncated])
+    lengths = lengths.astype(jnp.float32)
+    soft = max_len - buffer
+    inside = jnp.where(lengths > soft, (soft - lengths) / max(buffer, 1) * penalty, 0.0)
+    return jnp.where(truncated, -penalty, inside)
+
+
 def make_rollout_fn(run: Run):
     """(params, prompts [P, Lp], lengths [P], key) -> SampleOutput, rows sharded over the mesh.
 
     generate() is traced inside this jit so the rollout compiles once with the trainer's
-    shardings (its host-side checks then see tracers; the data was checked by the loader).
+    shardings (its host-side checks then see tracers; the data was checked by the loader). The
+    rollout computes in config.rl.rollout_dtype (run.rollout_graphdef) from the float32 parameters.
     """
     rl = run.config.rl
     eos_id, pad_id = run.task.tokenizer.eos_id, run.task.tokenizer.pad_id
 
     def fn(params, prompts, lengths, key):
-        model = nnx.merge(run.graphdef, params, run.rest)
+        model = nnx.merge(run.rollout_graphdef, params, run.rest)
         return sampler.generate(
             model,
             prompts,
@@ -334,27 +355,103 @@ def make_rollout_fn(run: Run):
     return jax.jit(fn, out_shardings=out_sh)
 
 
-def make_prepare_fn(run: Run):
-    """(sample, rewards [B], prompts, lengths) -> (RL batch, rollout metrics): advantages etc."""
+def make_shape_fn(run: Run):
+    """(sample, rewards [B]) -> Rollout: the verifier's rewards plus overlong shaping, and which
+    groups carry a learning signal (rewards not all equal)."""
     rl = run.config.rl
     G, T = rl.group_size, rl.max_new_tokens
     eos_id = run.task.tokenizer.eos_id
 
-    def fn(sample, rewards, prompts, lengths):
+    def fn(sample, rewards):
+        B = rewards.shape[0]
+        chex.assert_shape([sample.tokens, sample.mask], (B, T))
+        lens = sample.mask.sum(-1)  # [B] tokens, EOS included
+        has_eos = ((sample.tokens == eos_id) & (sample.mask > 0)).any(-1)
+        truncated = (~has_eos) & (lens >= T)  # [B]
+        shaping = jnp.zeros_like(rewards)
+        if rl.overlong_penalty > 0:
+            shaping = overlong_penalty(lens, truncated, T, rl.overlong_buffer, rl.overlong_penalty)
+        shaped = rewards + shaping
+        by_group = shaped.reshape(B // G, G)
+        signal = by_group.max(-1) > by_group.min(-1)  # [P]
+        return shaped, shaping, truncated, signal
+
+    return jax.jit(fn)
+
+
+def make_select_fn(run: Run):
+    """Dynamic sampling: n generation batches -> one batch of the first P groups with signal.
+
+    (samples, rewards, shaping, truncated, signal, prompts, lengths), each a tuple over the n
+    batches, -> the same fields of P groups, and valid [P]: groups with signal come first, in the
+    order they were generated; if fewer than P have signal, the rest are zero-signal groups whose
+    response mask is zeroed (they change nothing, see docs/objectives.md on empty rows).
+    """
+    G, P = run.config.rl.group_size, run.config.rl.prompts_per_step
+
+    def fn(samples, rewards, shaping, truncated, signal, prompts, lengths):
+        cat = lambda xs, axis=0: jnp.concatenate(xs, axis=axis)  # noqa: E731
+        signal = cat(signal)  # [nP]
+        groups = jnp.argsort(~signal, stable=True)[:P]  # [P] signal first, in generated order
+        valid = signal[groups]  # [P]
+        rows = (groups[:, None] * G + jnp.arange(G)[None, :]).reshape(-1)  # [B]
+        row_valid = jnp.repeat(valid, G)  # [B]
+        take = lambda xs, idx, axis=0: jnp.take(cat(xs, axis), idx, axis=axis)  # noqa: E731
+        sample = sampler.SampleOutput(
+            tokens=take([s.tokens for s in samples], rows),
+            mask=take([s.mask for s in samples], rows) * row_valid[:, None],
+            logp=take([s.logp for s in samples], rows),
+            sample_logp=take([s.sample_logp for s in samples], rows),
+            lengths=take([s.lengths for s in samples], rows),
+            routes=None
+            if samples[0].routes is None
+            else take([s.routes for s in samples], rows, axis=1),
+        )
+        return (
+            sample,
+            take(rewards, rows),
+            take(shaping, rows),
+            take(truncated, rows),
+            valid,
+            take(prompts, groups),
+            take(lengths, groups),
+        )
+
+    return jax.jit(fn)
+
+
+def make_prepare_fn(run: Run):
+    """(sample, rewards [B], prompts, lengths, truncated [B]) -> (RL batch, rollout metrics).
+
+    Advantages from the (shaped) rewards; with config.rl.mask_truncated a truncated response is
+    masked out of the loss. With config.rl.recompute_old_logp the sampler's log-probs are kept
+    as ``rollout_logp`` (the objective's rollout correction / off-policy masking read them) and
+    old_logp is replaced by the trainer's recomputation.
+    """
+    rl = run.config.rl
+    G, T = rl.group_size, rl.max_new_tokens
+    eos_id = run.task.tokenizer.eos_id
+
+    def fn(sample, rewards, prompts, lengths, truncated):
         B = prompts.shape[0] * G
         chex.assert_shape([sample.tokens, sample.mask, sample.logp], (B, T))
-        chex.assert_shape(rewards, (B,))
+        chex.assert_shape([rewards, truncated], (B,))
         adv, adv_metrics = advantages.group_advantages(
             rewards, G, estimator=run.estimator, eps=rl.adv_eps, std_ddof=rl.adv_std_ddof
         )
+        mask = sample.mask
+        if rl.mask_truncated:
+            mask = mask * (~truncated)[:, None]
         batch = {
             "prompts": jnp.repeat(prompts, G, axis=0),  # [B, Lp]
             "prompt_lengths": jnp.repeat(lengths, G, axis=0),  # [B]
             "responses": sample.tokens,
-            "mask": sample.mask,
+            "mask": mask,
             "old_logp": sample.logp,
             "adv": adv,
         }
+        if run.uses_rollout_logp:
+            batch["rollout_logp"] = sample.logp  # [B, T] the rollout engine's log-probs
         if sample.routes is not None:  # Routing Replay: the update replays the rollout's experts
             batch["routes"] = jnp.swapaxes(sample.routes, 0, 1)  # [B, L, S, k]
         batch = {
@@ -378,11 +475,27 @@ def make_prepare_fn(run: Run):
     return jax.jit(fn)
 
 
+def mismatch_metrics(old_logp: jax.Array, rollout_logp: jax.Array, mask: jax.Array) -> dict:
+    """Training-inference mismatch Δ = old_logp − rollout_logp [B, T]: mean / max |Δ| per token
+    and |Σ_t Δ| per sequence (the log of the sequence ratio the correction modes weigh)."""
+    delta = (old_logp - rollout_logp) * mask  # [B, T]
+    seq = jnp.abs(delta.sum(-1))  # [B]
+    has = mask.sum(-1) > 0  # [B]
+    return {
+        "mismatch_tok_abs_mean": jnp.abs(delta).sum() / jnp.maximum(mask.sum(), 1.0),
+        "mismatch_tok_abs_max": jnp.abs(delta).max(),
+        "mismatch_seq_abs_mean": (seq * has).sum() / jnp.maximum(has.sum(), 1),
+        "mismatch_seq_abs_max": seq.max(),
+    }
+
+
 @dataclasses.dataclass
 class Phases:
     """The jitted functions of one RL step (built once per run; see rl_step)."""
 
     rollout: Any
+    shape: Any  # overlong shaping and per-group signal
+    select: Any  # dynamic sampling: P groups out of several generation batches
     prepare: Any
     logprob: Any  # recompute old_logp / record routes; None when neither is configured
     ref: Any  # the reference model's log-probs; None when kl_coef == 0
@@ -436,44 +549,98 @@ def make_phases(run: Run, state: TrainState, with_ref: bool) -> Phases:
         out_shardings=(jax.tree.map(lambda x: x.sharding, state), None),
         donate_argnums=(0,),
     )
-    return Phases(make_rollout_fn(run), make_prepare_fn(run), logprob, ref, update)
+    return Phases(
+        make_rollout_fn(run),
+        make_shape_fn(run),
+        make_select_fn(run),
+        make_prepare_fn(run),
+        logprob,
+        ref,
+        update,
+    )
 
 
 def rl_step(
-    run: Run, phases: Phases, state: TrainState, batch_local: dict, *, ref_params=None
+    run: Run,
+    phases: Phases,
+    state: TrainState,
+    batch_local: dict,
+    *,
+    ref_params=None,
+    more_batches: Callable[[], dict] | None = None,
 ) -> tuple[TrainState, dict[str, float]]:
     """One RL step on this process's prompts ``batch_local``; returns (state, host metrics).
+
+    With config.rl.dynamic_sampling, groups whose rewards are all equal are dropped and further
+    prompt batches are drawn with ``more_batches()`` (the trainer's data iterator, whose state is
+    checkpointed after the step, so a resume replays the same draws) until P groups carry a
+    signal or config.rl.max_gen_batches rollouts were made; generation batch g samples with
+    fold_in(rollout key, g), so a run is a pure function of (seed, step) as before.
 
     Phases are timed with block_until_ready at their boundaries (time/rollout_s, time/reward_s,
     time/logp_s for the optional old/ref passes and advantages, time/update_s).
     """
     rl, mesh = run.config.rl, run.mesh
     step = int(jax.device_get(state.step))
-    t0 = time.time()
+    t_start = time.time()
     keys = step_keys(np.asarray(jax.device_get(state.rng)), step)
-    prompts = distributed.to_global(batch_local["prompt"].astype(np.int32), mesh)
-    lengths = distributed.to_global(batch_local["prompt_length"].astype(np.int32), mesh)
-    with sharding.use_mesh(mesh):
-        sample = phases.rollout(state.params, prompts, lengths, keys["rollout"])
-        jax.block_until_ready(sample.tokens)
-    t1 = time.time()
-    scores = run.task.score(
-        batch_local,
-        distributed.to_local(sample.tokens),
-        distributed.to_local(sample.mask),
-        rl.group_size,
-    )
-    rewards = distributed.to_global(scores["reward"].astype(np.float32), mesh)
-    score_parts = {k: distributed.to_global(v.astype(np.float32), mesh) for k, v in scores.items()}
+    gens, score_parts = [], []
+    t_rollout = t_reward = 0.0
+    max_gens = rl.max_gen_batches if rl.dynamic_sampling else 1
+    n_signal = 0
+    for g in range(max_gens):
+        t0 = time.time()
+        key = keys["rollout"]
+        if g > 0:
+            key = jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(key), g))
+        prompts = distributed.to_global(batch_local["prompt"].astype(np.int32), mesh)
+        lengths = distributed.to_global(batch_local["prompt_length"].astype(np.int32), mesh)
+        with sharding.use_mesh(mesh):
+            sample = phases.rollout(state.params, prompts, lengths, key)
+            jax.block_until_ready(sample.tokens)
+        t1 = time.time()
+        scores = run.task.score(
+            batch_local,
+            distributed.to_local(sample.tokens),
+            distributed.to_local(sample.mask),
+            rl.group_size,
+        )
+        rewards = distributed.to_global(scores["reward"].astype(np.float32), mesh)
+        score_parts.append(
+            {k: distributed.to_global(v.astype(np.float32), mesh) for k, v in scores.items()}
+        )
+        with sharding.use_mesh(mesh):
+            shaped, shaping, truncated, signal = phases.shape(sample, rewards)
+        gens.append((sample, shaped, shaping, truncated, signal, prompts, lengths))
+        t_rollout += t1 - t0
+        t_reward += time.time() - t1
+        if not rl.dynamic_sampling:
+            break
+        n_signal += int(jax.device_get(signal.sum()))
+        if n_signal >= rl.prompts_per_step or g + 1 == max_gens:
+            break
+        batch_local = more_batches()
     t2 = time.time()
     pass_m = {}
     with sharding.use_mesh(mesh):
-        batch, roll_m = phases.prepare(sample, rewards, prompts, lengths)
+        if rl.dynamic_sampling:
+            sample, shaped, shaping, truncated, valid, prompts, lengths = phases.select(
+                *(tuple(field) for field in zip(*gens, strict=True))
+            )
+            pass_m["ds_gen_batches"] = len(gens)
+            pass_m["ds_groups_filtered_frac"] = 1.0 - n_signal / (len(gens) * rl.prompts_per_step)
+            pass_m["ds_valid_groups_frac"] = valid.mean()
+        else:
+            sample, shaped, shaping, truncated, _, prompts, lengths = gens[0]
+        batch, roll_m = phases.prepare(sample, shaped, prompts, lengths, truncated)
+        if rl.overlong_penalty > 0:
+            pass_m["overlong_shaping_mean"] = shaping.mean()
         if phases.logprob is not None:
             out = phases.logprob(state.params, batch)
             diff = (out["logp"] - batch["old_logp"]) * batch["mask"]
             pass_m["recompute_logp_diff_mean"] = diff.sum() / jnp.maximum(batch["mask"].sum(), 1.0)
             pass_m["recompute_logp_diff_absmax"] = jnp.abs(diff).max()
+            pass_m.update(mismatch_metrics(out["logp"], batch["old_logp"], batch["mask"]))
             batch["old_logp"] = out["logp"]
         if phases.ref is not None:
             batch["ref_logp"] = phases.ref(ref_params, batch)["logp"]
@@ -490,17 +657,19 @@ def rl_step(
     m["rollout/logp_diff_absmax"] = m.pop("train/logp_diff_absmax")
     m.update(metrics_lib.with_prefix("rollout/", roll_m))
     m.update(metrics_lib.with_prefix("rollout/", pass_m))
-    m.update({f"rollout/{k}": jnp.mean(v) for k, v in score_parts.items()})
+    # The verifier's scores of every response generated this step (all generation batches).
+    for k in score_parts[0]:
+        m[f"rollout/{k}"] = jnp.mean(jnp.stack([jnp.mean(p[k]) for p in score_parts]))
     m = metrics_lib.to_host_scalars(m)
     m.update(
         {
-            "time/rollout_s": t1 - t0,
-            "time/reward_s": t2 - t1,
+            "time/rollout_s": t_rollout,
+            "time/reward_s": t_reward,
             "time/logp_s": t3 - t2,
             "time/update_s": t4 - t3,
-            "time/step_s": t4 - t0,
-            "time/tokens_per_s": m["rollout/tokens"] / max(t4 - t0, 1e-9),
-            "time/rollout_tokens_per_s": m["rollout/tokens"] / max(t1 - t0, 1e-9),
+            "time/step_s": t4 - t_start,
+            "time/tokens_per_s": m["rollout/tokens"] / max(t4 - t_start, 1e-9),
+            "time/rollout_tokens_per_s": m["rollout/tokens"] / max(t_rollout, 1e-9),
         }
     )
     return state, m

@@ -294,7 +294,14 @@ def train(
             for step in range(start, rl.num_steps):
                 if stop_after is not None and step - start >= stop_after:
                     break
-                state, m = ts.rl_step(run, phases, state, next(data_iter), ref_params=ref_params)
+                state, m = ts.rl_step(
+                    run,
+                    phases,
+                    state,
+                    next(data_iter),
+                    ref_params=ref_params,
+                    more_batches=lambda: next(data_iter),  # dynamic sampling's extra draws
+                )
                 done = step + 1
                 if metrics_lib.non_finite(m):
                     ckpt.wait()  # the last good checkpoint is committed before the error

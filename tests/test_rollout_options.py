@@ -1,0 +1,132 @@
+"""The trainer's rollout options: DAPO dynamic sampling and overlong shaping, a bfloat16 rollout
+under a float32 trainer (a real training-inference mismatch), and their exact resume."""
+
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from runs import assert_records, assert_trees, final_params, make_config, records
+
+from gspo_jax import config as config_lib
+from gspo_jax import experiment as exp
+from gspo_jax import sampler, trainer
+from gspo_jax import train_step as ts
+
+
+def test_overlong_penalty_matches_dapo_eq13_by_hand():
+    # L_max = 10, L_cache = 4: free up to 6 tokens, linear to -pen at 10, -pen when truncated.
+    lengths = jnp.array([3, 6, 7, 8, 10, 10])
+    truncated = jnp.array([False, False, False, False, False, True])
+    got = ts.overlong_penalty(lengths, truncated, max_len=10, buffer=4, penalty=2.0)
+    np.testing.assert_allclose(got, [0.0, 0.0, -0.5, -1.0, -2.0, -2.0])
+    only_truncation = ts.overlong_penalty(lengths, truncated, max_len=10, buffer=0, penalty=1.0)
+    np.testing.assert_allclose(only_truncation, [0, 0, 0, 0, 0, -1.0])
+
+
+def _fake_sample(tokens):
+    tokens = jnp.asarray(tokens, jnp.int32)
+    ones = jnp.ones(tokens.shape, jnp.float32)
+    return sampler.SampleOutput(
+        tokens=tokens,
+        mask=ones,
+        logp=-ones,
+        sample_logp=-ones,
+        lengths=ones.sum(-1).astype(jnp.int32),
+        routes=None,
+    )
+
+
+def test_dynamic_sampling_keeps_groups_with_signal_in_generated_order(shared):
+    """P = 2 prompts, G = 2: batch 1 has groups (flat, signal), batch 2 (signal, flat): the step
+    trains on batch 1's second group and batch 2's first; with none to spare, flat groups fill
+    the step with their mask zeroed."""
+    cfg = make_config(shared, num_devices=1)
+    cfg.rl.prompts_per_step, cfg.rl.group_size = 2, 2
+    run = exp.build_run(cfg)
+    select = ts.make_select_fn(run)
+    s1, s2 = _fake_sample([[1], [2], [3], [4]]), _fake_sample([[5], [6], [7], [8]])
+    r1, r2 = jnp.array([1.0, 1.0, 0.0, 1.0]), jnp.array([1.0, 0.0, 0.5, 0.5])
+    sig1, sig2 = jnp.array([False, True]), jnp.array([True, False])
+    trunc = jnp.zeros(4, bool)
+    prompts = (jnp.array([[10], [11]]), jnp.array([[12], [13]]))
+    lengths = (jnp.array([1, 1]), jnp.array([1, 1]))
+    sample, rewards, _, _, valid, p, _ = select(
+        (s1, s2), (r1, r2), (r1 * 0, r2 * 0), (trunc, trunc), (sig1, sig2), prompts, lengths
+    )
+    np.testing.assert_array_equal(sample.tokens[:, 0], [3, 4, 5, 6])
+    np.testing.assert_array_equal(rewards, [0.0, 1.0, 1.0, 0.0])
+    np.testing.assert_array_equal(p[:, 0], [11, 12])
+    np.testing.assert_array_equal(valid, [True, True])
+    np.testing.assert_array_equal(sample.mask[:, 0], [1, 1, 1, 1])
+    # only one group with signal in all: the second slot is a flat group, masked out
+    sample, _, _, _, valid, p, _ = select(
+        (s1,), (r1,), (r1 * 0,), (trunc,), (sig1,), prompts[:1], lengths[:1]
+    )
+    np.testing.assert_array_equal(valid, [True, False])
+    np.testing.assert_array_equal(p[:, 0], [11, 10])
+    np.testing.assert_array_equal(sample.mask[:, 0], [1, 1, 0, 0])
+
+
+def _options_config(shared):
+    cfg = make_config(shared, num_devices=1)
+    cfg.rl.dynamic_sampling = True
+    cfg.rl.max_gen_batches = 3
+    cfg.rl.overlong_buffer = 4
+    cfg.rl.overlong_penalty = 0.5
+    cfg.rl.rollout_dtype = "bfloat16"
+    cfg.rl.recompute_old_logp = True
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def options_run(shared):
+    wd = os.path.join(shared["root"], "options")
+    trainer.train(_options_config(shared), wd)
+    return wd
+
+
+def test_bf16_rollout_dynamic_sampling_and_shaping_are_logged(options_run):
+    recs = records(options_run)[1:]
+    for r in recs:
+        assert 1 <= r["rollout/ds_gen_batches"] <= 3
+        assert 0.0 <= r["rollout/ds_groups_filtered_frac"] <= 1.0
+        assert r["rollout/overlong_shaping_mean"] <= 0.0
+        # a bf16 sampler's log-probs differ from the float32 trainer's recomputation
+        assert r["rollout/mismatch_tok_abs_mean"] > 1e-5
+        assert r["rollout/mismatch_seq_abs_max"] >= r["rollout/mismatch_seq_abs_mean"] > 0.0
+        assert r["rollout/mismatch_tok_abs_max"] >= r["rollout/mismatch_tok_abs_mean"]
+    # the extra generation batches drew extra prompts at least once in the run
+    assert any(r["rollout/ds_gen_batches"] > 1 for r in recs)
+
+
+def test_dynamic_sampling_run_resumes_exactly(shared, options_run):
+    """The data iterator's state after a step that drew extra prompts restores exactly."""
+    wd = os.path.join(shared["root"], "options_split")
+    assert trainer.train(_options_config(shared), wd, stop_after=3) is None
+    trainer.train(_options_config(shared), wd)
+    assert_trees(final_params(wd), final_params(options_run))
+    assert_records(records(wd), records(options_run))
+
+
+def test_float32_rollout_has_no_mismatch(shared, single):
+    recs = records(single[0])[1:]
+    assert all(abs(r["rollout/logp_diff_mean"]) < 1e-5 for r in recs)
+    assert "rollout/mismatch_tok_abs_mean" not in recs[0]  # no recompute pass: nothing to log
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("rl.rollout_dtype", "float16", "rollout_dtype"),
+        ("rl.max_gen_batches", 0, "max_gen_batches"),
+        ("rl.overlong_buffer", 99, "overlong_buffer"),
+        ("rl.collapse_patience", -1, "collapse_patience"),
+    ],
+)
+def test_bad_rollout_options_are_config_errors(shared, field, value, match):
+    cfg = make_config(shared, num_devices=1)
+    section, name = field.split(".")
+    cfg[section][name] = value
+    with pytest.raises(config_lib.ConfigError, match=match):
+        config_lib.validate(cfg, None)
