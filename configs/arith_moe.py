@@ -27,7 +27,6 @@ log-probs), then replays those routes in every update forward.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import ml_collections
@@ -36,12 +35,9 @@ from gspo_jax import config as config_lib
 
 
 def _arith():
-    """configs/arith.py, loaded by path (config files are not a package)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith.py")
-    spec = importlib.util.spec_from_file_location("_gspo_configs_arith", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return config_lib.import_config_module(
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith.py")
+    )
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

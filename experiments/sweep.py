@@ -24,7 +24,7 @@ When every run has ended, the table of final figures is written to <root>/result
 <root>/results.md (and printed): per run its overrides, base and final held-out greedy accuracy,
 mean response length, the last step's reward and the mean clip fraction over the run.
 
-This file holds launcher logic only; no library code (DESIGN.md layout).
+This file holds launcher logic only; no library code (docs/design.md "Layout").
 """
 
 from __future__ import annotations

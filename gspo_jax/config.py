@@ -179,6 +179,18 @@ def check_workdir_writable(workdir: str) -> None:
         ) from None
 
 
+def import_config_module(path: str):
+    """The module of a config file, loaded by path (config files are not a package); configs
+    that extend another one (configs/arith_moe.py extends configs/arith.py) load it with this."""
+    import importlib.util
+
+    name = "_gspo_config_" + os.path.splitext(os.path.basename(path))[0]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
     """Loads ``path/to/config.py[:arg]`` and returns ``get_config(arg)`` (as --config does).
 
@@ -188,15 +200,10 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
         arguments), so that main.py reports it in one line before ml_collections' flag parsing
         turns it into a traceback.
     """
-    import importlib.util
-
     path, _, arg = spec.partition(":")
     if not os.path.exists(path):
         raise ConfigError(f"config file {path!r} does not exist; pass --config=configs/<name>.py")
-    name = "_gspo_config_" + os.path.splitext(os.path.basename(path))[0]
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    module = import_config_module(path)
     try:
         return module.get_config(arg or None) if arg else module.get_config()
     except ConfigError:

@@ -1,0 +1,103 @@
+r"""Off-policy corrections: a bfloat16 rollout under a float32 trainer, corrected or not; and
+DAPO's dynamic sampling on and off.
+
+An inference engine rarely computes exactly what the trainer computes (bf16 kernels, other
+reduction orders), so the rollout's tokens come from a slightly different policy than the old_logp
+the trainer recomputes. Here the sampler computes in bfloat16 from the float32 parameters
+(rl.rollout_dtype), the trainer recomputes old_logp in float32 (rl.recompute_old_logp), and the
+sampler's log-probs become rollout_logp, which the objective's rollout correction (token / sequence
+truncated or masked importance sampling) and off-policy sequence masking weigh against old_logp.
+
+Launch:
+
+    python -m gspo_jax.main --config configs/arith_offpolicy.py:objective=gspo,correction=seq_mis \
+        --workdir runs/offpolicy_gspo_seq_mis
+    python experiments/sweep.py --config configs/arith_offpolicy.py --workdir runs/offpolicy
+    python -m gspo_jax.main --config configs/arith_offpolicy.py:runlocal --workdir /tmp/op_local
+
+Each run starts from the same cached warm start as configs/arith.py. The measured sweep table
+(final held-out accuracy, mismatch, weights and gates, time per step) is in the README.
+
+Arguments: those of configs/arith.py, plus rollout_dtype (str, "bfloat16"), correction (str:
+"", token_tis, token_mis, seq_tis, seq_mis), opsm (float: the off-policy mask threshold δ; unset =
+off) and dynamic_sampling (bool).
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+from ml_collections import config_dict
+
+from gspo_jax import config as config_lib
+
+# δ of the off-policy sequence mask in the sweep: mean_t(rollout_logp - logp) above it drops a
+# negative-advantage response. The bf16 rollout alone moves log-probs by about 2e-3 per token
+# (rollout/mismatch_tok_abs_mean of this config); 4 minibatches of updates move them further.
+OPSM_DELTA = 0.01
+
+
+def _arith():
+    return config_lib.import_config_module(
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith.py")
+    )
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    arith = _arith()
+    a = config_lib.parse_arg(
+        arg,
+        **arith.common_args(),
+        rollout_dtype="bfloat16",
+        correction="",
+        opsm=config_dict.placeholder(float),
+        dynamic_sampling=False,
+    )
+    c = arith.base_config(a.runlocal)
+    arith.apply_common_args(c, a)
+    c.rl.rollout_dtype = a.rollout_dtype
+    c.rl.recompute_old_logp = True
+    if a.correction:
+        c.objective.rollout_correction = a.correction
+    if a.opsm is not None:
+        c.objective.off_policy_mask = a.opsm
+    c.rl.dynamic_sampling = a.dynamic_sampling
+    c.lock()
+    return c
+
+
+def get_sweep(arg: str | None = None) -> list[dict]:
+    """grpo and gspo with a bf16 rollout under no correction / token_tis / seq_mis / off-policy
+    masking; dapo with and without dynamic sampling (float32 rollout, sampler log-probs as
+    old_logp, as in configs/arith.py); x seeds."""
+    a = config_lib.parse_arg(arg, seeds=1)
+    runs = []
+    for seed in range(a.seeds):
+        for name in ("grpo", "gspo"):
+            for tag, extra in (
+                ("none", {}),
+                ("token_tis", {"objective.rollout_correction": "token_tis"}),
+                ("seq_mis", {"objective.rollout_correction": "seq_mis"}),
+                ("opsm", {"objective.off_policy_mask": OPSM_DELTA}),
+            ):
+                runs.append(
+                    dict(
+                        name=f"{name}_bf16_{tag}_s{seed}",
+                        overrides={"objective.name": name, **extra, "seed": seed},
+                    )
+                )
+        for ds in (False, True):
+            runs.append(
+                dict(
+                    name=f"dapo{'_ds' if ds else ''}_s{seed}",
+                    overrides={
+                        "objective.name": "dapo",
+                        "rl.rollout_dtype": "",
+                        "rl.recompute_old_logp": False,
+                        "rl.dynamic_sampling": ds,
+                        "seed": seed,
+                    },
+                )
+            )
+    return runs
