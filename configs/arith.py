@@ -40,8 +40,9 @@ import ml_collections
 from ml_collections import config_dict
 
 from gspo_jax import config as config_lib
+from gspo_jax import objectives
 
-OBJECTIVES = ("grpo", "dapo", "dr_grpo", "gspo", "gspo_token", "luspo", "gmpo")
+OBJECTIVES = objectives.PRESET_NAMES
 
 
 def base_config(runlocal: bool) -> ml_collections.ConfigDict:

@@ -44,6 +44,18 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Figures averaged over all steps of a run (the rest are read from summary.json / the last step).
 MEAN_OVER_RUN = ("train/clip_frac", "train/seq_clip_frac", "rollout/response_len_mean")
+# The same, for figures only some runs log (rollout correction, off-policy masking, a rollout in
+# another dtype, dynamic sampling): a column appears only when some run of the sweep has it.
+MEAN_IF_LOGGED = (
+    "rollout/mismatch_tok_abs_mean",
+    "rollout/mismatch_seq_abs_mean",
+    "train/rollout_is_mean",
+    "train/rollout_is_masked_frac",
+    "train/opsm_drop_frac",
+    "rollout/ds_gen_batches",
+    "rollout/ds_groups_filtered_frac",
+    "time/step_s",
+)
 
 
 def load_sweep(config_spec: str, sweep_arg: str | None) -> list[dict]:
@@ -240,9 +252,10 @@ def collect(runs: list[dict], root: str) -> list[dict]:
         row["final_len"] = _num(final.get("mean_response_length"))
         last = records[-1] if records else {}
         row["last_reward"] = _num(last.get("rollout/reward"))
-        for k in MEAN_OVER_RUN:
+        for k in MEAN_OVER_RUN + MEAN_IF_LOGGED:
             vals = [_num(r[k]) for r in records if k in r]
-            row["mean_" + k.split("/", 1)[1]] = sum(vals) / len(vals) if vals else math.nan
+            if vals or k in MEAN_OVER_RUN:
+                row["mean_" + k.split("/", 1)[1]] = sum(vals) / len(vals) if vals else math.nan
         row["wall_s"] = _num(summary.get("wall_s"))
         rows.append(row)
     return rows

@@ -142,17 +142,16 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
 
 
 def objective_placeholders() -> ml_collections.ConfigDict:
-    """The override fields of an objective, all None (= preset value) but typed for the CLI."""
+    """The override fields of an objective, all None (= preset value) but typed for the CLI.
+
+    Derived from the Objective dataclass (objectives.OVERRIDABLE_FIELD_TYPES: each field's type
+    besides None), so a field added there is ``--config.objective.<field>=...`` here too.
+    """
     return ml_collections.ConfigDict(
-        dict(
-            eps_low=config_dict.placeholder(float),
-            eps_high=config_dict.placeholder(float),
-            aggregation=config_dict.placeholder(str),
-            max_len=config_dict.placeholder(int),
-            kl_coef=config_dict.placeholder(float),
-            kl_estimator=config_dict.placeholder(str),
-            dual_clip=config_dict.placeholder(float),
-        )
+        {
+            name: config_dict.placeholder(typ)
+            for name, typ in objectives.OVERRIDABLE_FIELD_TYPES.items()
+        }
     )
 
 

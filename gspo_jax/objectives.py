@@ -1,34 +1,62 @@
-"""Policy objectives of the GRPO family: grpo, dapo, dr_grpo, gspo, gspo_token, luspo, gmpo.
+"""Policy objectives of the GRPO family: grpo, dapo, dr_grpo, gspo, gspo_token, luspo, gmpo, cispo,
+sapo; with optional rollout correction and off-policy sequence masking for any of them.
 
 Dimension legend: B response rows (P prompts x G samples, group-contiguous), T padded response
 length. Inputs are [B, T] float32 (bf16 is upcast), `mask` is 1 on response tokens (EOS
 included) and 0 on padding (bool, int or float, but 0/1); `adv` is one advantage per response
-[B] or per token [B, T] (per-token needs a per-token ratio: grpo, dapo, dr_grpo, gspo_token).
+[B] or per token [B, T] (per-token needs a per-token ratio: token or sequence_token).
 
     obj = get_objective("gspo", eps_low=0.2, eps_high=0.2)   # preset + any OVERRIDABLE_FIELDS
-    loss, metrics = obj(logp, old_logp, adv, mask, ref_logp=None)
-    num, den, metric_sums = obj.sums(logp, old_logp, adv, mask, ref_logp=None)  # loss = num / den
+    loss, metrics = obj(logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None)
+    num, den, metric_sums = obj.sums(logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None)
 
-Every objective is one clipped surrogate assembled from orthogonal parts (docs/objectives.md),
-with δ_{i,t} = logp − old_logp and |y_i| = Σ_t mask_{i,t}:
+Every objective is assembled from orthogonal parts (docs/objectives.md), with
+δ_{i,t} = logp − old_logp, |y_i| = Σ_t mask_{i,t} and sg the stop-gradient:
 
-  ratio_level  "token"           w_{i,t} = exp(δ_{i,t})                         grpo, dapo, dr_grpo
-               "sequence"        s_i = exp(Σ_t δ_{i,t} / |y_i|)                 gspo, luspo
-               "sequence_token"  s_{i,t} = sg[s_i]·π_θ(y_{i,t}) / sg[π_θ(y_{i,t})]  gspo_token
-               "geometric"       exp(Σ_t δ*_{i,t} / |y_i|), δ* clipped in log space  gmpo
-  clip         L_u = −min(ρ_u·A_u, clip(ρ_u, 1 − eps_low, 1 + eps_high)·A_u);
-               dual clip c > 1: L_u = min(L_u, −c·A_u) where A_u < 0
+  ratio_level  which ratio ρ, per unit (a token or a response)
+     "token"           w_{i,t} = exp(δ_{i,t})                 grpo, dapo, dr_grpo, cispo, sapo
+     "sequence"        s_i = exp(Σ_t δ_{i,t} / |y_i|)         gspo, luspo
+     "sequence_token"  s_{i,t} = sg[s_i]·π_θ(y_{i,t}) / sg[π_θ(y_{i,t})]   gspo_token
+     "geometric"       exp(Σ_t δ*_{i,t} / |y_i|), δ* = δ clipped in log space, sign-aware: gmpo
+  surrogate    what is done with ρ: the per-unit loss ℓ (A broadcast to ρ's unit)
+     "clip"   ℓ = −min(ρ·A, clip(ρ, 1 − eps_low, 1 + eps_high)·A); dual clip c > 1:
+              ℓ = min(ℓ, −c·A) where A < 0 (the geometric ratio is clipped already: ℓ = −ρ·A)
+     "cispo"  ℓ_{i,t} = −sg[clip(ρ, 1 − eps_low, 1 + eps_high)]·A·logp_{i,t}   (always per token)
+     "sapo"   ℓ = −(4/τ)·σ(τ·(ρ − 1))·A,  τ = tau_pos where A > 0, else tau_neg
+  weight       (only when asked for; needs rollout_logp) ℓ ← c·m·ℓ, both detached:
+     rollout_correction  c from exp(Δ), Δ = old_logp − rollout_logp, per token (token_tis /
+                         token_mis) or exp(Σ_t Δ_{i,t}) per response (seq_tis / seq_mis): *_tis
+                         clips it to [rollout_is_min, rollout_is_max], *_mis zeroes it outside
+     off_policy_mask δ   m = 0 where A < 0 and mean_t(rollout_logp − sg[logp]) > δ, else 1
   aggregation  per-token losses ℓ_{i,t} (a response-level L_i counts on each of its tokens):
                seq-mean-token-mean      (1/R) Σ_i (1/|y_i|) Σ_t ℓ_{i,t}
                token-mean               Σ_{i,t} ℓ_{i,t} / Σ_i |y_i|
                seq-mean-token-sum       (1/R) Σ_i Σ_t ℓ_{i,t}          (LUSPO's length weight)
                seq-mean-token-sum-norm  Σ_{i,t} ℓ_{i,t} / (R·max_len)  (Dr. GRPO)
   KL           + kl_coef · KL[π_θ ‖ π_ref], per-token k1 | k2 | k3 of x = ref_logp − logp,
-               aggregated like the policy loss (only when ref_logp is given: grpo's β = 0.04
-               applies only then; the other presets have kl_coef 0, kl_ref is still reported)
-Presets (PRESETS) are these parts with the documented values; luspo is gspo with seq-mean-token-sum,
-gspo with eps 0.2 is `get_objective("gspo", eps_low=0.2, eps_high=0.2)`. For gmpo, eps_low and
-eps_high bound δ in log space (clip (e^−0.4, e^0.4)), so eps_low < 1 is not required there.
+               aggregated like the policy loss (not weighted by c·m; only when ref_logp is given:
+               grpo's β = 0.04 applies only then; the other presets have kl_coef 0, kl_ref is still
+               reported)
+A preset (PRESETS) is a ratio level, a surrogate, an aggregation and field values; luspo is gspo
+with seq-mean-token-sum, gspo with eps 0.2 is `get_objective("gspo", eps_low=0.2, eps_high=0.2)`.
+For gmpo, eps_low and eps_high bound δ in log space (clip (e^−0.4, e^0.4)), so eps_low < 1 is not
+required there. The cispo value contains logp itself: only its gradient is meaningful.
+
+A new objective is one surrogate (or ratio) function plus one preset line. CISPO, for example:
+
+    def _cispo_surrogate(obj, r, A, logp):
+        lo, hi = 1.0 - obj.eps_low, 1.0 + obj.eps_high
+        weight = jax.lax.stop_gradient(clip(r.rho, lo, hi))  # [B, T] or [B]
+        loss = -_per_token(weight * A) * logp  # [B, T]
+        return _Surrogate(loss, r.rho < lo, r.rho > hi, by_adv_sign=False)  # clipped: ρ moved
+
+    _SURROGATES = {"clip": ..., "cispo": _cispo_surrogate, ...}
+    PRESETS = {..., "cispo": _preset("token", "cispo", "token-mean", eps_low=1.0, eps_high=4.0)}
+
+and it is a preset name, a sweep entry (configs/arith.py) and a configurable objective with no
+other edit (tests/test_objectives.py then checks every preset against its transcribed formula).
+A new field of Objective is likewise overridable everywhere (OVERRIDABLE_FIELDS, the config's
+placeholders) once it has a default and a check in _validate.
 
 R counts the *non-empty* rows: a row whose mask is all zero contributes nothing to any sum or
 count, so padding a minibatch with empty rows (e.g. to fill every shard) changes nothing.
@@ -38,13 +66,14 @@ branch ever holds an inf whose gradient could turn into NaN); values under mask 
 never reach a value or a gradient.
 
 Global normalisation. Every aggregation is `loss = num / den` with
-  num = Σ_{i,t} c_{i,t}·ℓ_{i,t}   (c_{i,t} = 1/|y_i| for seq-mean-token-mean, else 1)
-  den = R | Σ_i |y_i| | R | R·max_len          (depends on the mask only)
+  num = Σ_{i,t} κ_{i,t}·ℓ_{i,t}   (κ_{i,t} = 1/|y_i| for seq-mean-token-mean, else 1)
+  den = R | Σ_i |y_i| | R | R·max_len          (depends on the mask only; a weight of 0 from
+                                                 rollout correction or masking leaves it as is)
 and num, den and every metric sum simply add up over micro-batches and shards. `obj.sums(...)`
 returns them as `Sums(num, den, metrics)`; `obj(...)` is `obj.sums(...).finalize()`. The trainer:
 
   den = sum(obj.denominator(mask_k) for k in micro_batches)      # mask only: before any forward
-  grad = Σ_k ∇θ obj.sums(logp_k(θ), old_k, adv_k, mask_k).num / den   # gradient accumulation
+  grad = Σ_k ∇θ obj.sums(logp_k(θ), old_k, adv_k, mask_k, rollout_logp=roll_k).num / den
   loss, metrics = functools.reduce(Sums.combine, sums_k).finalize()   # = Σ_k num_k / den
   # in jax.shard_map over the batch axis: loss, metrics = obj.sums(...).psum("data").finalize()
   # under plain jit with batch-sharded arrays obj(...) is already global (XLA sums over shards)
@@ -52,12 +81,14 @@ returns them as `Sums(num, den, metrics)`; `obj(...)` is `obj.sums(...).finalize
 Gradients flow through `num` only (metric sums are stop-gradient); jax.grad through
 `.psum(...).finalize()[0]` inside shard_map gives the global gradient.
 
-Metric sums are additive (`*_tokens`, `*_sum`, `tokens`, `rows`, `ratio_count`, `pg_num`,
-`kl_num`) except `ratio_min` / `ratio_max` (combined by min / max; ±inf in a part with no ratio
-unit, the identity of min / max). Finalised metrics:
+Metric sums are additive except those named `*_min` / `*_max` (ratio_min / ratio_max,
+rollout_is_min / rollout_is_max: combined by min / max; ±inf or 0 in a part with no unit, the
+identity of min / max). Finalised metrics:
   clip_frac, clip_frac_low, clip_frac_high   per response token (a clipped response clips all of
-                                             its tokens); low: ρ < 1 − eps_low with A < 0,
-                                             high: ρ > 1 + eps_high with A > 0
+                                             its tokens). clip: low ρ < 1 − eps_low with A < 0,
+                                             high ρ > 1 + eps_high with A > 0 (gmpo: tokens whose
+                                             δ its log clip moved); cispo: units whose ρ the clip
+                                             moved, whatever the sign of A; sapo: 0 (no clip)
   seq_clip_frac        mean over responses of the fraction of their tokens clipped (for the
                        sequence-level objectives: the fraction of clipped responses)
   dual_clip_frac       per token, only when dual_clip is set
@@ -66,19 +97,26 @@ unit, the identity of min / max). Finalised metrics:
   approx_kl            Σ k3(δ) / tokens = mean of exp(δ) − 1 − δ: the unbiased estimate of
                        KL[π_old ‖ π_θ] from the rollout tokens (sampled from π_old)
   kl_ref, kl_loss      (ref_logp given) token mean of the estimator, and its aggregated value
-  pg_loss              the policy term; loss = pg_loss + kl_coef · kl_loss
+  pg_loss              the (weighted) policy term; loss = pg_loss + kl_coef · kl_loss
+  rollout_is_mean/min/max  (rollout_correction set) the weight c after its clip or mask, over its
+                       units (tokens for token_*, responses for seq_*); 1.0 when there is no unit
+  rollout_is_masked_frac   (rollout_correction set) response tokens whose weight is 0 (mis modes)
+  opsm_drop_frac       (off_policy_mask set) mean over responses of the fraction of their tokens
+                       dropped: the fraction of dropped responses for [B] advantages
 
-Performance (experiments/benchmarks/objectives_bench.py, B=256, T=2048, XLA:CPU): loss +
-gradient of every preset runs within 3x of a masked mean of logp with its gradient (token-level
-≈ 2.3-2.8x, response-level ≈ 1.4-1.5x, CPU time). On CPU each metric costs its own pass over
-[B, T] (≈ 3x the floor for all of them; GPU/TPU fuse them); a KL term or per-token advantages
-read one more [B, T] input. GSPO-token with [B] advantages takes GSPO's path (equal in value
-and gradient); the per-token path needs no per-token exp (see _sequence_token_terms).
+Performance: experiments/benchmarks/objectives_bench.py times loss + gradient of every preset
+against a masked mean of logp with its gradient (the floor). On CPU each metric costs its own
+pass over [B, T] (GPU/TPU fuse them); a KL term, per-token advantages or rollout_logp read one
+more [B, T] input. GSPO-token with [B] advantages takes GSPO's path (equal in value and gradient
+for every surrogate); the per-token path needs no per-token exp (see _sequence_token_ratio).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import types
+import typing
 from typing import NamedTuple
 
 import chex
@@ -87,7 +125,6 @@ import jax.numpy as jnp
 
 EXP_CLAMP = 20.0  # exp(±20) ≈ 4.9e8 / 2.1e-9: large but finite
 
-RATIO_LEVELS = ("token", "sequence", "sequence_token", "geometric")
 AGGREGATIONS = (
     "seq-mean-token-mean",
     "token-mean",
@@ -95,15 +132,9 @@ AGGREGATIONS = (
     "seq-mean-token-sum-norm",
 )
 KL_ESTIMATORS = ("k1", "k2", "k3")
-OVERRIDABLE_FIELDS = (
-    "eps_low",
-    "eps_high",
-    "aggregation",
-    "max_len",
-    "kl_coef",
-    "kl_estimator",
-    "dual_clip",
-)
+# Rollout correction modes (TRL's vllm_importance_sampling_mode in brackets): token_tis
+# (token_truncate), token_mis (token_mask), seq_tis (sequence_truncate), seq_mis (sequence_mask).
+ROLLOUT_CORRECTIONS = ("token_tis", "token_mis", "seq_tis", "seq_mis")
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -143,15 +174,71 @@ def sequence_log_ratio(delta: jax.Array, mask: jax.Array) -> jax.Array:
     return (delta * mask).sum(-1) / jnp.maximum(mask.sum(-1), 1.0)  # [B]
 
 
+def dual_clipped(loss: jax.Array, adv: jax.Array, dual_clip: float | None) -> jax.Array:
+    """min(L_u, −c·A_u) where A_u < 0 (dual clip c > 1); L_u unchanged when dual_clip is None."""
+    if dual_clip is None:
+        return loss
+    return jnp.where(adv < 0, jnp.minimum(loss, -dual_clip * adv), loss)
+
+
 def clipped_surrogate(ratio, adv, eps_low: float, eps_high: float, dual_clip=None):
     """L_u = −min(ρ·A, clip(ρ, 1 − eps_low, 1 + eps_high)·A), then min(L_u, −c·A) where A < 0.
 
     ratio and adv broadcast against each other (e.g. [B, T] with [B, 1]).
     """
     loss = -jnp.minimum(ratio * adv, clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv)
-    if dual_clip is not None:
-        loss = jnp.where(adv < 0, jnp.minimum(loss, -dual_clip * adv), loss)
-    return loss
+    return dual_clipped(loss, adv, dual_clip)
+
+
+def rollout_correction_weight(
+    mode: str, log_mismatch: jax.Array, is_min: float | None, is_max: float
+) -> jax.Array:
+    """The rollout correction weight c, from Δ = old_logp − rollout_logp [B, T] (0 on padding).
+
+    token_tis  c_{i,t} = clip(exp(Δ_{i,t}), is_min, is_max)                 [B, T]
+    token_mis  c_{i,t} = exp(Δ_{i,t}) inside [is_min, is_max], else 0       [B, T]
+    seq_tis    c_i = clip(exp(Σ_t Δ_{i,t}), is_min, is_max)                 [B]
+    seq_mis    c_i = exp(Σ_t Δ_{i,t}) inside [is_min, is_max], else 0       [B]
+    is_min None is no lower bound. The sequence modes use the product of the token ratios.
+    """
+    chex.assert_rank(log_mismatch, 2)
+    if mode not in ROLLOUT_CORRECTIONS:
+        raise ValueError(f"unknown rollout_correction {mode!r}; valid: {ROLLOUT_CORRECTIONS}")
+    per_sequence = mode.startswith("seq")
+    ratio = clamped_exp(log_mismatch.sum(-1) if per_sequence else log_mismatch)  # [B] or [B, T]
+    low = 0.0 if is_min is None else is_min  # ratios are > 0: 0 bounds nothing
+    if mode.endswith("_tis"):  # truncate
+        return clip(ratio, low, is_max)
+    return jnp.where((ratio >= low) & (ratio <= is_max), ratio, 0.0)  # mask
+
+
+def off_policy_keep(
+    adv: jax.Array, logp: jax.Array, rollout_logp: jax.Array, mask: jax.Array, threshold: float
+) -> jax.Array:
+    """Off-policy sequence masking (DeepSeek-V3.2): False where A < 0 and the response drifted.
+
+    drift_i = (1/|y_i|) Σ_t (rollout_logp − sg[logp])_{i,t}; keep = A ≥ 0 or drift_i ≤ threshold.
+    adv [B] (one decision per response) or [B, T] (per token, with its response's drift);
+    logp, rollout_logp, mask [B, T]. Returns bool of adv's shape.
+    """
+    chex.assert_equal_shape([logp, rollout_logp, mask])
+    diff = jnp.where(mask > 0, rollout_logp - jax.lax.stop_gradient(logp), 0.0)  # [B, T]
+    drift = sequence_log_ratio(diff, mask)  # [B] mean over the response's tokens
+    if adv.ndim == 2:
+        drift = drift[:, None]
+    return (adv >= 0) | (drift <= threshold)
+
+
+def _per_token(x: jax.Array) -> jax.Array:
+    """[B, T] stays, [B] becomes [B, 1] (broadcasts along T)."""
+    return x if x.ndim == 2 else x[:, None]
+
+
+def _unit_product(x: jax.Array, y: jax.Array) -> jax.Array:
+    """x·y for per-response [B] and per-token [B, T] factors in any combination."""
+    if x.ndim != y.ndim:
+        return _per_token(x) * _per_token(y)
+    return x * y
 
 
 def _tokens_per_row(indicator: jax.Array, mask: jax.Array, n_tok: jax.Array) -> jax.Array:
@@ -165,8 +252,10 @@ def _tokens_per_row(indicator: jax.Array, mask: jax.Array, n_tok: jax.Array) -> 
 
 
 def _clipped_tokens_per_row(terms, adv, mask, n_tok):
-    """[B] clipped tokens per response on the low (A < 0) and the high (A > 0) side."""
-    if adv.ndim == 1 and terms.clip_low.ndim == 2:
+    """[B] clipped tokens per response on the low and the high side."""
+    if terms.clip_low is None:  # a surrogate without a clip (sapo)
+        return jnp.zeros_like(n_tok), jnp.zeros_like(n_tok)
+    if terms.by_adv_sign and adv.ndim == 1 and terms.clip_low.ndim == 2:
         # sign(A_i) is constant along a row, so one count of either side splits by that sign.
         clipped = _tokens_per_row(terms.clip_low | terms.clip_high, mask, n_tok)
         return jnp.where(adv < 0, clipped, 0.0), jnp.where(adv > 0, clipped, 0.0)
@@ -189,9 +278,9 @@ def _combine_op(key: str):
 class Sums(NamedTuple):
     """Additive pieces of a minibatch loss: loss = num / den; see the module docstring."""
 
-    num: jax.Array  # scalar: Σ c_{i,t}·ℓ_{i,t}, policy term + kl_coef · KL term
+    num: jax.Array  # scalar: Σ κ_{i,t}·ℓ_{i,t}, policy term + kl_coef · KL term
     den: jax.Array  # scalar: the aggregation's normaliser, a function of the mask only
-    metrics: dict  # str -> scalar: additive sums and counts, ratio_min / ratio_max
+    metrics: dict  # str -> scalar: additive sums and counts, *_min / *_max
 
     def combine(self, other: Sums) -> Sums:
         """The Sums of the union of two disjoint parts of one minibatch."""
@@ -214,18 +303,14 @@ class Sums(NamedTuple):
         """(loss, metrics) from the (combined) sums. Never divides by zero."""
         m = self.metrics
         tokens = jnp.maximum(m["tokens"], 1.0)
+        rows = jnp.maximum(m["rows"], 1.0)
         den = jnp.maximum(self.den, 1.0)  # den is 0 (no response token at all) or >= 1
-        has_units = m["ratio_count"] > 0
         out = {
             "clip_frac": (m["clip_low_tokens"] + m["clip_high_tokens"]) / tokens,
             "clip_frac_low": m["clip_low_tokens"] / tokens,
             "clip_frac_high": m["clip_high_tokens"] / tokens,
-            "seq_clip_frac": m["seq_clip_sum"] / jnp.maximum(m["rows"], 1.0),
-            "ratio_mean": jnp.where(
-                has_units, m["ratio_sum"] / jnp.maximum(m["ratio_count"], 1.0), 1.0
-            ),
-            "ratio_min": jnp.where(has_units, m["ratio_min"], 1.0),
-            "ratio_max": jnp.where(has_units, m["ratio_max"], 1.0),
+            "seq_clip_frac": m["seq_clip_sum"] / rows,
+            **_unit_stats(m, "ratio"),
             "approx_kl": m["approx_kl_sum"] / tokens,
             "pg_loss": m["pg_num"] / den,
         }
@@ -234,47 +319,74 @@ class Sums(NamedTuple):
         if "kl_ref_sum" in m:
             out["kl_ref"] = m["kl_ref_sum"] / tokens
             out["kl_loss"] = m["kl_num"] / den
+        if "rollout_is_count" in m:
+            out.update(_unit_stats(m, "rollout_is"))
+            out["rollout_is_masked_frac"] = m["rollout_is_masked_tokens"] / tokens
+        if "opsm_drop_sum" in m:
+            out["opsm_drop_frac"] = m["opsm_drop_sum"] / rows
         return self.num / den, out
+
+
+def _unit_sums(prefix: str, value: jax.Array, units: jax.Array) -> dict:
+    """Sum, count, min and max of a per-unit value >= 0 ([B, T] or [B]) over units (0/1)."""
+    return {
+        f"{prefix}_sum": (value * units).sum(),
+        f"{prefix}_count": units.sum(),
+        f"{prefix}_min": jnp.where(units > 0, value, jnp.inf).min(),  # inf: identity of min
+        f"{prefix}_max": (value * units).max(),  # values are >= 0, so 0 is the identity of max
+    }
+
+
+def _unit_stats(m: dict, prefix: str) -> dict:
+    """Mean, min and max from _unit_sums (combined); 1.0 when there was no unit at all."""
+    has_units = m[f"{prefix}_count"] > 0
+    mean = m[f"{prefix}_sum"] / jnp.maximum(m[f"{prefix}_count"], 1.0)
+    return {
+        f"{prefix}_mean": jnp.where(has_units, mean, 1.0),
+        f"{prefix}_min": jnp.where(has_units, m[f"{prefix}_min"], 1.0),
+        f"{prefix}_max": jnp.where(has_units, m[f"{prefix}_max"], 1.0),
+    }
 
 
 # ----------------------------------------------------------------------------- the objective
 
 
-class _PolicyTerms(NamedTuple):
-    """What a ratio level hands to the aggregation and the metrics."""
-
-    loss: jax.Array  # ℓ per unit: [B, T] per token (finite, masked when summed) or [B] L_i
-    ratio: jax.Array  # ρ per unit, same shape as loss (for the dual-clip count)
-    clip_low: jax.Array  # bool per clip unit, [B, T] or [B]: ρ < 1 − eps_low with A < 0
-    clip_high: jax.Array  # bool per clip unit, [B, T] or [B]: ρ > 1 + eps_high with A > 0
-    reported: jax.Array  # the ratio for ratio_mean/min/max: w [B, T] or s_i [B], unclipped
-
-
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Objective:
-    """A clipped policy objective; call it, or use `.sums` for micro-batches and shards.
+    """A policy objective; call it, or use `.sums` for micro-batches and shards.
 
     Build one with `get_objective(name, **overrides)` (or dataclasses.replace on one). Frozen and
-    hashable, so it can be a static argument of jit. Fields: see the module docstring; max_len
-    is used by seq-mean-token-sum-norm only, dual_clip None is off.
+    hashable, so it can be a static argument of jit. name, ratio_level and surrogate are the
+    preset's structure; every other field is overridable (OVERRIDABLE_FIELDS). Fields: see the
+    module docstring; max_len is used by seq-mean-token-sum-norm only, dual_clip None is off,
+    eps_low / eps_high are unused by sapo and tau_pos / tau_neg by the other surrogates.
     """
 
     name: str
     ratio_level: str
-    eps_low: float
-    eps_high: float
+    surrogate: str
+    eps_low: float = 0.2
+    eps_high: float = 0.2
     aggregation: str
     max_len: int | None = None
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     dual_clip: float | None = None
+    tau_pos: float = 1.0  # sapo: the gate's temperature where A > 0
+    tau_neg: float = 1.05  # sapo: where A <= 0 (sharper: damps the destabilising updates)
+    rollout_correction: str | None = None  # None | one of ROLLOUT_CORRECTIONS
+    rollout_is_min: float | None = None  # lower bound of the correction weight (None: none)
+    rollout_is_max: float = 3.0  # upper bound of the correction weight
+    off_policy_mask: float | None = None  # δ of off-policy sequence masking (None: off)
 
     def __post_init__(self):
         _validate(self)
 
-    def __call__(self, logp, old_logp, adv, mask, ref_logp=None) -> tuple[jax.Array, dict]:
+    def __call__(
+        self, logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None
+    ) -> tuple[jax.Array, dict]:
         """(loss, metrics) of one minibatch: loss = num / den of `self.sums`."""
-        return self.sums(logp, old_logp, adv, mask, ref_logp).finalize()
+        return self.sums(logp, old_logp, adv, mask, ref_logp, rollout_logp).finalize()
 
     def denominator(self, mask: jax.Array) -> jax.Array:
         """The aggregation's normaliser for this (part of the) minibatch; adds over parts."""
@@ -301,55 +413,61 @@ class Objective:
             return loss.sum()  # (1/|y_i|) Σ_t L_i = L_i
         return (loss * n_tok).sum()
 
-    def sums(self, logp, old_logp, adv, mask, ref_logp=None) -> Sums:
+    def sums(self, logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None) -> Sums:
         """Sums(num, den, metric sums) of this (part of the) minibatch; see the module docstring."""
-        logp, old_logp, adv, mask, ref_logp = _check_inputs(
-            self, logp, old_logp, adv, mask, ref_logp
+        logp, old_logp, adv, mask, ref_logp, rollout_logp = _check_inputs(
+            self, logp, old_logp, adv, mask, ref_logp, rollout_logp
         )
+        sg = jax.lax.stop_gradient
         valid = mask > 0  # [B, T]
         n_tok = mask.sum(-1)  # [B] |y_i|
         nonempty = n_tok > 0  # [B]
         delta = jnp.where(valid, logp - old_logp, 0.0)  # [B, T] δ; padding (even NaN) -> 0
         adv = jnp.where(valid if adv.ndim == 2 else nonempty, adv, 0.0)  # [B] or [B, T]
 
-        terms = _RATIO_TERMS[self.ratio_level](self, delta, adv, mask, n_tok, nonempty)
-        if terms.loss.ndim == 2:
-            pg_num = self._aggregate_token_sums((terms.loss * mask).sum(-1), n_tok)
+        ratio = _RATIO_LEVELS[self.ratio_level](self, delta, adv, mask)  # ρ per unit
+        unit_adv = _per_token(adv) if ratio.rho.ndim == 2 else adv  # A per unit: broadcasts to ρ
+        terms = _SURROGATES[self.surrogate](self, ratio, unit_adv, jnp.where(valid, logp, 0.0))
+        loss = terms.loss if terms.loss.ndim == 2 else jnp.where(nonempty, terms.loss, 0.0)
+        weight, weight_metrics = self._loss_weight(logp, old_logp, adv, mask, rollout_logp)
+        if weight is not None:
+            loss = _unit_product(loss, weight)  # [B, T] or [B]: c·m·ℓ
+
+        # Padding is dropped with where, not * mask (the same value): XLA:CPU then computes ℓ in
+        # one fused pass instead of materialising its per-response factors as [B, T] arrays.
+        if loss.ndim == 2:
+            pg_num = self._aggregate_token_sums(jnp.where(valid, loss, 0.0).sum(-1), n_tok)
         else:
-            pg_num = self._aggregate_response_losses(terms.loss, n_tok)
+            pg_num = self._aggregate_response_losses(loss, n_tok)
         num = pg_num
         if ref_logp is not None:
             x = jnp.where(valid, ref_logp - logp, 0.0)  # [B, T] log π_ref/π_θ, 0 on padding
             kl = kl_estimate(x, self.kl_estimator)  # [B, T] KL_{i,t}, 0 on padding
             kl_rows = (kl * mask).sum(-1)  # [B] Σ_t KL_{i,t}
             kl_num = self._aggregate_token_sums(kl_rows, n_tok)
-            if terms.loss.ndim == 2:  # one pass over ℓ + β·KL (pg_num, kl_num: metrics only)
-                per_token = (terms.loss + self.kl_coef * kl) * mask
+            if loss.ndim == 2:  # one pass over ℓ + β·KL (pg_num, kl_num: metrics only)
+                per_token = jnp.where(valid, loss + self.kl_coef * kl, 0.0)
                 num = self._aggregate_token_sums(per_token.sum(-1), n_tok)
             else:
                 num = pg_num + self.kl_coef * kl_num
 
-        sg = jax.lax.stop_gradient
         row_low, row_high = _clipped_tokens_per_row(terms, adv, mask, n_tok)  # [B], [B]
-        ratio = sg(terms.reported)  # [B, T] per token or [B] per response; > 0
-        units = mask if ratio.ndim == 2 else nonempty.astype(jnp.float32)  # ratio units, 0/1
+        reported = sg(ratio.reported)  # [B, T] per token or [B] per response; > 0
+        units = mask if reported.ndim == 2 else nonempty.astype(jnp.float32)  # ratio units, 0/1
         metrics = {
             "tokens": n_tok.sum(),
             "rows": nonempty.sum().astype(jnp.float32),
             "clip_low_tokens": row_low.sum(),
             "clip_high_tokens": row_high.sum(),
             "seq_clip_sum": ((row_low + row_high) / jnp.maximum(n_tok, 1.0)).sum(),
-            "ratio_sum": (ratio * units).sum(),
-            "ratio_count": n_tok.sum() if ratio.ndim == 2 else units.sum(),
-            "ratio_min": jnp.where(units > 0, ratio, jnp.inf).min(),  # inf: identity of min
-            "ratio_max": (ratio * units).max(),  # ratios are > 0, so 0 is the identity of max
+            **_unit_sums("ratio", reported, units),
             # k3 of x = log π_θ/π_old at tokens sampled from π_old: estimates KL[π_old ‖ π_θ].
             "approx_kl_sum": jnp.where(valid, kl_estimate(sg(delta), "k3"), 0.0).sum(),
             "pg_num": pg_num,
+            **weight_metrics,
         }
         if self.dual_clip is not None:  # A < 0 and ρ > c: the dual clip bounds the loss
-            unit_adv = adv[:, None] if terms.ratio.ndim > adv.ndim else adv
-            dual = (unit_adv < 0) & (sg(terms.ratio) > self.dual_clip)
+            dual = (unit_adv < 0) & (sg(ratio.rho) > self.dual_clip)
             metrics["dual_clip_tokens"] = _tokens_per_row(dual, mask, n_tok).sum()
         if ref_logp is not None:
             metrics["kl_ref_sum"] = kl_rows.sum()
@@ -357,42 +475,65 @@ class Objective:
         metrics = {k: sg(v) for k, v in metrics.items()}
         return Sums(num, self._denominator(n_tok, mask.shape[1]), metrics)
 
+    def _loss_weight(self, logp, old_logp, adv, mask, rollout_logp):
+        """(c·m, metric sums): the detached weight on ℓ, [B] or [B, T], or (None, {}) if off."""
+        if self.rollout_correction is None and self.off_policy_mask is None:
+            return None, {}
+        valid = mask > 0  # [B, T]
+        n_tok = mask.sum(-1)  # [B]
+        weight, metrics = None, {}
+        if self.rollout_correction is not None:
+            log_mismatch = jnp.where(valid, old_logp - rollout_logp, 0.0)  # [B, T] Δ
+            c = jax.lax.stop_gradient(
+                rollout_correction_weight(
+                    self.rollout_correction, log_mismatch, self.rollout_is_min, self.rollout_is_max
+                )
+            )  # [B, T] per token or [B] per response
+            units = mask if c.ndim == 2 else (n_tok > 0).astype(jnp.float32)
+            metrics.update(_unit_sums("rollout_is", c, units))
+            metrics["rollout_is_masked_tokens"] = _tokens_per_row(c == 0, mask, n_tok).sum()
+            weight = c
+        if self.off_policy_mask is not None:
+            keep = off_policy_keep(adv, logp, rollout_logp, mask, self.off_policy_mask)
+            dropped = _tokens_per_row(~keep, mask, n_tok)  # [B] dropped tokens per response
+            metrics["opsm_drop_sum"] = (dropped / jnp.maximum(n_tok, 1.0)).sum()
+            m = keep.astype(jnp.float32)  # [B] or [B, T]
+            weight = m if weight is None else _unit_product(weight, m)
+        return weight, metrics
+
 
 # ----------------------------------------------------------------------------- ratio levels
 
 
-def _clipped(ratio, adv, obj):
-    """Where the clip is the active branch: (ρ < 1 − eps_low and A < 0, ρ > 1 + eps_high and A > 0).
+class _Ratio(NamedTuple):
+    """What a ratio level hands to the surrogate."""
 
-    Padding needs no care here: the metrics count these through the mask.
-    """
-    return (ratio < 1.0 - obj.eps_low) & (adv < 0), (ratio > 1.0 + obj.eps_high) & (adv > 0)
+    rho: jax.Array  # ρ per unit, carrying the gradient: [B, T] per token or [B] per response
+    reported: jax.Array  # the ratio for ratio_mean/min/max: w [B, T] or s_i [B], unclipped
+    # (low, high) bool [B, T] when the ratio level clipped ρ itself (gmpo's log-space clip: the
+    # tokens whose δ it moved); None when ρ is unclipped and the surrogate does the clipping.
+    log_clip: tuple | None = None
 
 
-def _token_terms(obj, delta, adv, mask, n_tok, nonempty):
-    """GRPO / DAPO / Dr. GRPO: w_{i,t} = exp(δ_{i,t}), clipped token by token."""
+def _token_ratio(obj, delta, adv, mask):
+    """GRPO / DAPO / Dr. GRPO / CISPO / SAPO: w_{i,t} = exp(δ_{i,t})."""
     w = clamped_exp(delta)  # [B, T] w_{i,t}
-    A = adv if adv.ndim == 2 else adv[:, None]  # A_{i,t} [B, T] or A_i [B, 1]
-    loss = clipped_surrogate(w, A, obj.eps_low, obj.eps_high, obj.dual_clip)  # [B, T]
-    low, high = _clipped(w, A, obj)
-    return _PolicyTerms(loss, w, low, high, w)
+    return _Ratio(w, w)
 
 
-def _sequence_terms(obj, delta, adv, mask, n_tok, nonempty):
+def _sequence_ratio(obj, delta, adv, mask):
     """GSPO / LUSPO: one ratio per response, s_i = exp((1/|y_i|) Σ_t δ_{i,t})."""
-    log_s = sequence_log_ratio(delta, mask)  # [B] log s_i
-    s = clamped_exp(log_s)  # [B] s_i
-    loss = clipped_surrogate(s, adv, obj.eps_low, obj.eps_high, obj.dual_clip)  # [B] L_i
-    low, high = _clipped(s, adv, obj)
-    return _PolicyTerms(jnp.where(nonempty, loss, 0.0), s, low, high, s)
+    s = clamped_exp(sequence_log_ratio(delta, mask))  # [B] s_i
+    return _Ratio(s, s)
 
 
-def _sequence_token_terms(obj, delta, adv, mask, n_tok, nonempty):
+def _sequence_token_ratio(obj, delta, adv, mask):
     """GSPO-token: s_{i,t} = sg[s_i]·π_θ(y_{i,t})/sg[π_θ(y_{i,t})]; value s_i, per-token grad."""
     if adv.ndim == 1:
-        # With one A_i per response GSPO-token equals GSPO in value and gradient (GSPO eq. 14;
+        # With one A_i per response GSPO-token equals GSPO in value and gradient (GSPO eq. 14)
+        # for every surrogate (ℓ is a function of the value s_i, and Σ_t ∂s_{i,t} = ∂s_i·|y_i|;
         # tested against this per-token path with a per-token A that is constant per response).
-        return _sequence_terms(obj, delta, adv, mask, n_tok, nonempty)
+        return _sequence_ratio(obj, delta, adv, mask)
     sg = jax.lax.stop_gradient
     log_s = sequence_log_ratio(delta, mask)  # [B] log s_i
     s = clamped_exp(log_s)  # [B] s_i
@@ -401,57 +542,129 @@ def _sequence_token_terms(obj, delta, adv, mask, n_tok, nonempty):
     # needs no per-token exp. ds_i/dlog s_i is 0 past the exp clamp, as for the other ratios.
     slope = jnp.where(jnp.abs(log_s) < EXP_CLAMP, s, 0.0)  # [B]
     s_it = sg(s)[:, None] + sg(slope)[:, None] * (delta - sg(delta))  # [B, T] s_{i,t}
-    loss = clipped_surrogate(s_it, adv, obj.eps_low, obj.eps_high, obj.dual_clip)  # [B, T]
-    low, high = _clipped(s_it, adv, obj)
-    return _PolicyTerms(loss, s_it, low, high, s)
+    return _Ratio(s_it, s)
 
 
-def _geometric_terms(obj, delta, adv, mask, n_tok, nonempty):
-    """GMPO: δ*_t = σ·min(σ·δ_t, σ·clip(δ_t, −eps_low, eps_high)), σ = sign(A_i);
-    ratio_i = exp((1/|y_i|) Σ_t δ*_t); L_i = −A_i·ratio_i."""
+def _geometric_ratio(obj, delta, adv, mask):
+    """GMPO: the geometric mean of token-clipped ratios, clipped in log space and sign-aware:
+    δ*_t = σ·min(σ·δ_t, σ·clip(δ_t, −eps_low, eps_high)), σ = sign(A_i) (PPO's min, per token in
+    log space); ratio_i = exp((1/|y_i|) Σ_t δ*_t). The clip surrogate then gives L_i = −A_i·ratio_i.
+    """
     sigma = jnp.sign(adv)[:, None]  # [B, 1]
     delta_clipped = clip(delta, -obj.eps_low, obj.eps_high)  # [B, T]
     delta_star = sigma * jnp.minimum(sigma * delta, sigma * delta_clipped)  # [B, T]
     ratio = clamped_exp(sequence_log_ratio(delta_star, mask))  # [B]
-    loss = -adv * ratio  # [B] L_i
-    if obj.dual_clip is not None:
-        loss = jnp.where(adv < 0, jnp.minimum(loss, -obj.dual_clip * adv), loss)
     # Reported: the unclipped geometric mean s_i; clipped: tokens whose δ the clip moved.
     s = clamped_exp(sequence_log_ratio(delta, mask))  # [B]
     low = (delta < -obj.eps_low) & (adv < 0)[:, None]  # [B, T]
     high = (delta > obj.eps_high) & (adv > 0)[:, None]  # [B, T]
-    return _PolicyTerms(jnp.where(nonempty, loss, 0.0), ratio, low, high, s)
+    return _Ratio(ratio, s, log_clip=(low, high))
 
 
-_RATIO_TERMS = {
-    "token": _token_terms,
-    "sequence": _sequence_terms,
-    "sequence_token": _sequence_token_terms,
-    "geometric": _geometric_terms,
+_RATIO_LEVELS = {
+    "token": _token_ratio,
+    "sequence": _sequence_ratio,
+    "sequence_token": _sequence_token_ratio,
+    "geometric": _geometric_ratio,
 }
+RATIO_LEVELS = tuple(_RATIO_LEVELS)
+
+
+# ----------------------------------------------------------------------------- surrogates
+
+
+class _Surrogate(NamedTuple):
+    """What a surrogate hands to the aggregation and the metrics."""
+
+    loss: jax.Array  # ℓ per unit: [B, T] per token (finite on padding) or [B] L_i per response
+    clip_low: jax.Array | None  # bool per unit, [B, T] or [B]; None: nothing is ever clipped
+    clip_high: jax.Array | None
+    by_adv_sign: bool  # clip_low holds only where A < 0 and clip_high only where A > 0
+
+
+def _clip_surrogate(obj, r, A, logp):
+    """PPO: ℓ = −min(ρ·A, clip(ρ, 1 − eps_low, 1 + eps_high)·A); clipped where the clip is the
+    active branch (ρ < 1 − eps_low with A < 0, ρ > 1 + eps_high with A > 0); dual clip c > 1:
+    ℓ = min(ℓ, −c·A) where A < 0. A ratio the ratio level has clipped already (gmpo's, the same
+    min taken per token in log space) gives ℓ = −ρ·A."""
+    if r.log_clip is not None:
+        loss, (low, high) = -r.rho * A, r.log_clip
+    else:
+        loss = clipped_surrogate(r.rho, A, obj.eps_low, obj.eps_high)
+        low = (r.rho < 1.0 - obj.eps_low) & (A < 0)
+        high = (r.rho > 1.0 + obj.eps_high) & (A > 0)
+    return _Surrogate(dual_clipped(loss, A, obj.dual_clip), low, high, by_adv_sign=True)
+
+
+def _cispo_surrogate(obj, r, A, logp):
+    """CISPO: ℓ_{i,t} = −sg[clip(ρ, 1 − eps_low, 1 + eps_high)]·A·logp_{i,t}: every token keeps
+    its REINFORCE gradient A·∇logp, weighted by the clipped ratio (PPO's clip would zero it).
+    Clipped: the units whose ρ the clip moved, whatever the sign of A."""
+    lo, hi = 1.0 - obj.eps_low, 1.0 + obj.eps_high
+    weight = jax.lax.stop_gradient(clip(r.rho, lo, hi))  # [B, T] or [B]
+    loss = -_per_token(weight * A) * logp  # [B, T]
+    return _Surrogate(loss, r.rho < lo, r.rho > hi, by_adv_sign=False)
+
+
+def _sapo_surrogate(obj, r, A, logp):
+    """SAPO: ℓ = −(4/τ)·σ(τ·(ρ − 1))·A, τ = tau_pos where A > 0, else tau_neg: a smooth gate with
+    slope 1 at ρ = 1 (the plain policy gradient there) that fades updates as ρ moves away."""
+    tau = jnp.where(A > 0, obj.tau_pos, obj.tau_neg)  # A's shape
+    loss = -(4.0 / tau) * jax.nn.sigmoid(tau * (r.rho - 1.0)) * A  # ρ's shape
+    return _Surrogate(loss, None, None, by_adv_sign=False)
+
+
+_SURROGATES = {"clip": _clip_surrogate, "cispo": _cispo_surrogate, "sapo": _sapo_surrogate}
+SURROGATES = tuple(_SURROGATES)
 
 # ----------------------------------------------------------------------------- presets
 
 _GSPO_EPS = dict(eps_low=3e-4, eps_high=4e-4)  # GSPO §5.1
 _SMTM = "seq-mean-token-mean"
 
+
+def _preset(ratio_level: str, surrogate: str, aggregation: str, **fields) -> dict:
+    return dict(ratio_level=ratio_level, surrogate=surrogate, aggregation=aggregation, **fields)
+
+
 PRESETS: dict[str, dict] = {
-    "grpo": dict(ratio_level="token", eps_low=0.2, eps_high=0.2, aggregation=_SMTM, kl_coef=0.04),
-    "dapo": dict(ratio_level="token", eps_low=0.2, eps_high=0.28, aggregation="token-mean"),
-    "dr_grpo": dict(
-        ratio_level="token", eps_low=0.2, eps_high=0.2, aggregation="seq-mean-token-sum-norm"
-    ),
-    "gspo": dict(ratio_level="sequence", aggregation=_SMTM, **_GSPO_EPS),
-    "gspo_token": dict(ratio_level="sequence_token", aggregation=_SMTM, **_GSPO_EPS),
-    "luspo": dict(ratio_level="sequence", aggregation="seq-mean-token-sum", **_GSPO_EPS),
-    "gmpo": dict(ratio_level="geometric", eps_low=0.4, eps_high=0.4, aggregation=_SMTM),
+    "grpo": _preset("token", "clip", _SMTM, eps_low=0.2, eps_high=0.2, kl_coef=0.04),
+    "dapo": _preset("token", "clip", "token-mean", eps_low=0.2, eps_high=0.28),
+    "dr_grpo": _preset("token", "clip", "seq-mean-token-sum-norm", eps_low=0.2, eps_high=0.2),
+    "gspo": _preset("sequence", "clip", _SMTM, **_GSPO_EPS),
+    "gspo_token": _preset("sequence_token", "clip", _SMTM, **_GSPO_EPS),
+    "luspo": _preset("sequence", "clip", "seq-mean-token-sum", **_GSPO_EPS),
+    "gmpo": _preset("geometric", "clip", _SMTM, eps_low=0.4, eps_high=0.4),  # log-space bounds
+    "cispo": _preset("token", "cispo", "token-mean", eps_low=1.0, eps_high=4.0),  # ρ in [0, 5]
+    "sapo": _preset("token", "sapo", _SMTM, tau_pos=1.0, tau_neg=1.05),  # eps unused
+}
+PRESET_NAMES = tuple(PRESETS)
+
+# name, ratio_level and surrogate are what a preset is; every other field can be overridden.
+_PRESET_STRUCTURE = ("name", "ratio_level", "surrogate")
+OVERRIDABLE_FIELDS = tuple(
+    f.name for f in dataclasses.fields(Objective) if f.name not in _PRESET_STRUCTURE
+)
+
+
+def _value_type(hint) -> type:
+    """float | None -> float (the type of a field's values besides None)."""
+    args = [a for a in typing.get_args(hint) if a is not types.NoneType]
+    return args[0] if args else hint
+
+
+# The value type of every overridable field (e.g. for typed command-line placeholders).
+OVERRIDABLE_FIELD_TYPES: dict[str, type] = {
+    name: _value_type(hint)
+    for name, hint in typing.get_type_hints(Objective).items()
+    if name in OVERRIDABLE_FIELDS
 }
 
 
 def get_objective(name: str, **overrides) -> Objective:
     """The preset `name` with any of OVERRIDABLE_FIELDS replaced, e.g. ("gspo", eps_low=0.2)."""
     if name not in PRESETS:
-        raise ValueError(f"unknown objective {name!r}; valid: {tuple(PRESETS)}")
+        raise ValueError(f"unknown objective {name!r}; valid: {PRESET_NAMES}")
     unknown = sorted(set(overrides) - set(OVERRIDABLE_FIELDS))
     if unknown:
         raise ValueError(
@@ -467,17 +680,35 @@ def _is_number(x) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool)
 
 
+def _is_finite_number(x) -> bool:
+    return _is_number(x) and math.isfinite(x)
+
+
 def _validate(obj: Objective) -> None:
+    """ValueError naming the valid choices (or the fix) for a bad field or combination."""
     if obj.ratio_level not in RATIO_LEVELS:
         raise ValueError(f"unknown ratio level {obj.ratio_level!r}; valid: {RATIO_LEVELS}")
+    if obj.surrogate not in SURROGATES:
+        raise ValueError(f"unknown surrogate {obj.surrogate!r}; valid: {SURROGATES}")
+    if obj.ratio_level == "geometric" and obj.surrogate != "clip":
+        raise ValueError(
+            f"surrogate {obj.surrogate!r} needs an unclipped ratio, but the geometric ratio (gmpo) "
+            "clips each token itself and takes surrogate 'clip'; use ratio_level 'token', "
+            f"'sequence' or 'sequence_token' with {obj.surrogate!r}"
+        )
     for field in ("eps_low", "eps_high"):
         eps = getattr(obj, field)
         if not _is_number(eps) or not eps >= 0:  # also rejects NaN
             raise ValueError(f"{field} must be a number >= 0 (e.g. 0.2 or 3e-4), got {eps!r}")
-    if obj.ratio_level != "geometric" and not obj.eps_low < 1:
+    if obj.surrogate == "clip" and obj.ratio_level != "geometric" and not obj.eps_low < 1:
         raise ValueError(
             f"eps_low must be < 1 so that the lower clip bound 1 - eps_low stays positive, got "
             f"{obj.eps_low!r}; valid: 0 <= eps_low < 1 (gspo uses 3e-4, grpo 0.2)"
+        )
+    if obj.surrogate == "cispo" and not obj.eps_low <= 1:
+        raise ValueError(
+            f"eps_low must be <= 1 for cispo (its weight's lower bound 1 - eps_low must not be "
+            f"negative; 1 means no lower clip, the preset), got {obj.eps_low!r}"
         )
     if obj.aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {obj.aggregation!r}; valid: {AGGREGATIONS}")
@@ -495,6 +726,45 @@ def _validate(obj: Objective) -> None:
         raise ValueError(
             f"dual_clip must be None (off) or a number > 1 (e.g. 3.0), got {obj.dual_clip!r}"
         )
+    if obj.dual_clip is not None and obj.surrogate != "clip":
+        raise ValueError(
+            f"dual_clip bounds the clip surrogate's loss; {obj.name} uses surrogate "
+            f"{obj.surrogate!r}, which has none: set dual_clip=None"
+        )
+    for field in ("tau_pos", "tau_neg"):
+        tau = getattr(obj, field)
+        if not _is_finite_number(tau) or not tau > 0:
+            raise ValueError(
+                f"{field} must be a finite number > 0 (sapo's gate temperature, e.g. 1.0 or "
+                f"1.05), got {tau!r}"
+            )
+    if obj.rollout_correction is not None and obj.rollout_correction not in ROLLOUT_CORRECTIONS:
+        raise ValueError(
+            f"unknown rollout_correction {obj.rollout_correction!r}; valid: None (off) or one "
+            f"of {ROLLOUT_CORRECTIONS}"
+        )
+    if not _is_finite_number(obj.rollout_is_max) or not obj.rollout_is_max > 0:
+        raise ValueError(
+            f"rollout_is_max must be a finite number > 0 (e.g. 3.0), got {obj.rollout_is_max!r}"
+        )
+    if obj.rollout_is_min is not None:
+        if not _is_finite_number(obj.rollout_is_min) or not obj.rollout_is_min >= 0:
+            raise ValueError(
+                "rollout_is_min must be None (no lower bound) or a finite number >= 0, got "
+                f"{obj.rollout_is_min!r}"
+            )
+        if obj.rollout_is_min > obj.rollout_is_max:
+            raise ValueError(
+                f"rollout_is_min ({obj.rollout_is_min!r}) must be <= rollout_is_max "
+                f"({obj.rollout_is_max!r}): the weight is kept inside [rollout_is_min, "
+                "rollout_is_max]; lower rollout_is_min or raise rollout_is_max"
+            )
+    if obj.off_policy_mask is not None and not _is_finite_number(obj.off_policy_mask):
+        raise ValueError(
+            "off_policy_mask must be None (off) or a finite number δ (the mean per-token log-ratio "
+            f"rollout/current above which a negative-advantage response is dropped, e.g. 0.5), "
+            f"got {obj.off_policy_mask!r}"
+        )
 
 
 def _check_rank2(name, x):
@@ -509,13 +779,14 @@ def _as_float32(x):
     return x.astype(jnp.float32) if x.dtype != jnp.float32 else x
 
 
-def _check_inputs(obj, logp, old_logp, adv, mask, ref_logp):
-    """ValueError (naming the valid shapes) for bad inputs; upcasts to float32."""
+def _check_inputs(obj, logp, old_logp, adv, mask, ref_logp, rollout_logp):
+    """ValueError (naming the valid shapes, or the fix) for bad inputs; upcasts to float32."""
     _check_rank2("logp", logp)
     B, T = logp.shape
     named = [("old_logp", old_logp), ("mask", mask)]
-    if ref_logp is not None:
-        named.append(("ref_logp", ref_logp))
+    named += [
+        (n, x) for n, x in (("ref_logp", ref_logp), ("rollout_logp", rollout_logp)) if x is not None
+    ]
     for name, x in named:
         if getattr(x, "shape", None) != (B, T):
             raise ValueError(
@@ -532,12 +803,24 @@ def _check_inputs(obj, logp, old_logp, adv, mask, ref_logp):
     if len(adv_shape) == 2 and obj.ratio_level in ("sequence", "geometric"):
         raise ValueError(
             f"{obj.name} has one ratio per response, so adv must be [B] = {(B,)}; per-token "
-            "advantages [B, T] need a per-token ratio: grpo, dapo, dr_grpo or gspo_token"
+            "advantages [B, T] need a per-token ratio (ratio_level 'token' or 'sequence_token'): "
+            "grpo, dapo, dr_grpo, cispo, sapo or gspo_token"
         )
-    ref_logp = None if ref_logp is None else _as_float32(ref_logp)
+    if rollout_logp is None:
+        for field in ("rollout_correction", "off_policy_mask"):
+            if getattr(obj, field) is not None:
+                raise ValueError(
+                    f"{obj.name} has {field}={getattr(obj, field)!r}, which reads the rollout "
+                    "engine's log-probs: pass rollout_logp=[B, T] (the sampler's log-probs of "
+                    f"the response tokens), or set {field}=None"
+                )
+    ref_logp, rollout_logp = (
+        None if x is None else _as_float32(x) for x in (ref_logp, rollout_logp)
+    )
     logp, old_logp, adv, mask = (_as_float32(x) for x in (logp, old_logp, adv, mask))
     # The checks above raise ValueError with the fix; these chex asserts state the boundary's
     # contract (trace-time only, free at run time) for readers and for later edits.
-    chex.assert_equal_shape([logp, old_logp, mask] + ([ref_logp] if ref_logp is not None else []))
+    optional = [x for x in (ref_logp, rollout_logp) if x is not None]
+    chex.assert_equal_shape([logp, old_logp, mask] + optional)
     chex.assert_type([logp, old_logp, adv, mask], float)
-    return logp, old_logp, adv, mask, ref_logp
+    return logp, old_logp, adv, mask, ref_logp, rollout_logp

@@ -11,6 +11,7 @@ import pytest
 from ml_collections import config_dict
 
 from gspo_jax import config as config_lib
+from gspo_jax import objectives
 from gspo_jax.config import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,9 +73,12 @@ def test_arith_sweep_covers_objectives_and_eps():
     spec.loader.exec_module(arith)
     runs = arith.get_sweep("seeds=2")
     names = [r["name"] for r in runs]
-    assert len(names) == len(set(names)) == 2 * 10
+    presets = set(objectives.PRESET_NAMES)
+    assert presets >= {"grpo", "dapo", "dr_grpo", "gspo", "gspo_token", "luspo", "gmpo"}
+    assert presets >= {"cispo", "sapo"}
+    assert len(names) == len(set(names)) == 2 * (len(presets) + 3)  # + the three ε variants
     objs = {r["overrides"]["objective.name"] for r in runs}
-    assert objs == {"grpo", "dapo", "dr_grpo", "gspo", "gspo_token", "luspo", "gmpo"}
+    assert objs == presets
     eps_runs = {
         (r["overrides"]["objective.name"], r["overrides"]["objective.eps_low"])
         for r in runs
@@ -205,7 +209,7 @@ def test_sweep_expands_to_commands_and_collects_tables(tmp_path, capsys):
         == 0
     )
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 10
+    assert len(lines) == len(objectives.PRESET_NAMES) + 3
     assert all("gspo_jax.main" in ln and "--config.rl.num_steps=2" in ln for ln in lines)
     assert any("--config.objective.name=gspo --config.objective.eps_low=0.2" in ln for ln in lines)
     # collection: one finished run, one missing

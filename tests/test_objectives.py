@@ -5,6 +5,7 @@ Dimension legend: B response rows, T padded response length. Shapes stay small a
 jitted loss-and-gradient functions are cached per objective, so each compiles once.
 """
 
+import dataclasses
 import functools
 import math
 
@@ -28,18 +29,21 @@ WITH_KL = {name: objectives.get_objective(name, kl_coef=0.1) for name in PRESETS
 
 
 @functools.cache
-def value_and_grad(obj: objectives.Objective, with_ref: bool):
+def value_and_grad(obj: objectives.Objective, with_ref: bool, with_rollout: bool = False):
     """Jitted ((loss, metrics), d loss / d logp) of obj; cached so each objective compiles once."""
-    if with_ref:
-        fn = lambda lp, old, adv, mask, ref: obj(lp, old, adv, mask, ref)
-    else:
-        fn = lambda lp, old, adv, mask: obj(lp, old, adv, mask)
+
+    def fn(lp, old, adv, mask, *extra):
+        ref = extra[0] if with_ref else None
+        rollout = extra[-1] if with_rollout else None
+        return obj(lp, old, adv, mask, ref, rollout_logp=rollout)
+
     return jax.jit(jax.value_and_grad(fn, has_aux=True))
 
 
-def run(obj, logp, old_logp, adv, mask, ref_logp=None):
-    args = (logp, old_logp, adv, mask) + (() if ref_logp is None else (ref_logp,))
-    (loss, metrics), grad = value_and_grad(obj, ref_logp is not None)(*args)
+def run(obj, logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None):
+    extra = tuple(x for x in (ref_logp, rollout_logp) if x is not None)
+    fn = value_and_grad(obj, ref_logp is not None, rollout_logp is not None)
+    (loss, metrics), grad = fn(logp, old_logp, adv, mask, *extra)
     return float(loss), {k: float(v) for k, v in metrics.items()}, np.asarray(grad)
 
 
@@ -56,24 +60,38 @@ def make_batch(seed=0, drift=0.3, per_token_adv=False):
     return logp, old_logp, adv, mask, ref_logp
 
 
+def make_rollout_logp(old_logp, seed=0, mismatch=0.5):
+    """The rollout engine's log-probs: old_logp off by N(0, mismatch) per token (a bf16 sampler
+    is ~1e-3; 0.5 makes every bound and mask of the corrections act in a [8, 12] batch)."""
+    rng = np.random.default_rng(seed + 100)
+    return (old_logp + rng.normal(0.0, mismatch, size=old_logp.shape)).astype(np.float32)
+
+
 # ----------------------------------------------------------------------------- reference
 # An independent, deliberately plain transcription of docs/objectives.md. It runs in numpy float64
 # (values) and in jax float32 (gradients, with real stop-gradients).
 
 
-def reference_loss(xp, sg, obj, logp, old_logp, adv, mask, ref_logp=None):
+def reference_loss(xp, sg, obj, logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None):
     valid = mask > 0
+    ones = xp.ones_like(mask)
     n = mask.sum(-1)  # |y_i|
     rows = (n > 0).sum()
     delta = xp.where(valid, logp - old_logp, 0.0)
-    A = adv if adv.ndim == 2 else adv[:, None] * xp.ones_like(mask)
+    lp = xp.where(valid, logp, 0.0)
+    A = adv if adv.ndim == 2 else adv[:, None] * ones
     A_i = adv if adv.ndim == 1 else None
     lo, hi = 1 - obj.eps_low, 1 + obj.eps_high
 
     def clamped_exp(x):
         return xp.exp(xp.clip(x, -20.0, 20.0))
 
-    def surrogate(rho, a):
+    def surrogate(rho, a):  # per token: rho and a [B, T]
+        if obj.surrogate == "cispo":
+            return -sg(xp.clip(rho, lo, hi)) * a * lp
+        if obj.surrogate == "sapo":
+            tau = xp.where(a > 0, obj.tau_pos, obj.tau_neg)
+            return -(4 / tau) / (1 + xp.exp(-tau * (rho - 1))) * a
         loss = -xp.minimum(rho * a, xp.clip(rho, lo, hi) * a)
         if obj.dual_clip is not None:
             loss = xp.where(a < 0, xp.minimum(loss, -obj.dual_clip * a), loss)
@@ -82,8 +100,8 @@ def reference_loss(xp, sg, obj, logp, old_logp, adv, mask, ref_logp=None):
     log_s = delta.sum(-1) / xp.maximum(n, 1.0)
     if obj.ratio_level == "token":
         per_token = surrogate(clamped_exp(delta), A)
-    elif obj.ratio_level == "sequence":
-        per_token = surrogate(clamped_exp(log_s), A_i)[:, None] * xp.ones_like(mask)
+    elif obj.ratio_level == "sequence":  # s_i on every token of response i
+        per_token = surrogate(clamped_exp(log_s)[:, None] * ones, A)
     elif obj.ratio_level == "sequence_token":
         log_s_it = logp - sg(logp) + sg(log_s)[:, None]
         per_token = surrogate(clamped_exp(log_s_it), A)
@@ -96,7 +114,9 @@ def reference_loss(xp, sg, obj, logp, old_logp, adv, mask, ref_logp=None):
         L = -A_i * ratio
         if obj.dual_clip is not None:
             L = xp.where(A_i < 0, xp.minimum(L, -obj.dual_clip * A_i), L)
-        per_token = L[:, None] * xp.ones_like(mask)
+        per_token = L[:, None] * ones
+    if rollout_logp is not None:  # the policy term only, not the KL term
+        per_token = per_token * reference_weight(xp, sg, obj, logp, old_logp, A, mask, rollout_logp)
     if ref_logp is not None:
         x = xp.where(valid, ref_logp - logp, 0.0)
         kl = {"k1": -x, "k2": x**2 / 2, "k3": xp.exp(x) - x - 1}[obj.kl_estimator]
@@ -112,27 +132,59 @@ def reference_loss(xp, sg, obj, logp, old_logp, adv, mask, ref_logp=None):
     return per_token.sum() / (rows * max_len)
 
 
-def reference_metrics(obj, logp, old_logp, adv, mask):
-    """Clip fractions and ratio statistics, float64, written per unit as the docs state them."""
+def reference_is_ratio(xp, obj, old_logp, mask, rollout_logp):
+    """exp(Δ) per token, or exp(Σ_t Δ) repeated on every token of the response [B, T]."""
+    d = xp.where(mask > 0, old_logp - rollout_logp, 0.0)
+    if obj.rollout_correction.startswith("seq"):
+        return xp.exp(d.sum(-1))[:, None] * xp.ones_like(mask)
+    return xp.exp(d)
+
+
+def reference_weight(xp, sg, obj, logp, old_logp, A, mask, rollout_logp):
+    """[B, T] rollout correction weight c times the off-policy mask m (A [B, T])."""
+    weight = xp.ones_like(mask)
+    if obj.rollout_correction is not None:
+        r = reference_is_ratio(xp, obj, old_logp, mask, rollout_logp)
+        low = 0.0 if obj.rollout_is_min is None else obj.rollout_is_min
+        if obj.rollout_correction.endswith("tis"):
+            c = xp.minimum(xp.maximum(r, low), obj.rollout_is_max)
+        else:
+            c = xp.where((r >= low) & (r <= obj.rollout_is_max), r, 0.0)
+        weight = weight * sg(c)
+    if obj.off_policy_mask is not None:
+        diff = xp.where(mask > 0, rollout_logp - sg(logp), 0.0)
+        drift = diff.sum(-1) / xp.maximum(mask.sum(-1), 1.0)
+        dropped = (A < 0) & (drift[:, None] > obj.off_policy_mask)
+        weight = weight * xp.where(dropped, 0.0, 1.0)
+    return weight
+
+
+def reference_metrics(obj, logp, old_logp, adv, mask, rollout_logp=None):
+    """Clip fractions, ratio and weight statistics, float64, per unit as the docs state them."""
     logp, old_logp, adv, mask = (np.asarray(x, np.float64) for x in (logp, old_logp, adv, mask))
     valid = mask > 0
     n = mask.sum(-1)
+    nonempty = n > 0
     delta = np.where(valid, logp - old_logp, 0.0)
     A = adv if adv.ndim == 2 else np.repeat(adv[:, None], mask.shape[1], 1)
     s = np.exp(delta.sum(-1) / np.maximum(n, 1))
+    lo, hi = 1 - obj.eps_low, 1 + obj.eps_high
     if obj.ratio_level == "token":
-        rho, units = np.exp(delta), valid
-        low, high = (rho < 1 - obj.eps_low) & (A < 0), (rho > 1 + obj.eps_high) & (A > 0)
-    elif obj.ratio_level == "geometric":
-        rho, units = s, n > 0
-        low, high = (delta < -obj.eps_low) & (A < 0), (delta > obj.eps_high) & (A > 0)
+        rho_t = rho = np.exp(delta)
+        units = valid
     else:
-        rho, units = s, n > 0
-        s_t = np.repeat(s[:, None], mask.shape[1], 1)
-        low, high = (s_t < 1 - obj.eps_low) & (A < 0), (s_t > 1 + obj.eps_high) & (A > 0)
+        rho_t = np.repeat(s[:, None], mask.shape[1], 1)
+        rho, units = s, nonempty
+    if obj.ratio_level == "geometric":
+        low, high = (delta < -obj.eps_low) & (A < 0), (delta > obj.eps_high) & (A > 0)
+    elif obj.surrogate == "clip":
+        low, high = (rho_t < lo) & (A < 0), (rho_t > hi) & (A > 0)
+    elif obj.surrogate == "cispo":  # whatever the sign of A
+        low, high = rho_t < lo, rho_t > hi
+    else:  # sapo: no clip
+        low = high = np.zeros_like(valid)
     low, high = low & valid, high & valid
-    nonempty = n > 0
-    return {
+    out = {
         "clip_frac_low": low.sum() / n.sum(),
         "clip_frac_high": high.sum() / n.sum(),
         "clip_frac": (low | high).sum() / n.sum(),
@@ -142,6 +194,41 @@ def reference_metrics(obj, logp, old_logp, adv, mask):
         "ratio_max": rho[units].max(),
         "approx_kl": (np.exp(delta) - 1 - delta)[valid].mean(),
     }
+    if rollout_logp is None:
+        return out
+    rollout_logp = np.asarray(rollout_logp, np.float64)
+    if obj.rollout_correction is not None:
+        c = reference_weight(
+            np,
+            lambda x: x,
+            dataclasses.replace(obj, off_policy_mask=None),
+            logp,
+            old_logp,
+            A,
+            mask,
+            rollout_logp,
+        )
+        c_units = c[valid] if obj.rollout_correction.startswith("token") else c[nonempty, 0]
+        out.update(
+            rollout_is_mean=c_units.mean(),
+            rollout_is_min=c_units.min(),
+            rollout_is_max=c_units.max(),
+            rollout_is_masked_frac=(c[valid] == 0).sum() / n.sum(),
+        )
+    if obj.off_policy_mask is not None:
+        m = reference_weight(
+            np,
+            lambda x: x,
+            dataclasses.replace(obj, rollout_correction=None),
+            logp,
+            old_logp,
+            A,
+            mask,
+            rollout_logp,
+        )
+        dropped = (m == 0) & valid
+        out["opsm_drop_frac"] = (dropped.sum(-1)[nonempty] / n[nonempty]).mean()
+    return out
 
 
 def reference_value(obj, *arrays):
@@ -149,9 +236,9 @@ def reference_value(obj, *arrays):
     return float(reference_loss(np, lambda x: x, obj, *arrays64))
 
 
-def reference_grad(obj, logp, old_logp, adv, mask, ref_logp=None):
+def reference_grad(obj, logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None):
     fn = lambda lp: reference_loss(
-        jnp, jax.lax.stop_gradient, obj, lp, old_logp, adv, mask, ref_logp
+        jnp, jax.lax.stop_gradient, obj, lp, old_logp, adv, mask, ref_logp, rollout_logp
     )
     return np.asarray(jax.grad(fn)(jnp.asarray(logp)))
 
@@ -239,6 +326,115 @@ def test_kl_estimators_match_reference(estimator):
     )
 
 
+# Surrogates beyond PPO's clip, on every ratio level that takes them, with clipping on both sides
+# (cispo at PPO-like eps) and per-token advantages; gspo and gspo_token with another surrogate are
+# TRL's importance_sampling_level="sequence" with loss_type cispo / sapo.
+SURROGATE_CASES = {
+    "cispo_eps": (objectives.get_objective("cispo", eps_low=0.2, eps_high=0.28), False),
+    "cispo_adv_bt": (objectives.get_objective("cispo", eps_low=0.2, eps_high=0.28), True),
+    "sapo_adv_bt": (objectives.get_objective("sapo", tau_pos=2.0, tau_neg=0.5), True),
+    "gspo_sapo": (
+        dataclasses.replace(objectives.get_objective("gspo"), surrogate="sapo", tau_neg=3.0),
+        False,
+    ),
+    "gspo_token_cispo_adv_bt": (
+        dataclasses.replace(
+            objectives.get_objective("gspo_token", eps_low=0.1, eps_high=0.1), surrogate="cispo"
+        ),
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", SURROGATE_CASES)
+def test_surrogates_match_reference(case):
+    obj, per_token_adv = SURROGATE_CASES[case]
+    logp, old_logp, adv, mask, _ = make_batch(seed=3, drift=0.5, per_token_adv=per_token_adv)
+    loss, metrics, grad = run(obj, logp, old_logp, adv, mask)
+    np.testing.assert_allclose(loss, reference_value(obj, logp, old_logp, adv, mask), rtol=1e-5)
+    np.testing.assert_allclose(
+        grad, reference_grad(obj, logp, old_logp, adv, mask), rtol=1e-5, atol=1e-8
+    )
+    for key, want in reference_metrics(obj, logp, old_logp, adv, mask).items():
+        np.testing.assert_allclose(metrics[key], want, rtol=1e-4, atol=1e-7, err_msg=key)
+    if obj.surrogate == "cispo":  # the clip acts on both sides in these batches
+        assert metrics["clip_frac_low"] > 0 and metrics["clip_frac_high"] > 0
+    else:
+        assert metrics["clip_frac"] == metrics["seq_clip_frac"] == 0.0
+
+
+# Every rollout correction mode (with a lower bound, so that both bounds act), with a KL term (which
+# the weight must not touch); off-policy masking alone and with a correction; on a token-level,
+# a response-level and a cispo policy loss, and with per-token advantages.
+ROLLOUT_CASES = {
+    **{
+        f"{name}_{mode}": (
+            objectives.get_objective(
+                name, kl_coef=0.1, rollout_correction=mode, rollout_is_min=0.5
+            ),
+            False,
+        )
+        for name in ("grpo", "gspo")
+        for mode in objectives.ROLLOUT_CORRECTIONS
+    },
+    "dapo_token_tis_no_min": (
+        objectives.get_objective("dapo", rollout_correction="token_tis"),
+        False,
+    ),
+    "grpo_opsm": (objectives.get_objective("grpo", kl_coef=0.1, off_policy_mask=0.1), False),
+    "gspo_opsm": (objectives.get_objective("gspo", off_policy_mask=0.1), False),
+    "grpo_opsm_adv_bt": (objectives.get_objective("grpo", off_policy_mask=0.1), True),
+    "cispo_seq_mis_opsm": (
+        objectives.get_objective("cispo", rollout_correction="seq_mis", off_policy_mask=0.1),
+        False,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", ROLLOUT_CASES)
+def test_rollout_correction_and_off_policy_mask_match_reference(case):
+    """Value, gradient and metrics, with c and m from rollout_logp, against the float64 formula."""
+    obj, per_token_adv = ROLLOUT_CASES[case]
+    logp, old_logp, adv, mask, ref_logp = make_batch(seed=7, drift=0.3, per_token_adv=per_token_adv)
+    rollout_logp = make_rollout_logp(old_logp, seed=7)
+    arrays = (logp, old_logp, adv, mask, ref_logp, rollout_logp)
+    loss, metrics, grad = run(obj, *arrays)
+    np.testing.assert_allclose(loss, reference_value(obj, *arrays), rtol=1e-5)
+    np.testing.assert_allclose(grad, reference_grad(obj, *arrays), rtol=1e-5, atol=1e-8)
+    want = reference_metrics(obj, logp, old_logp, adv, mask, rollout_logp)
+    for key in want:
+        np.testing.assert_allclose(metrics[key], want[key], rtol=1e-4, atol=1e-7, err_msg=key)
+    np.testing.assert_allclose(
+        loss, metrics["pg_loss"] + obj.kl_coef * metrics["kl_loss"], rtol=1e-5
+    )
+    # Guards: every bound, mask and drop acts in this batch, and none acts everywhere.
+    mode = obj.rollout_correction
+    if mode is not None:
+        if mode.endswith("mis"):
+            assert 0 < metrics["rollout_is_masked_frac"] < 1
+            assert metrics["rollout_is_min"] == 0.0
+        else:
+            assert metrics["rollout_is_masked_frac"] == 0.0
+            assert metrics["rollout_is_max"] == pytest.approx(3.0)
+            if obj.rollout_is_min is not None:
+                assert metrics["rollout_is_min"] == pytest.approx(obj.rollout_is_min)
+            else:  # no lower bound: the smallest weight is the smallest ratio
+                assert 0 < metrics["rollout_is_min"] < 0.5
+    if obj.off_policy_mask is not None:
+        assert 0 < metrics["opsm_drop_frac"] < 1
+    assert ("rollout_is_mean" in metrics) == (mode is not None)
+    assert ("opsm_drop_frac" in metrics) == (obj.off_policy_mask is not None)
+
+
+def test_rollout_logp_changes_nothing_when_nothing_reads_it():
+    logp, old_logp, adv, mask, ref_logp = make_batch(seed=5)
+    obj = WITH_KL["grpo"]
+    plain = run(obj, logp, old_logp, adv, mask, ref_logp)
+    with_rollout = run(obj, logp, old_logp, adv, mask, ref_logp, make_rollout_logp(old_logp))
+    assert with_rollout[0] == plain[0] and with_rollout[1] == plain[1]
+    np.testing.assert_array_equal(with_rollout[2], plain[2])
+
+
 def one_row(delta, adv, name, **overrides):
     """loss, metrics, grad of one response with the given per-token log-ratios."""
     logp = np.asarray(delta, np.float32)[None, :]
@@ -292,6 +488,86 @@ def test_hand_checked_dr_grpo_normalises_by_constant_max_len():
     assert loss == pytest.approx(-0.2, rel=1e-6)
     np.testing.assert_allclose(grad, [-0.1, -0.1], rtol=1e-6)
     assert one_row([0.0, 0.0], 1.0, "dr_grpo")[0] == pytest.approx(-1.0)  # max_len None: T = 2
+
+
+def test_hand_checked_cispo_keeps_the_gradient_ppo_clip_zeroes():
+    # ρ = (6, 0.5), A = +1. cispo (ρ capped at 5, no lower clip): ℓ = −sg(clip(ρ))·A·logp with
+    # logp = δ = (log 6, log 0.5), token-mean over 2 tokens: loss −(5·log 6 + 0.5·log 0.5)/2,
+    # gradient −(5, 0.5)/2. PPO's clip (grpo) zeroes the first token's gradient.
+    delta = [math.log(6.0), math.log(0.5)]
+    loss, m, grad = one_row(delta, 1.0, "cispo")
+    assert loss == pytest.approx(-(5 * math.log(6.0) + 0.5 * math.log(0.5)) / 2, rel=1e-6)
+    np.testing.assert_allclose(grad, [-2.5, -0.25], rtol=1e-6)
+    assert (m["clip_frac_high"], m["clip_frac_low"], m["clip_frac"]) == (0.5, 0.0, 0.5)
+    _, _, grad_ppo = one_row(delta, 1.0, "grpo")
+    np.testing.assert_allclose(grad_ppo, [0.0, -0.25], rtol=1e-6)
+    # with A = −1 the cap still moves ρ = 6: cispo counts it whatever the sign of A
+    loss, m, grad = one_row(delta, -1.0, "cispo")
+    np.testing.assert_allclose(grad, [2.5, 0.25], rtol=1e-6)
+    assert m["clip_frac_high"] == 0.5
+
+
+def test_hand_checked_sapo_gate():
+    # At ρ = 1 the gate (4/τ)·σ(τ(ρ − 1)) is 2/τ with slope 1: loss −2A/τ, gradient −A/|y| per
+    # token (the plain policy gradient), with τ = 1 for A > 0 and 1.05 for A < 0.
+    loss, m, grad = one_row([0.0, 0.0], 1.0, "sapo")
+    assert loss == pytest.approx(-2.0, rel=1e-6) and m["clip_frac"] == 0.0
+    np.testing.assert_allclose(grad, [-0.5, -0.5], rtol=1e-6)
+    loss, _, grad = one_row([0.0, 0.0], -1.0, "sapo")
+    assert loss == pytest.approx(2 / 1.05, rel=1e-6)
+    np.testing.assert_allclose(grad, [0.5, 0.5], rtol=1e-6)
+    # ρ = e, A = +1: loss −4σ(e − 1); d/dlogp = −4σ'(e − 1)·e, where PPO's clip gives 0.
+    sig = 1 / (1 + math.exp(-(math.e - 1)))
+    loss, _, grad = one_row([1.0], 1.0, "sapo")
+    assert loss == pytest.approx(-4 * sig, rel=1e-6)
+    assert grad[0] == pytest.approx(-4 * sig * (1 - sig) * math.e, rel=1e-5)
+    assert one_row([1.0], 1.0, "grpo")[2][0] == 0.0
+
+
+def rows_with_rollout(logp, rollout_logp, adv, name, **overrides):
+    """loss, metrics, grad of on-policy responses (old_logp = logp) with the given rollout_logp."""
+    logp = np.asarray(logp, np.float32)
+    obj = objectives.get_objective(name, **overrides)
+    adv = np.asarray(adv, np.float32)
+    rollout_logp = np.asarray(rollout_logp, np.float32)
+    return run(obj, logp, logp, adv, np.ones_like(logp), rollout_logp=rollout_logp)
+
+
+def test_hand_checked_seq_mis_masks_a_sequence():
+    # Two on-policy responses (ρ = 1, A = +1: ℓ = −1 per token). Response 0: Δ = old − rollout =
+    # (log 2, log 2), product 4 > 3: masked (c = 0). Response 1: Δ = (log 2, 0), c = 2.
+    # seq-mean-token-mean, R = 2 still: loss = (0 + (−2)) / 2 = −1; gradient −c/(|y|·R).
+    logp = np.log(np.full((2, 2), 0.5))
+    rollout_logp = logp - np.log([[2.0, 2.0], [2.0, 1.0]])
+    loss, m, grad = rows_with_rollout(
+        logp, rollout_logp, [1, 1], "grpo", rollout_correction="seq_mis"
+    )
+    assert loss == pytest.approx(-1.0, rel=1e-6)
+    np.testing.assert_allclose(grad, [[0.0, 0.0], [-0.5, -0.5]], rtol=1e-6)
+    assert m["rollout_is_masked_frac"] == 0.5
+    assert (m["rollout_is_mean"], m["rollout_is_min"], m["rollout_is_max"]) == pytest.approx(
+        (1.0, 0.0, 2.0), rel=1e-6
+    )
+    # seq_tis truncates the 4 to 3 instead: loss = (−3 − 2) / 2
+    loss, m, _ = rows_with_rollout(logp, rollout_logp, [1, 1], "grpo", rollout_correction="seq_tis")
+    assert loss == pytest.approx(-2.5, rel=1e-6) and m["rollout_is_masked_frac"] == 0.0
+
+
+def test_hand_checked_opsm_drops_only_negative_advantage_drifted_responses():
+    # δ = 0.5; drift_i = mean_t(rollout_logp − logp). Response 0: A < 0, drift (1.5 − 0.3)/2 = 0.6
+    # > δ: dropped. Response 1: A < 0, drift (0.9 − 0.3)/2 = 0.3 (one token drifts 0.9, the mean
+    # does not): kept. Response 2: A > 0, drift 0.6: kept. Response 3: A > 0, drift 0: kept.
+    logp = np.log(np.full((4, 2), 0.5))
+    drift = np.array([[1.5, -0.3], [0.9, -0.3], [1.5, -0.3], [0.0, 0.0]])
+    adv = [-1.0, -1.0, 1.0, 1.0]
+    loss, m, grad = rows_with_rollout(logp, logp + drift, adv, "grpo", off_policy_mask=0.5)
+    # on-policy ℓ_i = −A_i: (0 + 1 − 1 − 1) / 4 (R = 4: a dropped response still counts)
+    assert loss == pytest.approx(-0.25, rel=1e-6) and m["opsm_drop_frac"] == 0.25
+    np.testing.assert_allclose(grad, [[0, 0], [1 / 8, 1 / 8], [-1 / 8, -1 / 8], [-1 / 8, -1 / 8]])
+    # neither condition alone drops: without the drift, or with A > 0, nothing is dropped
+    for a, d in ((adv, np.zeros_like(drift)), (np.abs(adv), drift)):
+        _, m, _ = rows_with_rollout(logp, logp + d, a, "grpo", off_policy_mask=0.5)
+        assert m["opsm_drop_frac"] == 0.0
 
 
 # ----------------------------------------------------------------------------- reference numbers
@@ -526,6 +802,22 @@ def test_bf16_inputs_are_upcast():
         ("grpo", {"kl_estimator": "k4"}, ["k1", "k2", "k3"]),
         ("grpo", {"kl_coef": -0.04}, ["kl_coef", ">= 0"]),
         ("dr_grpo", {"max_len": 0}, ["max_len", ">= 1"]),
+        ("sapo", {"tau_pos": 0.0}, ["tau_pos", "> 0"]),
+        ("sapo", {"tau_neg": -1.05}, ["tau_neg", "> 0"]),
+        ("sapo", {"tau_neg": float("inf")}, ["tau_neg", "finite"]),
+        ("cispo", {"eps_low": 1.5}, ["eps_low", "<= 1"]),
+        ("cispo", {"dual_clip": 3.0}, ["dual_clip", "cispo", "dual_clip=None"]),
+        ("grpo", {"rollout_correction": "tis"}, ["None", "token_tis", "token_mis", "seq_mis"]),
+        (
+            "grpo",
+            {"rollout_correction": "seq_tis", "rollout_is_min": 4.0},
+            ["rollout_is_min (4.0)", "rollout_is_max (3.0)", "raise"],
+        ),
+        ("grpo", {"rollout_is_min": -1.0}, ["rollout_is_min", ">= 0"]),
+        ("grpo", {"rollout_is_max": 0.0}, ["rollout_is_max", "> 0"]),
+        ("grpo", {"rollout_is_max": None}, ["rollout_is_max", "> 0"]),
+        ("gspo", {"off_policy_mask": float("nan")}, ["off_policy_mask", "None"]),
+        ("gspo", {"surrogate": "cispo"}, ["surrogate", "off_policy_mask", "tau_pos"]),
     ],
 )
 def test_bad_configuration_raises_naming_valid_choices(name, overrides, names_in_message):
@@ -533,6 +825,77 @@ def test_bad_configuration_raises_naming_valid_choices(name, overrides, names_in
         objectives.get_objective(name, **overrides)
     for word in names_in_message:
         assert word in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "base, change, names_in_message",
+    [
+        ("gmpo", {"surrogate": "cispo"}, ["geometric", "'clip'", "'token'"]),
+        ("gmpo", {"surrogate": "sapo"}, ["geometric", "'clip'", "'sequence_token'"]),
+        ("grpo", {"surrogate": "ppo"}, ["clip", "cispo", "sapo"]),
+        ("grpo", {"ratio_level": "tokens"}, ["token", "sequence_token", "geometric"]),
+    ],
+)
+def test_bad_structure_raises_naming_valid_choices(base, change, names_in_message):
+    """The preset structure (ratio level x surrogate) is checked like the overridable fields."""
+    with pytest.raises(ValueError) as err:
+        dataclasses.replace(objectives.get_objective(base), **change)
+    for word in names_in_message:
+        assert word in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"rollout_correction": "seq_mis"}, "rollout_correction"),
+        ({"rollout_correction": "token_tis"}, "rollout_correction"),
+        ({"off_policy_mask": 0.5}, "off_policy_mask"),
+    ],
+)
+def test_correction_or_masking_without_rollout_logp_raises(overrides, field):
+    logp, old_logp, adv, mask, _ = make_batch()
+    obj = objectives.get_objective("gspo", **overrides)
+    for call in (obj, obj.sums):
+        with pytest.raises(ValueError) as err:
+            call(logp, old_logp, adv, mask)
+        for word in ("rollout_logp=", f"{field}=None"):
+            assert word in str(err.value)
+
+
+def test_rollout_logp_of_the_wrong_shape_raises():
+    logp, old_logp, adv, mask, _ = make_batch()
+    obj = objectives.get_objective("grpo", rollout_correction="token_tis")
+    with pytest.raises(ValueError, match=r"rollout_logp.*\(8, 12\)"):
+        obj(logp, old_logp, adv, mask, rollout_logp=old_logp[:, :-1])
+
+
+def test_preset_names_and_overridable_fields_are_derived():
+    """One list each: preset names from PRESETS, fields from the Objective dataclass, and the
+    config's typed placeholders from those (a new field is overridable with no other edit)."""
+    from gspo_jax import config as config_lib
+
+    assert objectives.PRESET_NAMES == tuple(objectives.PRESETS)
+    assert {"cispo", "sapo"} <= set(objectives.PRESET_NAMES)
+    fields = [f.name for f in dataclasses.fields(objectives.Objective)]
+    assert objectives.OVERRIDABLE_FIELDS == tuple(
+        f for f in fields if f not in ("name", "ratio_level", "surrogate")
+    )
+    design = "tau_pos tau_neg rollout_correction rollout_is_min rollout_is_max off_policy_mask"
+    assert set(design.split()) <= set(objectives.OVERRIDABLE_FIELDS)
+    want_types = {"eps_low": float, "max_len": int, "kl_estimator": str, "dual_clip": float}
+    want_types |= {"tau_pos": float, "rollout_correction": str, "rollout_is_min": float}
+    assert want_types.items() <= objectives.OVERRIDABLE_FIELD_TYPES.items()
+    placeholders = config_lib.objective_placeholders()
+    assert set(placeholders.keys()) == set(objectives.OVERRIDABLE_FIELDS)
+    for name, typ in objectives.OVERRIDABLE_FIELD_TYPES.items():
+        assert placeholders[name] is None
+        assert placeholders.get_ref(name).get_type() is typ, name
+    # every preset is a valid configuration, with each field at its preset value
+    for name in objectives.PRESET_NAMES:
+        obj = objectives.get_objective(name)
+        assert obj == objectives.get_objective(
+            name, **{f: getattr(obj, f) for f in objectives.OVERRIDABLE_FIELDS}
+        )
 
 
 def test_gmpo_eps_are_log_space_bounds():

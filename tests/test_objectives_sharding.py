@@ -2,6 +2,10 @@
 as k micro-batches with gradient accumulation, or sharded over the 8 simulated CPU devices
 (plain jit with batch-sharded inputs, and shard_map combining per-shard Sums with psum).
 
+Every preset is checked, and objectives with rollout correction and off-policy sequence masking
+(whose weight statistics combine by sum, min and max). Every case is passed rollout_logp: it
+changes nothing where nothing reads it.
+
 Dimension legend: B response rows, T padded response length. B = 16 puts 2 rows on each of the
 8 devices; rows 2 and 3 are empty, so one whole shard (and one micro-batch) has no token at all.
 """
@@ -19,7 +23,27 @@ from gspo_jax import objectives
 
 B, T = 16, 8
 NUM_DEVICES = 8
-PRESETS = tuple(objectives.PRESETS)
+# name -> objective: every preset with a KL term (and a dual clip where its surrogate has one), and
+# rollout corrections and off-policy masking on a token-level, a response-level and a cispo loss.
+CASES = {
+    name: objectives.get_objective(
+        name,
+        kl_coef=0.1,
+        dual_clip=3.0 if objectives.PRESETS[name]["surrogate"] == "clip" else None,
+    )
+    for name in objectives.PRESET_NAMES
+}
+CASES |= {
+    "grpo_token_mis_opsm": objectives.get_objective(
+        "grpo", kl_coef=0.1, rollout_correction="token_mis", rollout_is_min=0.5, off_policy_mask=0.1
+    ),
+    "gspo_seq_mis_opsm": objectives.get_objective(
+        "gspo", rollout_correction="seq_mis", rollout_is_min=0.5, off_policy_mask=0.1
+    ),
+    "cispo_seq_tis": objectives.get_objective(
+        "cispo", rollout_correction="seq_tis", rollout_is_min=0.5
+    ),
+}
 
 
 def make_batch(seed=0):
@@ -30,18 +54,22 @@ def make_batch(seed=0):
     logp = (old_logp + rng.normal(0.0, 0.3, size=(B, T))).astype(np.float32)
     ref_logp = (old_logp + rng.normal(0.0, 0.2, size=(B, T))).astype(np.float32)
     adv = rng.normal(size=B).astype(np.float32)
-    return logp, old_logp, adv, mask, ref_logp
+    rollout_logp = (old_logp + rng.normal(0.0, 0.5, size=(B, T))).astype(np.float32)
+    return logp, old_logp, adv, mask, ref_logp, rollout_logp
 
 
 def objective(name):
-    # A KL term and a dual clip, so that every part of the sums is exercised.
-    return objectives.get_objective(name, kl_coef=0.1, dual_clip=3.0)
+    return CASES[name]
+
+
+def call(obj, logp, old_logp, adv, mask, ref_logp, rollout_logp):
+    return obj(logp, old_logp, adv, mask, ref_logp, rollout_logp=rollout_logp)
 
 
 @functools.cache
 def unsharded(name):
     obj = objective(name)
-    return jax.jit(jax.value_and_grad(lambda lp, *rest: obj(lp, *rest), has_aux=True))
+    return jax.jit(jax.value_and_grad(functools.partial(call, obj), has_aux=True))
 
 
 def reference(name, batch):
@@ -64,7 +92,7 @@ def mesh():
     return jax.make_mesh((NUM_DEVICES,), ("data",))
 
 
-@pytest.mark.parametrize("name", ["grpo", "gspo"])
+@pytest.mark.parametrize("name", ["grpo", "gspo", "gspo_seq_mis_opsm"])
 def test_jit_with_batch_sharded_inputs_equals_unsharded(name, mesh):
     batch = make_batch(seed=1)
     rows = NamedSharding(mesh, P("data"))
@@ -80,14 +108,15 @@ def shard_mapped(name, mesh):
     """loss of the whole batch from per-shard Sums combined with Sums.psum, and its gradient."""
     obj = objective(name)
 
-    def per_shard(logp, old_logp, adv, mask, ref_logp):
-        return obj.sums(logp, old_logp, adv, mask, ref_logp).psum("data").finalize()
+    def per_shard(logp, old_logp, adv, mask, ref_logp, rollout_logp):
+        sums = obj.sums(logp, old_logp, adv, mask, ref_logp, rollout_logp=rollout_logp)
+        return sums.psum("data").finalize()
 
-    fn = jax.shard_map(per_shard, mesh=mesh, in_specs=(P("data"),) * 5, out_specs=P())
+    fn = jax.shard_map(per_shard, mesh=mesh, in_specs=(P("data"),) * 6, out_specs=P())
     return jax.jit(jax.value_and_grad(fn, has_aux=True))
 
 
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", CASES)
 def test_shard_map_with_psum_of_sums_equals_unsharded(name, mesh):
     batch = make_batch(seed=2)
     sharded = [jax.device_put(x, NamedSharding(mesh, P("data"))) for x in batch]
@@ -101,9 +130,9 @@ def micro_step(name):
     """Sums of one micro-batch, and the gradient of its num / (the minibatch's den)."""
     obj = objective(name)
 
-    def step(logp, old_logp, adv, mask, ref_logp, total_den):
+    def step(logp, old_logp, adv, mask, ref_logp, rollout_logp, total_den):
         def scaled_num(lp):
-            sums = obj.sums(lp, old_logp, adv, mask, ref_logp)
+            sums = obj.sums(lp, old_logp, adv, mask, ref_logp, rollout_logp=rollout_logp)
             return sums.num / jnp.maximum(total_den, 1.0), sums
 
         return jax.grad(scaled_num, has_aux=True)(logp)[::-1]
@@ -111,7 +140,7 @@ def micro_step(name):
     return jax.jit(step)
 
 
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", CASES)
 @pytest.mark.parametrize("num_micro", [4])
 def test_micro_batches_with_gradient_accumulation_equal_the_minibatch(name, num_micro):
     obj = objective(name)
@@ -141,7 +170,7 @@ def test_a_micro_batch_mean_of_means_would_differ():
 
 
 def test_denominator_matches_aggregation():
-    _, _, _, mask, _ = make_batch()
+    mask = make_batch()[3]
     rows, tokens = (mask.sum(-1) > 0).sum(), mask.sum()
     want = {
         "grpo": rows,  # seq-mean-token-mean: non-empty responses
@@ -152,3 +181,14 @@ def test_denominator_matches_aggregation():
     for name, den in want.items():
         assert float(objectives.get_objective(name).denominator(mask)) == den, name
     assert float(objectives.get_objective("dr_grpo", max_len=100).denominator(mask)) == rows * 100
+
+
+@pytest.mark.parametrize("name", ["grpo_token_mis_opsm", "gspo_seq_mis_opsm", "cispo_seq_tis"])
+def test_rollout_cases_mask_and_drop_in_the_tested_batches(name):
+    """Guards the tests above: weights, masks and drops vary across the shards' rows."""
+    for seed in (1, 2, 3):
+        metrics = reference(name, make_batch(seed=seed))[1]
+        assert metrics["rollout_is_min"] < metrics["rollout_is_mean"] < metrics["rollout_is_max"]
+        if name.endswith("opsm"):
+            assert 0 < metrics["rollout_is_masked_frac"] < 1
+            assert 0 < metrics["opsm_drop_frac"] < 1
