@@ -17,7 +17,7 @@ os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 import pytest  # noqa: E402
-import runs  # noqa: E402  (tests/runs.py: shared trainer runs and their comparison helpers)
+import trainer_runs as runs  # noqa: E402  (the shared trainer runs and their helpers)
 
 
 @pytest.fixture(scope="session")

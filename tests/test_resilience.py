@@ -1,8 +1,8 @@
 """What a run survives and what it refuses: corrupt checkpoints, a changed config, a file in place
 of the checkpoint folder, SIGTERM with a save in flight, a failing disk, a collapsed policy.
 
-Every run here starts from a copy of the shared 1-device run (tests/runs.py) or reruns its shapes,
-so nothing recompiles; a resumed run must still equal the uninterrupted one exactly.
+Every run here starts from a copy of the shared 1-device run (tests/trainer_runs.py) or reruns
+its shapes, so nothing recompiles; a resumed run must still equal the uninterrupted one exactly.
 """
 
 import json
@@ -13,7 +13,7 @@ import time
 
 import jax
 import pytest
-from runs import STEPS, assert_records, assert_trees, final_params, make_config, records
+from trainer_runs import STEPS, assert_records, assert_trees, final_params, make_config, records
 
 from gspo_jax import checkpoint as checkpoint_lib
 from gspo_jax import config as config_lib

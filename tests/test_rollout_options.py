@@ -6,7 +6,7 @@ import os
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from runs import assert_records, assert_trees, final_params, make_config, records
+from trainer_runs import assert_records, assert_trees, final_params, make_config, records
 
 from gspo_jax import config as config_lib
 from gspo_jax import experiment as exp

@@ -13,8 +13,8 @@ import sys
 import time
 
 import pytest
-import runs
-from runs import ARITH, REPO
+import trainer_runs as runs
+from trainer_runs import ARITH, REPO
 
 from gspo_jax import trainer
 

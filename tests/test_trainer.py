@@ -1,6 +1,6 @@
 """End-to-end trainer runs (runlocal size): outputs, exact resume, 1 vs 8 devices, multi-host.
 
-The shared runs and helpers are in tests/runs.py and tests/conftest.py.
+The shared runs and helpers are in tests/trainer_runs.py and tests/conftest.py.
 
 Runs (4 RL steps each, checkpoints every 2):
   single   1 device, uninterrupted
@@ -20,8 +20,8 @@ import sys
 
 import jax
 import pytest
-import runs
-from runs import (
+import trainer_runs as runs
+from trainer_runs import (
     ARITH,
     REPO,
     STEPS,
@@ -31,7 +31,7 @@ from runs import (
     make_config,
     records,
 )
-from runs import overrides as run_overrides
+from trainer_runs import overrides as run_overrides
 
 from gspo_jax import metrics as metrics_lib
 from gspo_jax import train_step as ts
