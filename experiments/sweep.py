@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import fnmatch
 import importlib.util
 import json
 import math
@@ -287,6 +288,17 @@ def write_tables(rows: list[dict], root: str) -> str:
     return md
 
 
+def select_runs(runs: list[dict], only: str) -> list[dict]:
+    """The runs whose names match one of the comma-separated fnmatch patterns (all if empty)."""
+    patterns = [p.strip() for p in only.split(",") if p.strip()]
+    if not patterns:
+        return runs
+    chosen = [r for r in runs if any(fnmatch.fnmatch(r["name"], p) for p in patterns)]
+    if not chosen:
+        raise SystemExit(f"--only {only!r} matches no run; runs: {[r['name'] for r in runs]}")
+    return chosen
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="config file with get_sweep, as path[:arg]")
@@ -295,8 +307,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--parallel", type=int, default=1, help="runs at once (each is a process)")
     p.add_argument("--dry_run", action="store_true", help="print the commands only")
     p.add_argument("--collect_only", action="store_true", help="only rebuild the results table")
+    p.add_argument(
+        "--only", default="", help="comma-separated run-name patterns (fnmatch), e.g. 'cispo_*'"
+    )
     args, extra = p.parse_known_args(argv)  # extra --config.x=y flags apply to every run
-    runs = load_sweep(args.config, args.sweep)
+    runs = select_runs(load_sweep(args.config, args.sweep), args.only)
     if args.dry_run:
         if args.parallel > 1:
             for group in preparation_groups(runs):
