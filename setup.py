@@ -27,6 +27,7 @@ setup(
         "etils[epath]>=1.5",
         "tensorboardX>=2.6",
         "matplotlib>=3.8",
+        "safetensors>=0.4.3",  # Hugging Face checkpoints (models/hf.py)
     ],
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.5", "scipy>=1.11"],

@@ -453,15 +453,22 @@ def make_model_config(config: ml_collections.ConfigDict, task: Task) -> ModelCon
             f"config.model.preset={preset!r} is not a model preset; valid presets: "
             f"{list(models.PRESETS)}. Set --config.model.preset to one of them"
         )
+    # The vocabulary is the tokenizer's unless config.model sets it (a released checkpoint's
+    # embedding is padded past its tokenizer: Qwen3's 151,936 rows for 151,669 tokens).
+    fields = {"vocab_size": task.tokenizer.vocab_size, **model_overrides(config)}
     try:
-        return models.get_model_config(
-            preset, vocab_size=task.tokenizer.vocab_size, **model_overrides(config)
-        )
+        cfg = models.get_model_config(preset, **fields)
     except (TypeError, ValueError) as e:
         raise ConfigError(
             f"config.model (preset {preset!r}): {str(e).rstrip('.')}. Fix that field of "
             "config.model"
         ) from None
+    if cfg.vocab_size < task.tokenizer.vocab_size:
+        raise ConfigError(
+            f"config.model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's "
+            f"{task.tokenizer.vocab_size} ids; unset it (the tokenizer's) or match the checkpoint"
+        )
+    return cfg
 
 
 def check_eval_split(config: ml_collections.ConfigDict, task: Task) -> None:

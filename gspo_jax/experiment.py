@@ -105,7 +105,7 @@ def _split_model(model):
 
 def abstract_params(model_cfg, mesh, seed: int):
     """(graphdef, params ShapeDtypeStructs with their mesh shardings, rest) without allocating."""
-    abstract = nnx.eval_shape(lambda: models.Transformer(model_cfg, rngs=nnx.Rngs(seed)))
+    abstract = nnx.eval_shape(lambda: models.create_model(model_cfg, seed=seed))
     graphdef, params, rest = _split_model(abstract)
     shardings = sharding.state_shardings(params, mesh)
     abs_params = sharding.with_shardings(params, shardings)
@@ -115,16 +115,24 @@ def abstract_params(model_cfg, mesh, seed: int):
 def abstract_state(run: Run, abs_params) -> ts.TrainState:
     """The TrainState's shapes and shardings (the restore target), without allocating.
 
-    The optimizer state's shardings are the ones jit gives ``tx.init`` on the mesh, except that a
-    leaf jit puts on one device (Adam's scalar step count) is replicated over the mesh: a restore
-    target must put every leaf on the devices the update runs on, or a resumed multi-device run
-    fails at its first update. initial_state creates the state with these same shardings.
+    Every optimizer-state leaf that mirrors a parameter (Adam's moments) takes that parameter's
+    sharding, so FSDP shards the optimizer state as it shards the weights (2/3 of a run's
+    float32 state); the rest (the step count) is replicated over the mesh. Left to jit, the
+    moments came back replicated, and the count on one device, which a resumed multi-device run
+    could not use. initial_state creates the state with these same shardings.
     """
-    with sharding.use_mesh(run.mesh):
-        compiled = jax.jit(run.tx.init).lower(abs_params).compile()
     opt_shapes = jax.eval_shape(run.tx.init, abs_params)
-    abs_opt = sharding.with_mesh_shardings(opt_shapes, compiled.output_shardings, run.mesh)
     replicated = sharding.replicated(run.mesh)
+
+    def like_param(leaf, param):
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=param.sharding)
+
+    def not_param(leaf):
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated)
+
+    abs_opt = optax.tree_map_params(
+        run.tx, like_param, opt_shapes, abs_params, transform_non_params=not_param
+    )
     return ts.TrainState(
         step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
         params=abs_params,
@@ -150,7 +158,7 @@ def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
         _, params, _ = _split_model(model)
         params = jax.device_put(params, run.state_shardings)  # a no-op unless the rules differ
     elif config.init.kind == "random":
-        model = sharding.create_sharded_model(run.model_cfg, run.mesh, config.seed)
+        model = models.create_model(run.model_cfg, seed=config.seed, mesh=run.mesh)
         _, params, _ = _split_model(model)
     else:
         raise config_lib.ConfigError(

@@ -55,6 +55,13 @@ _START_FRESH = flags.DEFINE_bool(
     False,
     "Move the workdir's checkpoint folder aside (never deleted) and start from step 0.",
 )
+_DRY_RUN = flags.DEFINE_bool(
+    "dry_run",
+    False,
+    "Build the abstract state on config.slice's mesh (simulated CPU devices), compile the rollout "
+    "and the update at the real shapes, print the per-device memory plan and exit (code 2 when it "
+    "does not fit).",
+)
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -64,6 +71,9 @@ def main(argv: list[str]) -> None:
         logging.set_verbosity(logging.WARNING)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; use --config.x.y=value overrides")
+    if _DRY_RUN.value:
+        _dry_run(_CONFIG.value)
+        return
     if _MULTIHOST.value or _COORDINATOR.value:
         from gspo_jax import distributed
 
@@ -81,6 +91,25 @@ def main(argv: list[str]) -> None:
         allow_config_change=_ALLOW_CONFIG_CHANGE.value,
         start_fresh=_START_FRESH.value,
     )
+
+
+def _dry_run(config) -> None:
+    """The memory plan on simulated CPU devices: the slice's device count must be set before JAX
+    starts its backend, so this runs before anything touches a device."""
+    import os
+
+    from gspo_jax import memory_plan
+
+    if "slice" not in config:
+        raise ConfigError("--dry_run needs config.slice (e.g. v5p-8): see configs/qwen3_gsm8k.py")
+    devices = memory_plan.get_slice(config.slice).devices
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
+    )
+    plan = memory_plan.plan(config)
+    print(memory_plan.format_plan(plan), flush=True)
+    memory_plan.check_fits(plan)
 
 
 def _config_spec(argv: list[str]) -> str | None:

@@ -49,7 +49,13 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from gspo_jax.models import attention_mask, effective_temperature, scale_logits
+from gspo_jax.models import (
+    attention_mask,
+    decode_mask,
+    effective_temperature,
+    scale_logits,
+    sequence_layout,
+)
 from gspo_jax.models.logprobs import token_logprob_entropy
 
 _TRACES = {"generate": 0}  # incremented at trace time; tests use it to prove "no recompile"
@@ -159,8 +165,7 @@ def prefill(
     G = num_samples
     n = prompt_lengths.astype(jnp.int32)  # [P]
     slot = jnp.arange(Lp, dtype=jnp.int32)
-    valid = slot[None, :] < n[:, None]  # [P, Lp]
-    pos = jnp.broadcast_to(slot, (P, Lp))
+    pos, valid = sequence_layout(n, Lp, 0)  # [P, Lp]: the prompt slots of the layout
     out = model.forward(
         prompts.astype(jnp.int32),
         pos,
@@ -208,7 +213,6 @@ def _generate(
     G, T = num_samples, max_new_tokens
     P, Lp = prompts.shape
     B, S = P * G, Lp + T
-    slot = jnp.arange(S, dtype=jnp.int32)
     settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     pre = prefill(
         model, prompts, prompt_lengths, num_samples=G, cache_len=S, return_routes=return_routes
@@ -235,11 +239,10 @@ def _generate(
         t = s.step
         q_slot = Lp + t - 1  # slot of the token being fed (sampled at step t - 1)
         prev = jax.lax.dynamic_slice_in_dim(s.tokens, t - 1, 1, axis=1)  # [B, 1]
-        key_valid = (slot[None, :] < n_b[:, None]) | ((slot >= Lp) & (slot <= q_slot))[None, :]
         o = model.forward(
             prev,
             (n_b + t - 1)[:, None],
-            key_valid[:, None, :],
+            decode_mask(n_b, Lp, T, q_slot),  # [B, 1, S]
             cache=s.cache,
             write_index=q_slot,
             return_routes=return_routes,

@@ -17,7 +17,9 @@ mlp, vocab, expert, expert_mlp), and a few activations are constrained with
 
 A mesh axis that does not divide a dimension is dropped for that array (e.g. 2 kv heads on a
 4-way tensor axis stay replicated) so every preset shards on every mesh without padding.
-Parameters are created already sharded: eval_shape -> shardings -> jit(init, out_shardings).
+Parameters are created already sharded (eval_shape -> state_shardings -> jit(init,
+out_shardings)) by models.create_model(cfg, seed=..., mesh=mesh); this module does not import
+the models package, which imports it.
 
 The rules are one fixed table (RULES): every preset and mesh so far shards well with it, and a
 table that could differ per run would have to be threaded through the model, the sampler, the
@@ -166,29 +168,6 @@ def with_shardings(abstract, shardings):
     )
 
 
-def create_sharded_model(cfg, mesh: jax.sharding.Mesh, rng_seed: int = 0):
-    """Transformer(cfg, rngs=nnx.Rngs(rng_seed)) with every parameter created already sharded.
-
-    The values equal the single-device model's (threefry is partitionable), so a sharded model
-    and an unsharded one with the same seed compute the same function.
-    """
-    from gspo_jax.models import Transformer  # late import: models imports this module
-
-    def build():
-        return Transformer(cfg, rngs=nnx.Rngs(rng_seed))
-
-    abstract = nnx.eval_shape(build)
-    graphdef, abs_state = nnx.split(abstract)
-    shardings = state_shardings(abs_state, mesh)
-
-    def init():
-        return nnx.state(build())
-
-    with jax.set_mesh(mesh):
-        state = jax.jit(init, out_shardings=shardings)()
-    return nnx.merge(graphdef, state)
-
-
 def row_spec(mesh: jax.sharding.Mesh) -> Any:
     """The PartitionSpec entry of a batch-row dimension: the batch rule's mesh axes of size > 1
     ("data", "fsdp", both as a tuple, or None on a mesh without data parallelism)."""
@@ -215,16 +194,3 @@ def shard_batch(batch, mesh: jax.sharding.Mesh):
 def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
     """A NamedSharding that puts a whole copy of an array on every device of ``mesh``."""
     return NamedSharding(mesh, PartitionSpec())
-
-
-def with_mesh_shardings(abstract, shardings, mesh: jax.sharding.Mesh):
-    """with_shardings, where any leaf whose sharding is not a NamedSharding on ``mesh`` (e.g. the
-    SingleDeviceSharding jit gives a scalar it creates, like Adam's step count) is replicated over
-    ``mesh`` instead: a restore target must put every leaf on the devices the step runs on."""
-
-    def fix(s):
-        if isinstance(s, NamedSharding) and s.mesh == mesh:
-            return s
-        return replicated(mesh)
-
-    return with_shardings(abstract, jax.tree.map(fix, shardings))

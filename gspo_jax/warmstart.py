@@ -242,7 +242,7 @@ def train(
             f"vocab_size=task.tokenizer.vocab_size)."
         )
     t0, callback_s = time.time(), 0.0
-    model = models.Transformer(model_cfg, rngs=nnx.Rngs(warm_cfg.seed))
+    model = models.create_model(model_cfg, seed=warm_cfg.seed)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = make_optimizer(warm_cfg)
     opt_state = tx.init(params)
@@ -313,7 +313,7 @@ def _restore(path: str, model_cfg: models.ModelConfig, mesh) -> nnx.Module:
     the model's mesh shardings, so each process of a multi-host run reads only its shards."""
     from gspo_jax import sharding
 
-    abstract = nnx.eval_shape(lambda: models.Transformer(model_cfg, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: models.create_model(model_cfg))
     graphdef, abs_state = nnx.split(abstract)
     target = abs_state
     if mesh is not None:

@@ -237,3 +237,51 @@ def test_chunked_logprobs_peak_memory_below_naive():
     chunked = lambda h, w, tok: models.chunked_logprobs(h, w, tok, 1.0, budget_bytes=2**20)
     temp = lambda f: jax.jit(f).lower(h, w, tok).compile().memory_analysis().temp_size_in_bytes
     assert temp(chunked) * 4 < temp(naive)
+
+
+def test_create_model_is_the_one_constructor_and_flags_keep_the_draws():
+    """create_model equals Transformer(cfg, rngs=nnx.Rngs(seed)); qk_norm / attention_bias only
+    remove or add parameters (zero biases), never shift the random draws of the others, and a
+    zero bias computes the same function as none."""
+    cfg = models.get_model_config("tiny", num_layers=1)
+    base = models.create_model(cfg, seed=3)
+    assert isinstance(base, models.Transformer) and isinstance(base, models.CausalLM)
+    ref = models.Transformer(cfg, rngs=nnx.Rngs(3))
+    for a, b in zip(jax.tree.leaves(nnx.state(base)), jax.tree.leaves(nnx.state(ref)), strict=True):
+        np.testing.assert_array_equal(a, b)
+    plain = models.create_model(
+        models.get_model_config("tiny", num_layers=1, qk_norm=False), seed=3
+    )
+    biased_cfg = models.get_model_config("tiny", num_layers=1, qk_norm=False, attention_bias=True)
+    biased = models.create_model(biased_cfg, seed=3)
+    assert not hasattr(plain.layers[0].attn, "q_norm") and hasattr(base.layers[0].attn, "q_norm")
+    attn = biased.layers[0].attn
+    assert attn.q_bias.shape == (cfg.num_heads, cfg.head_dim)
+    assert attn.k_bias.shape == attn.v_bias.shape == (cfg.num_kv_heads, cfg.head_dim)
+    assert not hasattr(base.layers[0].attn, "q_bias")
+    for m in (plain, biased):
+        np.testing.assert_array_equal(m.layers[0].attn.q_proj[...], base.layers[0].attn.q_proj[...])
+        np.testing.assert_array_equal(
+            m.layers[0].mlp.down_proj[...], base.layers[0].mlp.down_proj[...]
+        )
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 5)), jnp.int32)
+    without_norm = _causal_logits(plain, tokens)
+    assert float(jnp.max(jnp.abs(without_norm - _causal_logits(base, tokens)))) > 1e-4
+    np.testing.assert_array_equal(_causal_logits(biased, tokens), without_norm)
+    attn.k_bias.value = attn.k_bias[...] + 1.0
+    assert float(jnp.max(jnp.abs(_causal_logits(biased, tokens) - without_norm))) > 1e-4
+
+
+def test_decode_mask_is_the_teacher_forced_row():
+    """The sampler's decode-step mask is the row of the teacher-forced mask at its slot (and the
+    boolean the sampler used to build inline)."""
+    lengths = jnp.asarray(LENGTHS)
+    _, key_valid = models.sequence_layout(lengths, LP, T)
+    full = models.attention_mask(key_valid, jnp.arange(LP + T))  # [B, S, S]
+    slot = jnp.arange(LP + T)
+    for q in range(LP, LP + T):
+        got = models.decode_mask(lengths, LP, T, jnp.asarray(q))
+        assert got.shape == (len(LENGTHS), 1, LP + T)
+        np.testing.assert_array_equal(got[:, 0], full[:, q])
+        inline = (slot[None] < lengths[:, None]) | ((slot >= LP) & (slot <= q))[None]
+        np.testing.assert_array_equal(got[:, 0], inline)

@@ -57,7 +57,7 @@ def pair(request):
     mesh = sharding.make_mesh(MESHES[request.param])
     return (
         models.Transformer(cfg, rngs=nnx.Rngs(0)),
-        sharding.create_sharded_model(cfg, mesh, rng_seed=0),
+        models.create_model(cfg, seed=0, mesh=mesh),
         mesh,
     )
 

@@ -1,14 +1,26 @@
-"""Qwen3-style Flax NNX decoder (dense and MoE with Routing Replay) and per-token log-probs.
+"""Qwen3-style Flax NNX decoder (dense and MoE with Routing Replay), per-token log-probs, and
+Hugging Face checkpoint import/export.
 
     cfg = models.get_model_config("small", vocab_size=32)
-    model = models.Transformer(cfg, rngs=nnx.Rngs(0))
+    model = models.create_model(cfg, seed=0, mesh=None)       # the one constructor
+    model = models.load_hf_checkpoint(path, dtype="float32", mesh=None)
+    models.save_hf_checkpoint(model, path)
+    logits = model(input_ids)                                  # [B, S, V] float32
     out = models.response_logprobs(model, prompts, prompt_lengths, responses, temperature=1.0)
 
-See config.py (presets), layers.py (blocks, MoE), transformer.py (layout, model) and
-logprobs.py (chunked log-prob / entropy).
+The seam: the sampler, the log-prob path and the trainer use a model only through the CausalLM
+Protocol of interface.py (forward, logits, output_matrix, init_cache, cfg, __call__, and nnx.Param
+state with logical axis names). Qwen2.5 and Llama are flags on the same decoder (qk_norm,
+attention_bias), not copies of it.
+
+See config.py (presets, flags), layers.py (blocks, MoE), transformer.py (layout, masks, model,
+create_model), logprobs.py (chunked log-prob / entropy), interface.py (the seam) and hf.py
+(Hugging Face checkpoints).
 """
 
 from gspo_jax.models.config import PRESETS, ModelConfig, get_model_config
+from gspo_jax.models.hf import load_hf_checkpoint, save_hf_checkpoint
+from gspo_jax.models.interface import CausalLM
 from gspo_jax.models.logprobs import (
     chunked_logprobs,
     effective_temperature,
@@ -19,6 +31,8 @@ from gspo_jax.models.logprobs import (
 from gspo_jax.models.transformer import (
     Transformer,
     attention_mask,
+    create_model,
+    decode_mask,
     param_count,
     sequence_layout,
     unembed,
@@ -26,14 +40,19 @@ from gspo_jax.models.transformer import (
 
 __all__ = [
     "PRESETS",
+    "CausalLM",
     "ModelConfig",
     "Transformer",
     "attention_mask",
     "chunked_logprobs",
+    "create_model",
+    "decode_mask",
     "effective_temperature",
     "get_model_config",
+    "load_hf_checkpoint",
     "param_count",
     "response_logprobs",
+    "save_hf_checkpoint",
     "scale_logits",
     "sequence_layout",
     "token_logprob_entropy",

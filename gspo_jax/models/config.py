@@ -6,7 +6,12 @@ F SwiGLU hidden (dense MLP), E experts, k experts per token, Fe per-expert SwiGL
 The presets follow Qwen3 (the family the GSPO, LUSPO and GMPO papers train): RMSNorm, RoPE with
 theta 1e6, grouped-query attention with per-head q/k RMSNorm, SwiGLU, no biases. The three real
 shapes (qwen3_0_6b, qwen3_1_7b, qwen3_30b_a3b) are for abstract construction (nnx.eval_shape) in
-sharding and memory planning; importing real checkpoints is a weight mapping onto these modules.
+sharding and memory planning.
+
+Other families are flags on the same decoder, not copies of it (models/hf.py maps Hugging Face
+checkpoints onto them): Qwen2.5 is qk_norm=False, attention_bias=True; Llama (rope type "default")
+is qk_norm=False, attention_bias=False; Qwen3-MoE is num_experts > 0. The defaults are Qwen3's, so
+every preset builds the same parameters and computes the same function as before the flags.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ class ModelConfig:
     moe_mlp_dim: int = 64  # Fe
     norm_topk_prob: bool = True  # renormalise the top-k router weights to sum to 1 (Qwen3-MoE)
     tie_embeddings: bool = True
+    qk_norm: bool = True  # per-head RMSNorm of q and k before RoPE (Qwen3; not Qwen2.5 / Llama)
+    attention_bias: bool = False  # biases on the q/k/v projections (Qwen2.5), none on o
     rope_theta: float = 1_000_000.0
     rms_eps: float = 1e-6
     max_seq_len: int = 512  # prompt + response slots the sampler's KV cache may hold

@@ -1,5 +1,8 @@
 """Qwen3 building blocks: RMSNorm, rotary embedding, GQA attention with q/k norm, SwiGLU, MoE.
 
+Config flags select the other families on the same blocks: cfg.qk_norm (the per-head q/k RMSNorm
+of Qwen3; off for Qwen2.5 and Llama) and cfg.attention_bias (Qwen2.5's q/k/v biases).
+
 Dimension legend: B batch rows, S query slots, Sk key slots (the KV cache length when decoding),
 D hidden, H query heads, K kv heads, Gq = H // K query heads per kv head, Dh head dim,
 F SwiGLU hidden, E experts, k experts per token, Fe per-expert SwiGLU hidden.
@@ -42,6 +45,8 @@ def make_param(
     dtype = cfg.params_dtype
     if init == "ones":
         value = jnp.ones(shape, dtype)
+    elif init == "zeros":
+        value = jnp.zeros(shape, dtype)
     else:
         std = cfg.init_std if std is None else std
         value = _truncated_normal(rngs.params(), tuple(shape), dtype, float(std))
@@ -73,7 +78,8 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 
 
 class Attention(nnx.Module):
-    """Grouped-query attention with per-head q/k RMSNorm and an optional KV cache.
+    """Grouped-query attention with per-head q/k RMSNorm (cfg.qk_norm), optional q/k/v biases
+    (cfg.attention_bias) and an optional KV cache.
 
     The cache is a dict {"k": [B, K, Dh, Sk], "v": [B, K, Sk, Dh]}; new keys/values go to slot
     `write_index` (one scalar for all rows: the sampler's layout puts every row's t-th generated
@@ -87,8 +93,15 @@ class Attention(nnx.Module):
         self.k_proj = make_param(rngs, (D, K, Dh), ("embed", "kv_heads", "head_dim"), cfg)
         self.v_proj = make_param(rngs, (D, K, Dh), ("embed", "kv_heads", "head_dim"), cfg)
         self.o_proj = make_param(rngs, (H, Dh, D), ("heads", "head_dim", "embed"), cfg)
-        self.q_norm = RMSNorm(Dh, cfg, axes=("head_dim",))
-        self.k_norm = RMSNorm(Dh, cfg, axes=("head_dim",))
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(Dh, cfg, axes=("head_dim",))
+            self.k_norm = RMSNorm(Dh, cfg, axes=("head_dim",))
+        if cfg.attention_bias:
+            # Zero-initialised (as Hugging Face initialises Linear biases) and created after
+            # every random parameter, so turning the flag on leaves the other draws unchanged.
+            self.q_bias = make_param(None, (H, Dh), ("heads", "head_dim"), cfg, init="zeros")
+            self.k_bias = make_param(None, (K, Dh), ("kv_heads", "head_dim"), cfg, init="zeros")
+            self.v_bias = make_param(None, (K, Dh), ("kv_heads", "head_dim"), cfg, init="zeros")
 
     def __call__(self, x, positions, mask, cache=None, write_index=None):
         """x [B,S,D], positions [B,S], mask [B,S,Sk] bool -> (out [B,S,D], new cache or None)."""
@@ -100,8 +113,14 @@ class Attention(nnx.Module):
         q = jnp.einsum("bsd,dhk->bshk", x, self.q_proj[...].astype(cdt))
         k = jnp.einsum("bsd,dhk->bshk", x, self.k_proj[...].astype(cdt))
         v = jnp.einsum("bsd,dhk->bshk", x, self.v_proj[...].astype(cdt))
-        q = apply_rope(self.q_norm(q), positions, cfg.rope_theta)
-        k = apply_rope(self.k_norm(k), positions, cfg.rope_theta)
+        if cfg.attention_bias:
+            q = q + self.q_bias[...].astype(cdt)
+            k = k + self.k_bias[...].astype(cdt)
+            v = v + self.v_bias[...].astype(cdt)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, positions, cfg.rope_theta)
+        k = apply_rope(k, positions, cfg.rope_theta)
         # Heads-major layouts the two attention matmuls consume without a transpose: keys
         # [B, K, Dh, Sk] (contract Dh, keys in the minor dimension), values [B, K, Sk, Dh].
         # On XLA:CPU a decode step with keys as [B, K, Sk, Dh] was ~4x slower in the score

@@ -8,6 +8,11 @@ the right-padded prompt occupies slots [0, Lp) and the response slots [Lp, Lp + 
 prompt length n has valid prompt slots [0, n) at positions 0..n-1 and its t-th response token at
 slot Lp + t, position n + t; the padding slots [n, Lp) are masked out as keys. Every row's t-th
 response token sits at the same slot, so the sampler's KV-cache write is one dynamic_update_slice.
+The masks of this layout are built here only (sequence_layout, attention_mask, decode_mask): the
+teacher-forced pass, the sampler's prefill and its decode steps all call these functions.
+
+create_model is the one constructor of a model (unsharded, or created already sharded on a mesh);
+experiment.py, warmstart.py, models/hf.py and the tests build models through it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from flax import nnx
 
 from gspo_jax.models.config import ModelConfig
 from gspo_jax.models.layers import DecoderBlock, RMSNorm, make_param
-from gspo_jax.sharding import logical_constraint
+from gspo_jax.sharding import logical_constraint, state_shardings
 
 
 def sequence_layout(prompt_lengths: jax.Array, prompt_len: int, response_len: int):
@@ -37,6 +42,20 @@ def attention_mask(key_valid: jax.Array, query_slots: jax.Array) -> jax.Array:
     """[B, Sq, Sk] bool: key j visible from query slot q iff valid and j <= q (causal by slot)."""
     k_slot = jnp.arange(key_valid.shape[-1], dtype=jnp.int32)
     return key_valid[:, None, :] & (k_slot[None, None, :] <= query_slots[None, :, None])
+
+
+def decode_mask(
+    prompt_lengths: jax.Array, prompt_len: int, response_len: int, query_slot: jax.Array
+) -> jax.Array:
+    """[B, 1, S] bool mask of one cached decode step in the layout above.
+
+    The token fed at `query_slot` (a scalar >= prompt_len, traced in the sampler's loop) sees
+    its row's valid prompt slots and the response slots up to and including itself: the same
+    row of attention_mask that the teacher-forced pass uses, so decoding and response_logprobs
+    attend alike.
+    """
+    _, key_valid = sequence_layout(prompt_lengths, prompt_len, response_len)  # [B, S]
+    return attention_mask(key_valid, jnp.reshape(query_slot, (1,)).astype(jnp.int32))
 
 
 def unembed(hidden: jax.Array, w_out: jax.Array, dtype) -> jax.Array:
@@ -161,6 +180,31 @@ class Transformer(nnx.Module):
             key_valid = jnp.ones((B, S), bool)
         mask = attention_mask(key_valid, jnp.arange(S, dtype=jnp.int32))
         return self.logits(self.forward(tokens, positions, mask, token_mask=key_valid)["hidden"])
+
+
+def create_model(
+    cfg: ModelConfig, *, seed: int = 0, mesh: jax.sharding.Mesh | None = None
+) -> Transformer:
+    """Transformer(cfg, rngs=nnx.Rngs(seed)); with a mesh, every parameter is created already
+    sharded (docs/design.md convention 5).
+
+    The sharded path is eval_shape -> shardings from the parameters' logical axes
+    (gspo_jax/sharding.py) -> jit(init, out_shardings), so no device ever holds a parameter it
+    does not own. The values equal the unsharded model's with the same seed (threefry is
+    partitionable), so the two compute the same function. Under nnx.eval_shape this gives the
+    abstract model (shapes, dtypes, logical axes) without allocating.
+    """
+
+    def build() -> Transformer:
+        return Transformer(cfg, rngs=nnx.Rngs(seed))
+
+    if mesh is None:
+        return build()
+    graphdef, abs_state = nnx.split(nnx.eval_shape(build))
+    shardings = state_shardings(abs_state, mesh)
+    with jax.set_mesh(mesh):
+        state = jax.jit(lambda: nnx.state(build()), out_shardings=shardings)()
+    return nnx.merge(graphdef, state)
 
 
 def param_count(model: nnx.Module, active: bool = False) -> int:

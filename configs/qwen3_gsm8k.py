@@ -1,0 +1,110 @@
+r"""GSPO on GSM8K with a released Qwen3 model on a TPU pod slice: bf16 compute, float32 master
+weights, the GSPO paper's settings (ε 3e-4 / 4e-4, 4 minibatches per rollout batch).
+
+First check that the config fits the slice (simulated devices, compile only, no checkpoint
+needed):
+
+    python -m gspo_jax.main --config configs/qwen3_gsm8k.py:model=qwen3_0_6b,slice=v5p-8 \
+        --workdir /tmp/plan --dry_run
+
+then run it on every host of the slice (README "From a Qwen3 checkpoint to a pod run"):
+
+    python -m gspo_jax.main --config configs/qwen3_gsm8k.py:model=qwen3_0_6b,slice=v5p-8,\
+checkpoint=/mnt/shared/Qwen3-0.6B --workdir /mnt/shared/runs/qwen3_gsm8k --multihost
+
+Arguments: model (qwen3_0_6b, qwen3_1_7b, qwen3_30b_a3b), slice (v5p-8, v5p-32, v6e-8, ...: see
+gspo_jax/memory_plan.py), the mesh axes data / fsdp / tensor / expert (0 = the model's suggested
+layout on the slice, below), checkpoint (a Hugging Face checkpoint folder: config.json,
+*.safetensors, tokenizer.json, tokenizer_config.json), objective, seed, steps, prompts (per step),
+group, max_new_tokens, runlocal (the tiny preset on 8 simulated devices: the dry run in seconds).
+
+Suggested slices and meshes (rows of the README's dry-run table): qwen3_0_6b on v5p-8 (4 chips,
+fsdp=4), qwen3_1_7b on v5p-8 (fsdp=4), qwen3_30b_a3b on v5p-32 (16 chips, fsdp=4 x expert=4).
+Expected runtime and accuracy: not measured here (no accelerator); the dry-run figures are in the
+README.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+from ml_collections import config_dict
+
+from gspo_jax import config as config_lib
+
+# model -> (suggested slice, mesh axes on it)
+SUGGESTED = {
+    "qwen3_0_6b": ("v5p-8", dict(data=1, fsdp=4, tensor=1, expert=1)),
+    "qwen3_1_7b": ("v5p-8", dict(data=1, fsdp=4, tensor=1, expert=1)),
+    "qwen3_30b_a3b": ("v5p-32", dict(data=1, fsdp=4, tensor=1, expert=4)),
+    "tiny": ("v6e-8", dict(data=2, fsdp=4, tensor=1, expert=1)),
+}
+VOCAB = 151_936  # Qwen3's embedding rows (its tokenizer has 151,669 ids; the rest is padding)
+
+
+def _arith():
+    return config_lib.import_config_module(
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith.py")
+    )
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    a = config_lib.parse_arg(
+        arg,
+        runlocal=False,
+        model="qwen3_0_6b",
+        slice=config_dict.placeholder(str),
+        data=0,
+        fsdp=0,
+        tensor=0,
+        expert=0,
+        checkpoint="",
+        objective="gspo",
+        seed=0,
+        steps=200,
+        prompts=64,
+        group=8,
+        max_new_tokens=1024,
+    )
+    model = "tiny" if a.runlocal else a.model
+    if model not in SUGGESTED:
+        raise ValueError(f"model={model!r}; valid: {sorted(set(SUGGESTED) - {'tiny'})}")
+    suggested_slice, suggested_mesh = SUGGESTED[model]
+    c = _arith().base_config(False)
+    c.seed = a.seed
+    c.slice = a.slice or suggested_slice
+    axes = dict(data=a.data, fsdp=a.fsdp, tensor=a.tensor, expert=a.expert)
+    if any(axes.values()):
+        c.mesh = ml_collections.ConfigDict({k: v or 1 for k, v in axes.items()})
+    else:
+        c.mesh = ml_collections.ConfigDict(suggested_mesh)
+
+    c.task.name = "gsm8k"
+    c.task.kwargs = ml_collections.ConfigDict(dict(max_prompt_len=256, max_response_len=1024))
+    c.model.preset = model
+    c.model.dtype = "bfloat16"  # compute; parameters (master weights) stay float32
+    c.model.vocab_size = VOCAB if model != "tiny" else config_dict.placeholder(int)
+    c.init.kind = "hf" if a.checkpoint else "random"
+    c.init.checkpoint = a.checkpoint
+
+    c.objective.name = a.objective
+    if a.objective == "gspo":  # the GSPO paper's clipping range
+        c.objective.eps_low, c.objective.eps_high = 3e-4, 4e-4
+    c.rl.num_steps = a.steps
+    c.rl.prompts_per_step = a.prompts
+    c.rl.group_size = a.group
+    c.rl.max_new_tokens = a.max_new_tokens
+    c.rl.num_minibatches = 4
+    c.optimizer.learning_rate = 1e-6
+    c.optimizer.warmup_updates = 20
+    c.eval.every = 50
+    c.eval.num_problems = 256
+    c.eval.batch_size = 64
+    c.checkpoint.every = 20
+    if a.runlocal:
+        c.task.kwargs = ml_collections.ConfigDict(dict(max_prompt_len=64, max_response_len=32))
+        c.rl.prompts_per_step, c.rl.group_size, c.rl.max_new_tokens = 8, 4, 32
+        c.rl.num_steps = 2
+    c.lock()
+    return c

@@ -1,0 +1,77 @@
+"""The model seam: what the sampler, the log-prob path and the trainer need from a model.
+
+Dimension legend: B rows, S query slots, Sk key slots (the KV cache length when decoding),
+D hidden, V vocab, L layers, K kv heads, Dh head dim, k experts per token.
+
+Nothing outside gspo_jax/models/ calls more of a model than this Protocol:
+
+- gspo_jax/sampler.py: ``forward`` (prefill with a cache, then one-token decode steps writing the
+  cache at a slot), ``init_cache``, ``logits``, and ``cfg`` (vocab_size, max_seq_len, is_moe);
+- gspo_jax/models/logprobs.py (response_logprobs, which train_step.py, warmstart.py and
+  evaluation.py call): ``forward`` without a cache, ``output_matrix`` and ``cfg``
+  (compute_dtype, logprob_chunk_bytes, num_layers, experts_per_token);
+- gspo_jax/train_step.py, experiment.py, warmstart.py and evaluation.py: the model is an
+  ``nnx.Module`` whose trainable state is its ``nnx.Param`` variables (split with
+  ``nnx.split(model, nnx.Param, ...)``, merged back inside jit) and each Param carries logical axis
+  names in its ``out_sharding`` metadata (gspo_jax/sharding.py turns them into shardings);
+- tests and supervised code: ``__call__(tokens)`` -> causal logits [B, S, V] float32.
+
+The masks and positions a caller passes come from the layout helpers in models/transformer.py
+(sequence_layout, attention_mask, decode_mask), and a model is built by models.create_model (or
+loaded by models.load_hf_checkpoint). A new family is config flags on ModelConfig (qk_norm,
+attention_bias, tie_embeddings, num_experts, ...) or, if it cannot be, one module that satisfies
+this Protocol; the sampler and trainer then need no change.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+
+from gspo_jax.models.config import ModelConfig
+
+
+@runtime_checkable
+class CausalLM(Protocol):
+    """A decoder-only language model the sampler, response_logprobs and the trainer can drive."""
+
+    cfg: ModelConfig
+
+    def forward(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array,
+        mask: jax.Array,
+        *,
+        token_mask: jax.Array | None = None,
+        cache: list[dict[str, jax.Array]] | None = None,
+        write_index: Any = None,
+        routes: jax.Array | None = None,
+        return_routes: bool = False,
+    ) -> dict[str, Any]:
+        """tokens [B, S] int32, positions [B, S] int32, mask [B, S, Sk] bool ->
+        dict(hidden [B, S, D] final-normed, aux_loss scalar f32, cache (per layer, written at
+        slot write_index) or None, routes [L, B, S, k] int32 if return_routes (MoE))."""
+        ...
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """hidden [..., D] (final-normed) -> float32 logits [..., V]."""
+        ...
+
+    def output_matrix(self) -> jax.Array:
+        """[D, V] output projection; response_logprobs unembeds chunk by chunk with it."""
+        ...
+
+    def init_cache(self, batch: int, length: int) -> list[dict[str, jax.Array]]:
+        """A zeroed KV cache of `length` slots for `batch` rows, one entry per layer."""
+        ...
+
+    def __call__(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array | None = None,
+        key_valid: jax.Array | None = None,
+    ) -> jax.Array:
+        """Causal logits [B, S, V] float32 for left-aligned tokens [B, S]."""
+        ...
