@@ -67,7 +67,8 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     c.model.dtype = "float32"
 
     c.init = ml_collections.ConfigDict()
-    c.init.kind = "warmstart"  # or "random" (tests that need no good policy)
+    c.init.kind = "warmstart"  # or "random" (tests that need no good policy), or "hf"
+    c.init.checkpoint = ""  # kind "hf": a Hugging Face checkpoint folder (configs/qwen3_gsm8k.py)
     c.init.cache_dir = ""  # "" = $GSPO_JAX_CACHE or ~/.cache/gspo_jax
     # warmstart.get_base_model's warm_cfg, pinned field by field so that the base policy of this
     # experiment does not move when the library's defaults do (every field keys the cache).

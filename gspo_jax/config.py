@@ -457,7 +457,10 @@ def make_model_config(config: ml_collections.ConfigDict, task: Task) -> ModelCon
     # embedding is padded past its tokenizer: Qwen3's 151,936 rows for 151,669 tokens).
     fields = {"vocab_size": task.tokenizer.vocab_size, **model_overrides(config)}
     try:
-        cfg = models.get_model_config(preset, **fields)
+        if config.init.kind == "hf":
+            cfg = checkpoint_model_config(config)
+        else:
+            cfg = models.get_model_config(preset, **fields)
     except (TypeError, ValueError) as e:
         raise ConfigError(
             f"config.model (preset {preset!r}): {str(e).rstrip('.')}. Fix that field of "
@@ -469,6 +472,24 @@ def make_model_config(config: ml_collections.ConfigDict, task: Task) -> ModelCon
             f"{task.tokenizer.vocab_size} ids; unset it (the tokenizer's) or match the checkpoint"
         )
     return cfg
+
+
+def checkpoint_model_config(config: ml_collections.ConfigDict) -> ModelConfig:
+    """The model of config.init.checkpoint (its config.json; compute dtype config.model.dtype):
+    a run that starts from a released checkpoint takes its shapes from there, not a preset."""
+    import json
+
+    from gspo_jax import models
+
+    path = config.init.get("checkpoint", "")
+    cfg_file = os.path.join(path, "config.json")
+    if not path or not os.path.exists(cfg_file):
+        raise ConfigError(
+            f"config.init.kind='hf' needs config.init.checkpoint, a Hugging Face checkpoint folder "
+            f"with config.json and *.safetensors; {cfg_file!r} does not exist"
+        )
+    with open(cfg_file) as f:
+        return models.config_from_hf(json.load(f), dtype=config.model.dtype)
 
 
 def check_eval_split(config: ml_collections.ConfigDict, task: Task) -> None:

@@ -157,12 +157,17 @@ def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
         )
         _, params, _ = _split_model(model)
         params = jax.device_put(params, run.state_shardings)  # a no-op unless the rules differ
+    elif config.init.kind == "hf":  # a released checkpoint, read slice by slice onto the mesh
+        model = models.load_hf_checkpoint(
+            config.init.checkpoint, dtype=run.model_cfg.dtype, mesh=run.mesh
+        )
+        _, params, _ = _split_model(model)
     elif config.init.kind == "random":
         model = models.create_model(run.model_cfg, seed=config.seed, mesh=run.mesh)
         _, params, _ = _split_model(model)
     else:
         raise config_lib.ConfigError(
-            f"config.init.kind={config.init.kind!r}; valid: 'warmstart', 'random'"
+            f"config.init.kind={config.init.kind!r}; valid: 'warmstart', 'hf', 'random'"
         )
     return params, time.time() - t0
 

@@ -600,3 +600,29 @@ def test_matches_transformers(family, checkpoints, loaded, tmp_path):
         with torch.no_grad():
             want = ref(torch.as_tensor(ids, dtype=torch.long)).logits.double().numpy()
         _assert_close_relative(ours, want)
+
+
+def test_a_run_starts_from_a_checkpoint_folder(shared, tmp_path):
+    """config.init.kind='hf': the model's shapes come from the folder's config.json and its
+    weights are the checkpoint's (here an export of the arith task's tiny model)."""
+    from trainer_runs import make_config
+
+    from gspo_jax import config as config_lib
+    from gspo_jax import experiment, trainer
+
+    cfg = make_config(shared, num_devices=1)
+    cfg.rl.num_steps, cfg.eval.num_problems = 1, 0
+    task = experiment.make_task(cfg)
+    source = models.create_model(experiment.build_model_config(cfg, task), seed=7)
+    models.save_hf_checkpoint(source, str(tmp_path / "ckpt"))
+    cfg.init.kind = "hf"
+    cfg.init.checkpoint = str(tmp_path / "ckpt")
+    run = experiment.build_run(cfg)
+    params, _ = experiment.base_params(run)
+    expected = nnx.state(source, nnx.Param)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert trainer.train(cfg, str(tmp_path / "run"))["steps"] == 1
+    cfg.init.checkpoint = str(tmp_path / "missing")
+    with pytest.raises(config_lib.ConfigError, match="needs config.init.checkpoint"):
+        config_lib.validate(cfg, None)

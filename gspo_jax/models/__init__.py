@@ -19,7 +19,7 @@ create_model), logprobs.py (chunked log-prob / entropy), interface.py (the seam)
 """
 
 from gspo_jax.models.config import PRESETS, ModelConfig, get_model_config
-from gspo_jax.models.hf import load_hf_checkpoint, save_hf_checkpoint
+from gspo_jax.models.hf import config_from_hf, load_hf_checkpoint, save_hf_checkpoint
 from gspo_jax.models.interface import CausalLM
 from gspo_jax.models.logprobs import (
     chunked_logprobs,
@@ -49,6 +49,7 @@ __all__ = [
     "decode_mask",
     "effective_temperature",
     "get_model_config",
+    "config_from_hf",
     "load_hf_checkpoint",
     "param_count",
     "response_logprobs",
