@@ -28,6 +28,9 @@ setup(
         "tensorboardX>=2.6",
         "matplotlib>=3.8",
         "safetensors>=0.4.3",  # Hugging Face checkpoints (models/hf.py)
+        "tokenizers>=0.20,<1",  # a checkpoint's tokenizer.json (tasks/hf_tokenizer.py)
+        "jinja2>=3.1,<4",  # its chat template
+        "math-verify>=0.7.0,<1",  # GSM8K / MATH answer equivalence (tasks/math_answers.py)
     ],
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.5", "scipy>=1.11"],

@@ -87,6 +87,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.vocab_size = VOCAB if model != "tiny" else config_dict.placeholder(int)
     c.init.kind = "hf" if a.checkpoint else "random"
     c.init.checkpoint = a.checkpoint
+    if a.checkpoint:  # its tokenizer.json and chat template: prompts text -> template -> ids
+        c.task.kwargs.tokenizer_path = a.checkpoint
 
     c.objective.name = a.objective
     if a.objective == "gspo":  # the GSPO paper's clipping range
@@ -103,7 +105,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.batch_size = 64
     c.checkpoint.every = 20
     if a.runlocal:
-        c.task.kwargs = ml_collections.ConfigDict(dict(max_prompt_len=64, max_response_len=32))
+        c.task.kwargs.max_prompt_len, c.task.kwargs.max_response_len = 64, 32
         c.rl.prompts_per_step, c.rl.group_size, c.rl.max_new_tokens = 8, 4, 32
         c.rl.num_steps = 2
     c.lock()

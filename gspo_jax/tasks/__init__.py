@@ -3,10 +3,14 @@
     task = tasks.get_task("arith", max_digits=5)      # default task (worked vs direct answers)
     task = tasks.get_task("countdown", num_numbers=4)  # partial-credit task
     task = tasks.get_task("gsm8k")                     # TFDS catalogue data, read from data_dir
+    task = tasks.get_task("gsm8k", tokenizer_path=ckpt)  # a checkpoint's tokenizer + chat template
 
 Each task has ``tokenizer`` (encode/decode/vocab_size/pad_id/eos_id), ``max_prompt_len`` (Lp),
 ``max_response_len`` (T that fits every demonstration), ``config`` (all knobs) and
 ``score(batch, responses [B, T], response_mask [B, T], group_size) -> dict of float32 [B]``.
+Tokenizers: CharTokenizer (the generated tasks) or HFTokenizer (a released model's tokenizer.json
+and chat template, hf_tokenizer.py). Math answers (extraction, equivalence by math-verify):
+math_answers.py.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import inspect
 from gspo_jax.tasks.arithmetic import ArithmeticTask
 from gspo_jax.tasks.countdown import CountdownTask, parse_expression
 from gspo_jax.tasks.gsm8k import Gsm8kTask
+from gspo_jax.tasks.hf_tokenizer import HFTokenizer
 from gspo_jax.tasks.task import Task, Verdict
 from gspo_jax.tasks.tokenizer import CharTokenizer
 
@@ -27,6 +32,7 @@ __all__ = [
     "CharTokenizer",
     "CountdownTask",
     "Gsm8kTask",
+    "HFTokenizer",
     "Task",
     "Verdict",
     "get_task",
