@@ -626,3 +626,25 @@ def test_a_run_starts_from_a_checkpoint_folder(shared, tmp_path):
     cfg.init.checkpoint = str(tmp_path / "missing")
     with pytest.raises(config_lib.ConfigError, match="needs config.init.checkpoint"):
         config_lib.validate(cfg, None)
+
+
+def test_a_trained_run_exports_to_a_checkpoint_folder(single, tmp_path):
+    """experiments/export_hf.py: the newest checkpoint's parameters, as a loadable folder."""
+    import importlib.util
+
+    from trainer_runs import REPO, final_params
+
+    spec = importlib.util.spec_from_file_location(
+        "export_hf", os.path.join(REPO, "experiments", "export_hf.py")
+    )
+    export_hf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(export_hf)
+    assert export_hf.export(single[0], str(tmp_path / "out")) == 4
+    loaded = models.load_hf_checkpoint(str(tmp_path / "out"))
+    trained = final_params(single[0])["params"]
+    got = nnx.to_pure_dict(nnx.state(loaded, nnx.Param))
+    flat_got = sorted(jax.tree_util.tree_flatten_with_path(got)[0], key=lambda kv: str(kv[0]))
+    flat_want = sorted(jax.tree_util.tree_flatten_with_path(trained)[0], key=lambda kv: str(kv[0]))
+    assert len(flat_got) == len(flat_want) > 0
+    for (_, a), (_, b) in zip(flat_got, flat_want, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
