@@ -16,7 +16,8 @@ Arguments: model (qwen3_0_6b, qwen3_1_7b, qwen3_30b_a3b), slice (v5p-8, v5p-32, 
 gspo_jax/memory_plan.py), the mesh axes data / fsdp / tensor / expert (0 = the model's suggested
 layout on the slice, below), checkpoint (a Hugging Face checkpoint folder: config.json,
 *.safetensors, tokenizer.json, tokenizer_config.json), objective, seed, steps, prompts (per step),
-group, max_new_tokens, runlocal (the tiny preset on 8 simulated devices: the dry run in seconds).
+group, max_new_tokens, micro (micro-batches per minibatch; 0 = the suggested count below),
+runlocal (the tiny preset on 8 simulated devices: the dry run in seconds).
 
 Suggested slices and meshes (rows of the README's dry-run table): qwen3_0_6b on v5p-8 (4 chips,
 fsdp=4), qwen3_1_7b on v5p-8 (fsdp=4), qwen3_30b_a3b on v5p-32 (16 chips, fsdp=4 x expert=4).
@@ -33,12 +34,15 @@ from ml_collections import config_dict
 
 from gspo_jax import config as config_lib
 
-# model -> (suggested slice, mesh axes on it)
+# model -> (suggested slice, mesh axes on it, micro-batches per minibatch). A minibatch is 128
+# rows of 1,280 slots: its activations for the backward pass do not fit in one go (the dry run
+# measures 374 GiB per device for qwen3_1_7b on v5p-8 without micro-batches), so each minibatch's
+# gradient is accumulated over micro-batches (global normalisation keeps it the same gradient).
 SUGGESTED = {
-    "qwen3_0_6b": ("v5p-8", dict(data=1, fsdp=4, tensor=1, expert=1)),
-    "qwen3_1_7b": ("v5p-8", dict(data=1, fsdp=4, tensor=1, expert=1)),
-    "qwen3_30b_a3b": ("v5p-32", dict(data=1, fsdp=4, tensor=1, expert=4)),
-    "tiny": ("v6e-8", dict(data=2, fsdp=4, tensor=1, expert=1)),
+    "qwen3_0_6b": ("v5p-8", dict(data=1, fsdp=4, tensor=1, expert=1), 16),
+    "qwen3_1_7b": ("v5p-8", dict(data=1, fsdp=4, tensor=1, expert=1), 16),
+    "qwen3_30b_a3b": ("v5p-32", dict(data=1, fsdp=4, tensor=1, expert=4), 16),
+    "tiny": ("v6e-8", dict(data=2, fsdp=4, tensor=1, expert=1), 1),
 }
 VOCAB = 151_936  # Qwen3's embedding rows (its tokenizer has 151,669 ids; the rest is padding)
 
@@ -66,11 +70,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         prompts=64,
         group=8,
         max_new_tokens=1024,
+        micro=0,
     )
     model = "tiny" if a.runlocal else a.model
     if model not in SUGGESTED:
         raise ValueError(f"model={model!r}; valid: {sorted(set(SUGGESTED) - {'tiny'})}")
-    suggested_slice, suggested_mesh = SUGGESTED[model]
+    suggested_slice, suggested_mesh, suggested_micro = SUGGESTED[model]
     c = _arith().base_config(False)
     c.seed = a.seed
     c.slice = a.slice or suggested_slice
@@ -98,6 +103,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rl.group_size = a.group
     c.rl.max_new_tokens = a.max_new_tokens
     c.rl.num_minibatches = 4
+    c.rl.num_microbatches = a.micro or suggested_micro
     c.optimizer.learning_rate = 1e-6
     c.optimizer.warmup_updates = 20
     c.eval.every = 50

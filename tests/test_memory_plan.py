@@ -40,7 +40,7 @@ def test_optimizer_state_is_sharded_like_the_parameters():
 @pytest.mark.slow
 def test_dry_run_of_qwen3_0_6b_on_eight_devices():
     cfg = config_lib.load_config_file(
-        QWEN + ":model=qwen3_0_6b,slice=v6e-8,fsdp=8,prompts=16,group=2,max_new_tokens=16"
+        QWEN + ":model=qwen3_0_6b,slice=v6e-8,fsdp=8,prompts=16,group=2,max_new_tokens=16,micro=1"
     )
     plan = memory_plan.plan(cfg)
     run = exp.build_run(cfg)
