@@ -20,7 +20,8 @@ group, max_new_tokens, micro (micro-batches per minibatch; 0 = the suggested cou
 runlocal (the tiny preset on 8 simulated devices: the dry run in seconds).
 
 Suggested slices and meshes (rows of the README's dry-run table): qwen3_0_6b on v5p-8 (4 chips,
-fsdp=4), qwen3_1_7b on v5p-8 (fsdp=4), qwen3_30b_a3b on v5p-32 (16 chips, fsdp=4 x expert=4).
+fsdp=4, 16 micro-batches), qwen3_1_7b on v5p-8 (fsdp=4, 16), qwen3_30b_a3b on v5p-128 (64 chips,
+fsdp=4 x expert=16, 32 micro-batches).
 Expected runtime and accuracy: not measured here (no accelerator); the dry-run figures are in the
 README.
 """
@@ -41,7 +42,10 @@ from gspo_jax import config as config_lib
 SUGGESTED = {
     "qwen3_0_6b": ("v5p-8", dict(data=1, fsdp=4, tensor=1, expert=1), 16),
     "qwen3_1_7b": ("v5p-8", dict(data=1, fsdp=4, tensor=1, expert=1), 16),
-    "qwen3_30b_a3b": ("v5p-32", dict(data=1, fsdp=4, tensor=1, expert=4), 16),
+    # The MoE layer runs every token through its device's experts (a dense dispatch), so the
+    # update's activations scale with experts per device: expert=16 on v5p-128 (64 chips) fits,
+    # v5p-32 (expert=4) and v5p-64 (expert=8) do not (README dry-run table).
+    "qwen3_30b_a3b": ("v5p-128", dict(data=1, fsdp=4, tensor=1, expert=16), 32),
     "tiny": ("v6e-8", dict(data=2, fsdp=4, tensor=1, expert=1), 1),
 }
 VOCAB = 151_936  # Qwen3's embedding rows (its tokenizer has 151,669 ids; the rest is padding)
