@@ -33,7 +33,7 @@ setup(
         "math-verify>=0.7.0,<1",  # GSM8K / MATH answer equivalence (tasks/math_answers.py)
     ],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6.100", "ruff>=0.5", "scipy>=1.11"],
+        "test": ["pytest>=8", "hypothesis>=6.100", "ruff==0.17.6", "scipy>=1.11"],
         # Peers for the sampler benchmark only; tests and CI never need them.
         "peers": ["google-tunix", "transformers", "torch==2.13.0"],
     },

@@ -138,13 +138,17 @@ class DataIteratorRestore(ocp.args.CheckpointArgs):
 
 
 class _MuteOrbaxBackgroundErrors(logging.Filter):
-    """Drops orbax's ERROR records with tracebacks from its background save thread: a failed save
-    is reported once, in one line, by Checkpointer.check_background (a disk-full save otherwise
-    prints ~100 tracebacks)."""
+    """Drops orbax's ERROR records of a failed background save (their tracebacks): the failure is
+    reported once, in one line, by Checkpointer.check_background (a disk-full save otherwise
+    prints ~100 tracebacks). Every other orbax error (say, failing to delete an old step) passes."""
+
+    SAVE_FAILURES = ("raised an exception", "background save thread", "Save Finalize thread")
 
     def filter(self, record: logging.LogRecord) -> bool:
         from_orbax = "orbax" in (record.pathname or "")
-        return not (from_orbax and record.levelno >= logging.ERROR and record.exc_info)
+        if not (from_orbax and record.levelno >= logging.ERROR and record.exc_info):
+            return True
+        return not any(m in record.getMessage() for m in self.SAVE_FAILURES)
 
 
 _MUTE = _MuteOrbaxBackgroundErrors()
@@ -265,18 +269,41 @@ class Checkpointer:
     def check_background(self, wait: bool = False) -> None:
         """Raises CheckpointSaveError if the last asynchronous save has failed (a no-op while it is
         still being written, unless ``wait``, and after it committed). Cheap: call it after every
-        step."""
-        if self._pending is None or (self._manager.is_saving_in_progress() and not wait):
+        step. On a multi-host run every process calls it at the same steps and they agree (one
+        all-gather): a save that failed on any process fails on all of them, at the same step."""
+        multi = jax.process_count() > 1
+        if self._pending is None and not multi:
+            return
+        error, done = None, True
+        if self._pending is not None:
+            done = wait or not self._manager.is_saving_in_progress()
+            if done:
+                error = self._finish()
+        if multi:
+            flags = _gather([error is not None, done])
+            if flags[:, 0].any():
+                if error is None and self._pending is not None:
+                    error = self._finish() or RuntimeError("the save failed on another process")
+                done = True
+            elif not flags[:, 1].all():
+                return
+        if not done or self._pending is None:
             return
         step, self._pending = self._pending, None
+        if error is not None:
+            raise self._save_error(step, error) from error
+        self._committed = step
+
+    def _finish(self) -> BaseException | None:
+        """Waits for the save in flight; its exception, if it failed."""
         try:
             self._manager.wait_until_finished()
             self._manager.check_for_errors()
-        except Exception as e:  # noqa: BLE001
-            raise self._save_error(step, e) from e
-        if step not in self._manager.all_steps():
-            raise self._save_error(step, RuntimeError("the step folder was not committed"))
-        self._committed = step
+            if self._pending not in self._manager.all_steps():
+                raise RuntimeError("the step folder was not committed")
+        except Exception as e:  # noqa: BLE001 (reported by the caller, in one line)
+            return e
+        return None
 
     def restore(
         self, step: int, abstract_state: Any, data_iterator: Any, *, any_process_count: bool = False
@@ -326,38 +353,47 @@ class Checkpointer:
     ) -> tuple[int, Any, dict] | None:
         """Restores the newest readable checkpoint: (step, state, meta), or None if there is none.
 
-        An unreadable step is reported in one line (which step, which file, why), moved aside to
-        ``<step>.unreadable-<time>`` and the next newest is tried. All unreadable: CheckpointError.
+        Steps are tried newest first. Only once an older step restores are the newer ones that
+        failed taken as unreadable: each is reported in one line (which step, which file, why) and
+        moved aside to ``<step>.unreadable-<time>``. The same target restored the older step, so
+        their failure is the files', not a changed config, process count or memory. If no step
+        restores, nothing is moved and CheckpointError gives every step's reason. On a multi-host
+        run the processes agree on each attempt (one all-gather), so all of them fall back alike.
         """
         steps = sorted(self.all_steps(), reverse=True)
         if not steps:
             return None
-        bad = []
+        failed = []  # (step, one-line reason)
         for step in steps:
+            error = None
             try:
                 state, meta = self.restore(
                     step, abstract_state, data_iterator, any_process_count=any_process_count
                 )
-            except Exception as e:  # noqa: BLE001 (any unreadable checkpoint: fall back)
-                where = _file_in(e, self._step_dir(step)) or self._step_dir(step)
-                bad.append(step)
-                older = [s for s in steps if s < step]
-                then = f"falling back to step {older[0]}" if older else "no older checkpoint"
-                report(
-                    f"checkpoint step {step} is unreadable ({where}: {_one_line(e)}); "
-                    f"moved aside; {then}"
-                )
-                self._move_aside(step)
+            except Exception as e:  # noqa: BLE001 (judged below, against the older steps)
+                error = e
+            if _gather([error is not None]).any():
+                where, why = self._step_dir(step), "failed on another process"
+                if error is not None:
+                    where, why = _file_in(error, where) or where, _one_line(error)
+                failed.append((step, f"{where}: {why}"))
                 continue
-            if bad:
+            for bad, reason in failed:
+                report(
+                    f"checkpoint step {bad} is unreadable ({reason}); moved aside; falling back "
+                    f"to step {step}"
+                )
+                self._move_aside(bad)
+            if failed:
                 self._manager.reload()
             self._committed = step
             return step, state, meta
-        self._manager.reload()
+        reasons = "; ".join(f"step {st}: {why}" for st, why in failed)
         raise CheckpointError(
-            f"no readable checkpoint in {self.directory} (steps {sorted(bad)} moved aside as "
-            "<step>.unreadable-*): move the folder away to keep it, or rerun with --start_fresh "
-            "to start from step 0 (the folder is moved aside, not deleted)"
+            f"no checkpoint in {self.directory} could be restored ({reasons}). If the config "
+            "changed, rerun with the config the checkpoints were written with; otherwise move "
+            "the folder away to keep it, or rerun with --start_fresh to start from step 0 (the "
+            "folder is moved aside, not deleted)"
         )
 
     def _move_aside(self, step: int) -> None:
@@ -414,6 +450,19 @@ def move_aside(directory: str) -> str | None:
             os.replace(directory, new)
     _sync_processes("gspo_jax_ckpt_move_aside")
     return new
+
+
+def _gather(flags: list[bool]) -> np.ndarray:
+    """[processes, len(flags)] booleans: every process's ``flags`` (one all-gather; called by
+    every process at the same point, so all take the same decision)."""
+    local = np.asarray([flags], bool)
+    if jax.process_count() == 1:
+        return local
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(local.astype(np.int32)), bool).reshape(
+        -1, len(flags)
+    )
 
 
 def _sync_processes(name: str) -> None:

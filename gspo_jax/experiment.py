@@ -12,6 +12,7 @@ Dimension legend: none (configuration objects and parameter pytrees).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import time
@@ -200,7 +201,7 @@ def cache_dir_of(config) -> str:
 def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
     """Validates ``config`` (ConfigError naming the fix) and builds everything but the state."""
     config_lib.validate(config, workdir)
-    config = ml_collections.ConfigDict(config)  # a private copy
+    config = copy.deepcopy(config)  # a private copy (resolving max_new_tokens writes into it)
     rl = config.rl
     mesh = sharding.make_mesh(dict(config.mesh), devices=config_lib.mesh_devices(config))
     task = make_task(config)

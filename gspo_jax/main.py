@@ -102,8 +102,12 @@ def _dry_run(config) -> None:
 
     if "slice" not in config:
         raise ConfigError("--dry_run needs config.slice (e.g. v5p-8): see configs/qwen3_gsm8k.py")
+    import jax
+
     devices = memory_plan.get_slice(config.slice).devices
-    os.environ["JAX_PLATFORMS"] = "cpu"
+    # jax is imported (the config imports it) but no backend has started: both settings still
+    # apply. The environment variable JAX_PLATFORMS would not: jax read it at import.
+    jax.config.update("jax_platforms", "cpu")
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
     )

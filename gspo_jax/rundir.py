@@ -12,9 +12,12 @@ any field outside SAFE_TO_CHANGE, listing the changed fields, unless the user pa
 leaves the record of what ran untouched.
 
 Fields safe to change on resume (they change when, where or how often, not what is trained):
-the step budget (rl.num_steps), evaluation settings (eval.*), logging (log.*), checkpoint cadence
-(checkpoint.*), the device layout (mesh.*, num_devices: a run may resume on another device count)
-and the locations of the data and warm-start caches (data.data_dir, init.cache_dir).
+the step budget (rl.num_steps, with a constant learning rate: a decaying schedule is stretched to
+the new length, so there it is a change), evaluation settings (eval.*), logging (log.*),
+checkpoint cadence (checkpoint.*), the device layout (mesh.*, num_devices, slice: a run may
+resume on another device count), micro-batching (rl.num_microbatches: the same gradient, summed
+in another order) and the locations of the data and warm-start caches (data.data_dir,
+init.cache_dir).
 
 No array dimensions here.
 """
@@ -36,6 +39,8 @@ SAFE_TO_CHANGE = (
     "checkpoint.",
     "mesh.",
     "num_devices",
+    "slice",
+    "rl.num_microbatches",
     "data.data_dir",
     "init.cache_dir",
 )
@@ -53,7 +58,12 @@ def config_hash(config: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def is_safe(key: str) -> bool:
+def is_safe(key: str, config: Mapping[str, Any] | None = None) -> bool:
+    """Whether changing ``key`` on resume keeps the experiment (see the module docstring)."""
+    if key == "rl.num_steps" and config is not None:
+        schedule = config_lib.flatten(config_dict(config)).get("optimizer.schedule", "constant")
+        if schedule != "constant":
+            return False  # the decay would be stretched to the new length mid-run
     return any(key == s or (s.endswith(".") and key.startswith(s)) for s in SAFE_TO_CHANGE)
 
 
@@ -74,8 +84,8 @@ def check_resume_config(
     if saved is None:
         return []
     changes = changed_fields(saved, config)
-    unsafe = [c for c in changes if not is_safe(c[0])]
-    safe = [c for c in changes if is_safe(c[0])]
+    unsafe = [c for c in changes if not is_safe(c[0], config)]
+    safe = [c for c in changes if is_safe(c[0], config)]
     notes = [f"resuming with changed {_fmt(safe)}"] if safe else []
     if unsafe and not allow_change:
         raise config_lib.ConfigError(
@@ -146,10 +156,13 @@ def cut_metrics(workdir: str, keep_until: int) -> str | None:
     for line in lines:
         try:
             if json.loads(line)["step"] <= keep_until:
-                kept.append(line)
+                kept.append(line if line.endswith("\n") else line + "\n")
         except (json.JSONDecodeError, KeyError, TypeError):
             continue
     if len(kept) == len(lines):
+        if lines and not lines[-1].endswith("\n"):  # complete, but the newline was cut off
+            with open(path, "a") as f:
+                f.write("\n")
         return None
     n = 1
     while os.path.exists(os.path.join(workdir, f"metrics.{n}.jsonl")):

@@ -77,6 +77,8 @@ def step_keys(rng: jax.Array, step: int) -> dict[str, jax.Array]:
     return {
         "rollout": jax.random.key_data(jax.random.fold_in(key, 0)),
         "shuffle": jax.random.key_data(jax.random.fold_in(key, 1)),
+        # dynamic sampling's extra generation batches g = 1, 2, ...: fold_in(resample, g)
+        "resample": jax.random.key_data(jax.random.fold_in(key, 2)),
     }
 
 
@@ -458,12 +460,13 @@ def make_prepare_fn(run: Run):
             k: jax.lax.with_sharding_constraint(v, sharding.rows_sharding(run.mesh, v.ndim))
             for k, v in batch.items()
         }
-        lens = sample.mask.sum(-1)  # [B]
+        lens = sample.mask.sum(-1)  # [B]; 0 only for dynamic sampling's masked filler rows
         has_eos = ((sample.tokens == eos_id) & (sample.mask > 0)).any(-1)
+        rows = jnp.maximum((lens > 0).sum(), 1)
         m = {
-            "response_len_mean": lens.mean(),
+            "response_len_mean": lens.sum() / rows,
             "response_len_max": lens.max(),
-            "truncated_frac": ((~has_eos) & (lens >= T)).mean(),
+            "truncated_frac": ((~has_eos) & (lens >= T)).sum() / rows,
             "frac_zero_std_groups": adv_metrics["frac_zero_std_groups"],
             "reward_std": adv_metrics["reward_std"],
             "adv_abs_mean": jnp.abs(adv).mean(),
@@ -575,12 +578,17 @@ def rl_step(
     prompt batches are drawn with ``more_batches()`` (the trainer's data iterator, whose state is
     checkpointed after the step, so a resume replays the same draws) until P groups carry a
     signal or config.rl.max_gen_batches rollouts were made; generation batch g samples with
-    fold_in(rollout key, g), so a run is a pure function of (seed, step) as before.
+    fold_in(the step's resample key, g), so a run is a pure function of (seed, step) as before.
 
     Phases are timed with block_until_ready at their boundaries (time/rollout_s, time/reward_s,
     time/logp_s for the optional old/ref passes and advantages, time/update_s).
     """
     rl, mesh = run.config.rl, run.mesh
+    if rl.dynamic_sampling and more_batches is None:
+        raise ValueError(
+            "config.rl.dynamic_sampling draws more prompt batches: pass more_batches= (a callable "
+            "returning this process's next batch, e.g. lambda: next(data_iterator))"
+        )
     step = int(jax.device_get(state.step))
     t_start = time.time()
     keys = step_keys(np.asarray(jax.device_get(state.rng)), step)
@@ -592,7 +600,8 @@ def rl_step(
         t0 = time.time()
         key = keys["rollout"]
         if g > 0:
-            key = jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(key), g))
+            resample = jax.random.wrap_key_data(keys["resample"])
+            key = jax.random.key_data(jax.random.fold_in(resample, g))
         prompts = distributed.to_global(batch_local["prompt"].astype(np.int32), mesh)
         lengths = distributed.to_global(batch_local["prompt_length"].astype(np.int32), mesh)
         with sharding.use_mesh(mesh):

@@ -43,7 +43,6 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import threading
 import time
 
@@ -133,21 +132,18 @@ class StopSignals:
         self._previous = {}
 
     def _handle(self, signum, frame):
+        # os.write, not print: a handler may run inside an interrupted write to the same stream.
         if self.signum and signum == signal.SIGINT:
-            print(
-                "\nsecond interrupt: exiting now (a save in flight is abandoned; the previous "
-                "checkpoint is intact)",
-                file=sys.stderr,
-                flush=True,
+            os.write(
+                2,
+                b"\nsecond interrupt: exiting now (a save in flight is abandoned; the previous "
+                b"checkpoint is intact)\n",
             )
             os._exit(128 + signum)
         self.signum = self.signum or signum
-        print(
-            f"\n{signal.Signals(signum).name}: stopping after this step and saving it "
-            "(Ctrl-C again to exit at once)",
-            file=sys.stderr,
-            flush=True,
-        )
+        name = signal.Signals(signum).name
+        note = f"\n{name}: stopping after this step and saving it (Ctrl-C again to exit at once)\n"
+        os.write(2, note.encode())
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -207,6 +203,10 @@ def train(
         moved = checkpoint_lib.move_aside(ckpt_dir)
         if moved:
             notes.append(f"--start_fresh: moved {ckpt_dir} aside to {moved}")
+        for name in ("summary.json", "base_eval.json"):  # they describe the run moved aside
+            path = os.path.join(workdir, name)
+            if metrics_lib.is_writer_process() and os.path.exists(path):
+                os.replace(path, f"{path}.moved-{time.strftime('%Y%m%d-%H%M%S')}")
 
     # ---- data, checkpoints, config identity, logs (nothing is written before the config check)
     data_iter = distributed.make_data_iterator(config, run.task)
@@ -304,8 +304,13 @@ def train(
                 )
                 done = step + 1
                 if metrics_lib.non_finite(m):
-                    ckpt.wait()  # the last good checkpoint is committed before the error
-                    metrics_lib.check_finite(m, done, on_disk=ckpt.describe())
+                    on_disk = ckpt.describe()
+                    try:  # the last good checkpoint is committed before the error
+                        ckpt.check_background(wait=True)
+                        on_disk = ckpt.describe()
+                    except checkpoint_lib.CheckpointSaveError as e:
+                        on_disk += f" (and: {e})"
+                    metrics_lib.check_finite(m, done, on_disk=on_disk)
                 ckpt.check_background()  # a failed save of an earlier step surfaces here
                 due = done == rl.num_steps or (config.eval.every and done % config.eval.every == 0)
                 if due and config.eval.num_problems > 0:

@@ -178,10 +178,25 @@ def test_no_readable_checkpoint_is_one_error_naming_the_choices(tmp_path):
     _empty_step_folder(tmp_path / "2")
     ck = checkpoint.Checkpointer(str(tmp_path), save_every=1)
     lines = []
-    with pytest.raises(checkpoint.CheckpointError, match="no readable checkpoint") as e:
+    with pytest.raises(checkpoint.CheckpointError, match="could be restored") as e:
         ck.restore_latest(_ABS, _BytesIterator(), report=lines.append)
-    assert "--start_fresh" in str(e.value) and str(tmp_path) in str(e.value)
-    assert len(lines) == 2
+    msg = str(e.value)
+    assert "--start_fresh" in msg and str(tmp_path) in msg and "\n" not in msg
+    assert "step 2: " in msg and "step 1: " in msg and "the step folder is empty" in msg
+    assert lines == [] and ck.all_steps() == [1, 2]  # nothing moved: nothing proves them corrupt
+    ck.close()
+
+
+def test_a_checkpoint_of_another_structure_is_not_moved_aside(tmp_path):
+    """A target that does not match (a changed config) fails every step: that is no corruption,
+    so every step stays where it is, and the error names the mismatch."""
+    _two_checkpoints(tmp_path)
+    ck = checkpoint.Checkpointer(str(tmp_path), save_every=1)
+    other = {"x": jax.ShapeDtypeStruct((32,), jnp.float32)}
+    with pytest.raises(checkpoint.CheckpointError, match="rerun with the config"):
+        ck.restore_latest(other, _BytesIterator(), report=pytest.fail)
+    assert ck.all_steps() == [1, 2]
+    assert not list(tmp_path.glob("*.unreadable-*"))
     ck.close()
 
 

@@ -83,13 +83,14 @@ def test_no_readable_checkpoint_refuses_then_start_fresh_moves_it_aside(shared, 
     wd = _copy_of_single(shared, single, "all_unreadable")
     for step in (2, STEPS):
         shutil.rmtree(os.path.join(wd, "checkpoints", str(step), "state"))
-    with pytest.raises(checkpoint_lib.CheckpointError, match="no readable checkpoint") as e:
+    with pytest.raises(checkpoint_lib.CheckpointError, match="could be restored") as e:
         trainer.train(make_config(shared, num_devices=1), wd)
     assert "--start_fresh" in str(e.value)
     assert _steps(wd) == list(range(STEPS + 1))  # the log is untouched by the refused start
     summary = trainer.train(make_config(shared, num_devices=1), wd, start_fresh=True)
     assert summary["steps"] == STEPS
     assert any(n.startswith("checkpoints.moved-") for n in os.listdir(wd))
+    assert any(n.startswith("base_eval.json.moved-") for n in os.listdir(wd))  # the old run's
     assert_trees(final_params(wd), final_params(single[0]))
 
 
@@ -226,3 +227,29 @@ def test_collapse_warns_once_per_stretch_and_can_stop_the_run(shared, monkeypatc
     with pytest.raises(metrics_lib.CollapseError, match="stopped at step 2"):
         trainer.train(cfg, wd)
     assert "2" in os.listdir(os.path.join(wd, "checkpoints"))
+
+
+def test_a_longer_run_is_a_safe_change_only_with_a_constant_learning_rate(shared):
+    from gspo_jax import rundir
+
+    saved = make_config(shared, num_devices=1)
+    longer = make_config(shared, num_devices=1)
+    longer.rl.num_steps = STEPS + 10
+    notes = rundir.check_resume_config(saved.to_dict(), longer, STEPS, allow_change=False)
+    assert notes == [f"resuming with changed rl.num_steps {STEPS} -> {STEPS + 10}"]
+    saved.optimizer.schedule = longer.optimizer.schedule = "cosine"
+    with pytest.raises(config_lib.ConfigError, match="rl.num_steps"):
+        rundir.check_resume_config(saved.to_dict(), longer, STEPS, allow_change=False)
+
+
+def test_metrics_cut_back_keeps_whole_lines(tmp_path):
+    from gspo_jax import rundir
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}')  # no \n
+    assert rundir.cut_metrics(str(tmp_path), 3) is None  # nothing dropped: the line is ended
+    assert (tmp_path / "metrics.jsonl").read_text().endswith('{"step": 3}\n')
+    assert rundir.cut_metrics(str(tmp_path), 2) == str(tmp_path / "metrics.1.jsonl")
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3')  # cut short
+    rundir.cut_metrics(str(tmp_path), 5)
+    assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'

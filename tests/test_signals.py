@@ -91,7 +91,7 @@ def test_signal_saves_the_step_reached_and_prints_one_line(shared, single, sig):
     assert max(r["step"] for r in runs.records(wd)) == int(m.group(1))
 
 
-def test_second_ctrl_c_exits_at_once(monkeypatch, capsys):
+def test_second_ctrl_c_exits_at_once(monkeypatch, capfd):
     """In-process (two signals sent back to back to a child are merged by the OS): the first
     SIGINT only asks to stop, the second exits at once with 130."""
     exits = []
@@ -103,7 +103,7 @@ def test_second_ctrl_c_exits_at_once(monkeypatch, capsys):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.1)
         assert exits == [130]
-    assert "second interrupt: exiting now" in capsys.readouterr().err
+    assert "second interrupt: exiting now" in capfd.readouterr().err
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
