@@ -17,17 +17,16 @@ The sweep (objective x ε x seeds), launched by experiments/sweep.py:
     python experiments/sweep.py --config configs/arith.py:runlocal --sweep seeds=1 \
         --workdir runs/sweep_local --parallel 2
 
-Expected runtime (this 2-core CPU, idle, from an empty cache): 3 min 44 s in all: dataset
-preparation, the warm start (2400 SFT steps, 157 s; cached afterwards, keyed by its config) and RL
-(80 steps with 3 evaluations, 58 s). With three other jobs on the two cores: 10 min. runlocal: about
+Expected runtime (this 2-core CPU, idle, from an empty cache): 3 min 11 s in all: dataset
+preparation, the warm start (2400 SFT steps, 135 s; cached afterwards, keyed by its config) and RL
+(80 steps with 3 evaluations, 47 s). With three other jobs on the two cores: 10 min. runlocal: about
 a minute per run, mostly compilation.
 
 Headline metric: eval/greedy_accuracy (held-out greedy accuracy), base vs final, in
 <workdir>/summary.json. The base policy answers directly when greedy (wrong whenever a column
 carries: 0.395); RL moves it to the worked, column-by-column format, which is mostly right:
 measured 0.395 -> 0.880 (+48.5 points; seed 1: 0.850), the switch happening around step 45.
-Also watch rollout/response_len_mean (the
-worked format is longer), train/clip_frac (GSPO clips whole sequences) and rollout/logp_diff_mean
+Also watch rollout/response_len_mean (the worked format is longer), train/clip_frac (GSPO clips whole sequences) and rollout/logp_diff_mean
 (sampler vs trainer log-probs: must stay ~1e-7, or GSPO's ε = 3e-4 clips everything).
 
 Arguments (``get_config("key=value,...")``): runlocal (bool), objective (str), eps (float: sets
