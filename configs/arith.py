@@ -25,9 +25,10 @@ a minute per run, mostly compilation.
 Headline metric: eval/greedy_accuracy (held-out greedy accuracy), base vs final, in
 <workdir>/summary.json. The base policy answers directly when greedy (wrong whenever a column
 carries: 0.395); RL moves it to the worked, column-by-column format, which is mostly right:
-measured 0.395 -> 0.880 (+48.5 points; seed 1: 0.850), the switch happening around step 45.
-Also watch rollout/response_len_mean (the worked format is longer), train/clip_frac (GSPO clips whole sequences) and rollout/logp_diff_mean
-(sampler vs trainer log-probs: must stay ~1e-7, or GSPO's ε = 3e-4 clips everything).
+measured 0.395 -> 0.880 (+48.5 points; seed 1: 0.850), the switch happening around step 45. Also
+watch rollout/response_len_mean (the worked format is longer), train/clip_frac (GSPO clips whole
+sequences) and rollout/logp_diff_mean (sampler vs trainer log-probs: must stay ~1e-7, or GSPO's ε =
+3e-4 clips everything).
 
 Arguments (``get_config("key=value,...")``): runlocal (bool), objective (str), eps (float: sets
 eps_low = eps_high; default the preset's), seed (int), steps (int, default by size), lr (float).

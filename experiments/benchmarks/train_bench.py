@@ -201,7 +201,8 @@ def _update_inputs(run, phases, state, batch_local):
     with sharding.use_mesh(run.mesh):
         sample = phases.rollout(state.params, prompts, lengths, key)
         rewards = jnp.zeros(sample.tokens.shape[0], jnp.float32)
-        batch, _ = phases.prepare(sample, rewards, prompts, lengths)
+        truncated = jnp.zeros(sample.tokens.shape[0], bool)
+        batch, _ = phases.prepare(sample, rewards, prompts, lengths, truncated)
     return batch, key
 
 
