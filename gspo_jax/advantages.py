@@ -50,7 +50,8 @@ def group_advantages(
     Jittable with group_size, estimator, eps and std_ddof static.
     """
     _validate(rewards, group_size, estimator, eps, std_ddof)
-    r = jnp.asarray(rewards, jnp.float32).reshape(-1, group_size)  # [P, G]
+    r = jnp.asarray(rewards)
+    r = r.astype(jnp.promote_types(r.dtype, jnp.float32)).reshape(-1, group_size)  # [P, G], ≥ f32
     mean = r.mean(-1, keepdims=True)  # [P, 1]
     std = r.std(-1, ddof=std_ddof, keepdims=True)  # [P, 1]
     flat = r.max(-1, keepdims=True) == r.min(-1, keepdims=True)  # [P, 1] all rewards equal

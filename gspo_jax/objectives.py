@@ -775,8 +775,11 @@ def _check_rank2(name, x):
 
 
 def _as_float32(x):
+    """At least float32: bf16 / f16 / integer / bool inputs are upcast, float64 stays float64 (with
+    jax_enable_x64 the objectives then compute in float64, as a float64 reference check needs)."""
     x = jnp.asarray(x)
-    return x.astype(jnp.float32) if x.dtype != jnp.float32 else x
+    dtype = jnp.promote_types(x.dtype, jnp.float32)
+    return x if x.dtype == dtype else x.astype(dtype)
 
 
 def _check_inputs(obj, logp, old_logp, adv, mask, ref_logp, rollout_logp):
