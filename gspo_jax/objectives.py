@@ -2,9 +2,10 @@
 sapo; with optional rollout correction and off-policy sequence masking for any of them.
 
 Dimension legend: B response rows (P prompts x G samples, group-contiguous), T padded response
-length. Inputs are [B, T] float32 (bf16 is upcast), `mask` is 1 on response tokens (EOS
-included) and 0 on padding (bool, int or float, but 0/1); `adv` is one advantage per response
-[B] or per token [B, T] (per-token needs a per-token ratio: token or sequence_token).
+length. Inputs are [B, T] float32 (bf16 is upcast; float64 stays float64 under jax_enable_x64),
+`mask` is 1 on response tokens (EOS included) and 0 on padding (bool, int or float, but 0/1);
+`adv` is one advantage per response [B] or per token [B, T] (per-token needs a per-token ratio:
+token or sequence_token).
 
     obj = get_objective("gspo", eps_low=0.2, eps_high=0.2)   # preset + any OVERRIDABLE_FIELDS
     loss, metrics = obj(logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None)
