@@ -128,16 +128,28 @@ def write_config_json(workdir: str, config: Any) -> str | None:
             old = None
         if old == new:
             return None
-        n = 1
-        while os.path.exists(os.path.join(workdir, f"config.{n}.json")):
-            n += 1
-        kept = os.path.join(workdir, f"config.{n}.json")
-        os.replace(path, kept)
+        kept = _keep_aside(path, "config.{}.json")
+    _write_replacing(path, json.dumps(new, indent=2, sort_keys=True))
+    return kept
+
+
+def _keep_aside(path: str, pattern: str) -> str:
+    """Renames ``path`` to the first free name ``pattern.format(n)``, n = 1, 2, ... beside it."""
+    folder = os.path.dirname(path)
+    n = 1
+    while os.path.exists(os.path.join(folder, pattern.format(n))):
+        n += 1
+    aside = os.path.join(folder, pattern.format(n))
+    os.replace(path, aside)
+    return aside
+
+
+def _write_replacing(path: str, text: str) -> None:
+    """Writes ``path`` whole or not at all (a temporary file renamed over it)."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(new, f, indent=2, sort_keys=True)
+        f.write(text)
     os.replace(tmp, path)
-    return kept
 
 
 def cut_metrics(workdir: str, keep_until: int) -> str | None:
@@ -164,13 +176,6 @@ def cut_metrics(workdir: str, keep_until: int) -> str | None:
             with open(path, "a") as f:
                 f.write("\n")
         return None
-    n = 1
-    while os.path.exists(os.path.join(workdir, f"metrics.{n}.jsonl")):
-        n += 1
-    aside = os.path.join(workdir, f"metrics.{n}.jsonl")
-    os.replace(path, aside)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.writelines(kept)
-    os.replace(tmp, path)
+    aside = _keep_aside(path, "metrics.{}.jsonl")
+    _write_replacing(path, "".join(kept))
     return aside

@@ -508,32 +508,23 @@ class Phases:
 def make_phases(run: Run, state: TrainState, with_ref: bool) -> Phases:
     rl = run.config.rl
     row_spec = sharding.row_spec(run.mesh)
-    logprob = ref = None
-    if rl.recompute_old_logp:
-        logprob = jax.jit(
-            make_logprob_fn(
-                run.graphdef,
-                run.rest,
-                temperature=rl.temperature,
-                num_chunks=rl.num_minibatches,
-                return_routes=False,
-                row_spec=row_spec,
-                mesh=run.mesh,
-            )
+
+    def logprob_pass(replay_routes: bool):
+        fn = make_logprob_fn(
+            run.graphdef,
+            run.rest,
+            temperature=rl.temperature,
+            num_chunks=rl.num_minibatches,
+            return_routes=False,
+            row_spec=row_spec,
+            mesh=run.mesh,
+            replay_routes=replay_routes,
         )
-    if with_ref:
-        ref = jax.jit(
-            make_logprob_fn(
-                run.graphdef,
-                run.rest,
-                temperature=rl.temperature,
-                num_chunks=rl.num_minibatches,
-                return_routes=False,
-                row_spec=row_spec,
-                mesh=run.mesh,
-                replay_routes=False,
-            )
-        )
+        return jax.jit(fn)
+
+    # old_logp replays the rollout's routes; the reference model routes by itself
+    logprob = logprob_pass(replay_routes=True) if rl.recompute_old_logp else None
+    ref = logprob_pass(replay_routes=False) if with_ref else None
     update = jax.jit(
         make_update_fn(
             run.graphdef,
