@@ -2,7 +2,6 @@
 start once; a corrupt warm-start entry is reported, moved aside and trained again."""
 
 import glob
-import importlib.util
 import os
 import shutil
 import signal
@@ -14,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from trainer_runs import load_repo_module
 
 from gspo_jax import filelock, models, warmstart
 from gspo_jax import tasks as tasks_lib
@@ -318,17 +318,8 @@ def test_multi_host_load_only_run_names_the_broken_entry_and_prepare_only(cached
 # ------------------------------------------------------------------------------ sweep launcher
 
 
-def _sweep_module():
-    spec = importlib.util.spec_from_file_location(
-        "sweep_launcher", os.path.join(REPO, "experiments", "sweep.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_sweep_prepares_once_per_distinct_dataset_and_warm_start(tmp_path, capsys):
-    sweep = _sweep_module()
+    sweep = load_repo_module("experiments/sweep.py")
     arith = os.path.join(REPO, "configs", "arith.py")
     runs = sweep.load_sweep(arith, "seeds=2")
     assert [len(g) for g in sweep.preparation_groups(runs)] == [len(runs)]
@@ -368,7 +359,7 @@ def test_sweep_prepares_once_per_distinct_dataset_and_warm_start(tmp_path, capsy
 
 @pytest.mark.slow
 def test_sweep_prepare_once_builds_the_warm_start_in_one_subprocess(tmp_path, capsys):
-    sweep = _sweep_module()
+    sweep = load_repo_module("experiments/sweep.py")
     arith = os.path.join(REPO, "configs", "arith.py")
     runs = sweep.load_sweep(arith, "seeds=1")[:3]
     extra = ["--config.init.warmstart.steps=2", "--config.log.progress=False"]

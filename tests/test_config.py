@@ -1,6 +1,5 @@
 """Config machinery: typed get_config arguments, CLI overrides, sweeps, early validation."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -9,6 +8,7 @@ import sys
 import ml_collections
 import pytest
 from ml_collections import config_dict
+from trainer_runs import load_repo_module
 
 from gspo_jax import config as config_lib
 from gspo_jax import objectives
@@ -68,9 +68,7 @@ def test_arith_config_args():
 
 
 def test_arith_sweep_covers_objectives_and_eps():
-    spec = importlib.util.spec_from_file_location("arith_cfg", ARITH)
-    arith = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(arith)
+    arith = load_repo_module("configs/arith.py")
     runs = arith.get_sweep("seeds=2")
     names = [r["name"] for r in runs]
     presets = set(objectives.PRESET_NAMES)
@@ -182,17 +180,8 @@ def test_validate_unwritable_workdir(tmp_path):
         config_lib.validate(get_config("runlocal"), str(blocker / "run"))
 
 
-def _sweep_module():
-    spec = importlib.util.spec_from_file_location(
-        "sweep_launcher", os.path.join(REPO, "experiments", "sweep.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_sweep_expands_to_commands_and_collects_tables(tmp_path, capsys):
-    sweep = _sweep_module()
+    sweep = load_repo_module("experiments/sweep.py")
     assert (
         sweep.main(
             [

@@ -630,15 +630,9 @@ def test_a_run_starts_from_a_checkpoint_folder(shared, tmp_path):
 
 def test_a_trained_run_exports_to_a_checkpoint_folder(single, tmp_path):
     """experiments/export_hf.py: the newest checkpoint's parameters, as a loadable folder."""
-    import importlib.util
+    from trainer_runs import final_params, load_repo_module
 
-    from trainer_runs import REPO, final_params
-
-    spec = importlib.util.spec_from_file_location(
-        "export_hf", os.path.join(REPO, "experiments", "export_hf.py")
-    )
-    export_hf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(export_hf)
+    export_hf = load_repo_module("experiments/export_hf.py")
     assert export_hf.export(single[0], str(tmp_path / "out")) == 4
     loaded = models.load_hf_checkpoint(str(tmp_path / "out"))
     trained = final_params(single[0])["params"]

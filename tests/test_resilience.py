@@ -13,7 +13,15 @@ import time
 
 import jax
 import pytest
-from trainer_runs import STEPS, assert_records, assert_trees, final_params, make_config, records
+from trainer_runs import (
+    STEPS,
+    assert_records,
+    assert_trees,
+    edit_step_metrics,
+    final_params,
+    make_config,
+    records,
+)
 
 from gspo_jax import checkpoint as checkpoint_lib
 from gspo_jax import config as config_lib
@@ -207,14 +215,7 @@ def test_failed_save_surfaces_at_the_next_step_and_keeps_the_previous_checkpoint
 
 
 def test_collapse_warns_once_per_stretch_and_can_stop_the_run(shared, monkeypatch, capsys):
-    real_step = ts.rl_step
-
-    def no_signal(run, phases, state, batch, **kw):
-        state, m = real_step(run, phases, state, batch, **kw)
-        m["rollout/frac_zero_std_groups"] = 1.0
-        return state, m
-
-    monkeypatch.setattr(ts, "rl_step", no_signal)
+    edit_step_metrics(monkeypatch, lambda step, m: m.update({"rollout/frac_zero_std_groups": 1.0}))
     cfg = make_config(shared, num_devices=1)
     cfg.rl.collapse_patience = 2
     trainer.train(cfg, os.path.join(shared["root"], "collapse_warn"))

@@ -13,12 +13,12 @@ Runs (4 RL steps each, checkpoints every 2):
 
 import glob
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
 
-import jax
 import pytest
 import trainer_runs as runs
 from trainer_runs import (
@@ -34,7 +34,6 @@ from trainer_runs import (
 from trainer_runs import overrides as run_overrides
 
 from gspo_jax import metrics as metrics_lib
-from gspo_jax import train_step as ts
 from gspo_jax import trainer
 
 
@@ -174,15 +173,11 @@ def test_resume_on_eight_devices(shared, sharded, first_devices):
 
 
 def test_non_finite_loss_stops_after_last_good_checkpoint(shared, single, monkeypatch):
-    real_step = ts.rl_step
-
-    def poisoned(run, phases, state, batch, **kw):
-        state, m = real_step(run, phases, state, batch, **kw)
-        if int(jax.device_get(state.step)) == 3:
+    def poison(step, m):
+        if step == 3:
             m["train/loss"] = float("nan")
-        return state, m
 
-    monkeypatch.setattr(ts, "rl_step", poisoned)
+    runs.edit_step_metrics(monkeypatch, poison)
     wd = os.path.join(shared["root"], "nan")
     with pytest.raises(metrics_lib.NonFiniteError, match="train/loss=nan at step 3") as e:
         trainer.train(make_config(shared, num_devices=1), wd)
@@ -194,14 +189,7 @@ def test_non_finite_loss_stops_after_last_good_checkpoint(shared, single, monkey
 
 
 def test_divergence_before_any_checkpoint_says_none_exists(shared, monkeypatch):
-    real_step = ts.rl_step
-
-    def poisoned(run, phases, state, batch, **kw):
-        state, m = real_step(run, phases, state, batch, **kw)
-        m["train/grad_norm"] = float("inf")
-        return state, m
-
-    monkeypatch.setattr(ts, "rl_step", poisoned)
+    runs.edit_step_metrics(monkeypatch, lambda step, m: m.update({"train/grad_norm": math.inf}))
     wd = os.path.join(shared["root"], "nan_first")
     with pytest.raises(metrics_lib.NonFiniteError, match="grad_norm=inf at step 1") as e:
         trainer.train(make_config(shared, num_devices=1), wd)

@@ -85,6 +85,26 @@ def assert_records(a, b, **tol):
                 assert same, f"{k} at step {ra['step']}: {ra[k]} != {rb[k]}"
 
 
+def load_repo_module(relpath: str):
+    """A script or config file of the repository (not a package), loaded by path."""
+    return config_lib.import_config_module(os.path.join(REPO, relpath))
+
+
+def edit_step_metrics(monkeypatch, edit) -> None:
+    """Makes every RL step's host metrics pass through ``edit(step_done, metrics)`` (to poison a
+    loss, fake a collapse, ...); undone by the monkeypatch fixture."""
+    from gspo_jax import train_step as ts
+
+    real_step = ts.rl_step
+
+    def wrapped(run, phases, state, batch, **kw):
+        state, m = real_step(run, phases, state, batch, **kw)
+        edit(int(jax.device_get(state.step)), m)
+        return state, m
+
+    monkeypatch.setattr(ts, "rl_step", wrapped)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
