@@ -192,7 +192,6 @@ class Checkpointer:
         check_directory(self.directory)
         self.save_every = save_every
         self._pending: int | None = None  # the step of a save that may still be in flight
-        self._committed: int | None = None  # the newest step known to be on disk
         logging.getLogger("absl").addFilter(_MUTE)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep,
@@ -292,7 +291,6 @@ class Checkpointer:
         step, self._pending = self._pending, None
         if error is not None:
             raise self._save_error(step, error) from error
-        self._committed = step
 
     def _finish(self) -> BaseException | None:
         """Waits for the save in flight; its exception, if it failed."""
@@ -386,7 +384,6 @@ class Checkpointer:
                 self._move_aside(bad)
             if failed:
                 self._manager.reload()
-            self._committed = step
             return step, state, meta
         reasons = "; ".join(f"step {st}: {why}" for st, why in failed)
         raise CheckpointError(
