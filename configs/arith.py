@@ -107,6 +107,7 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     c.rl.adv_std_ddof = 0
     c.rl.recompute_old_logp = False  # True: old_logp from a trainer forward instead of the sampler
     c.rl.routing_replay = False  # MoE: replay the old policy's expert routes in the update
+    c.rl.log_route_change = False  # MoE: log train/route_change_frac (one extra forward per step)
     c.rl.aux_loss_coef = 0.0  # MoE load-balancing loss weight
     # Warn when every group's rewards have been equal (no learning signal) this many steps in a
     # row (0: never); stop_on_collapse=True then also saves and stops the run.

@@ -21,8 +21,14 @@ stability story, train/clip_frac, train/ratio_max and rollout/logp_diff_absmax w
 Routing Replay.
 
 Arguments: those of configs/arith.py, plus routing_replay (bool) and aux_loss_coef (float).
-With routing_replay the trainer runs one extra forward pass per step (the old policy's routes and
-log-probs), then replays those routes in every update forward.
+With routing_replay the sampler records the rollout's expert routes and every update forward
+replays them.
+
+rl.log_route_change is on here: after each step's updates one forward pass of the new parameters
+routes afresh, and train/route_change_frac is the fraction of (response token, layer) pairs whose
+top-k expert set differs from the rollout's (the GSPO paper's case for Routing Replay; with
+routing_replay it is the share of routes the replay overrode). Turn it off with
+--config.rl.log_route_change=False to save that pass.
 """
 
 from __future__ import annotations
@@ -48,22 +54,26 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.preset = "tiny_moe" if a.runlocal else "small_moe"
     c.rl.routing_replay = a.routing_replay
     c.rl.aux_loss_coef = a.aux_loss_coef
+    c.rl.log_route_change = True  # train/route_change_frac: Routing Replay's case, measured
     c.lock()
     return c
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
-    """Token-level objectives with and without Routing Replay, GSPO without, x seeds."""
-    a = config_lib.parse_arg(arg, seeds=1)
+    """Token-level objectives with and without Routing Replay, GSPO without, x seeds.
+
+    Arguments: seeds (int); gspo_token (bool, default True): include GSPO-token with and
+    without Routing Replay (notebooks/moe_routing_replay.ipynb leaves it out: grpo, grpo_rr and
+    gspo).
+    """
+    a = config_lib.parse_arg(arg, seeds=1, gspo_token=True)
+    arms = [("grpo", False), ("grpo", True)]
+    if a.gspo_token:
+        arms += [("gspo_token", False), ("gspo_token", True)]
+    arms.append(("gspo", False))
     runs = []
     for seed in range(a.seeds):
-        for name, rr in (
-            ("grpo", False),
-            ("grpo", True),
-            ("gspo_token", False),
-            ("gspo_token", True),
-            ("gspo", False),
-        ):
+        for name, rr in arms:
             tag = f"{name}{'_rr' if rr else ''}_s{seed}"
             runs.append(
                 dict(

@@ -67,13 +67,42 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return c
 
 
+# The old_logp study (notebooks/rollout_logprobs.ipynb): where old_logp comes from, and the
+# correction at the objective's own level (token weights for GRPO, a sequence weight for GSPO).
+OLD_LOGP_ARMS = (
+    ("sampler", {"rl.recompute_old_logp": False}),  # the bf16 rollout's log-probs as old_logp
+    ("recompute", {}),  # a float32 trainer forward; no correction
+    ("recompute_tis", None),  # recompute + truncated importance sampling (level per objective)
+)
+TIS_LEVEL = {"grpo": "token_tis", "gspo": "seq_tis"}
+
+
 def get_sweep(arg: str | None = None) -> list[dict]:
-    """grpo and gspo with a bf16 rollout under no correction / token_tis / seq_mis / off-policy
-    masking; dapo with and without dynamic sampling (float32 rollout, sampler log-probs as
-    old_logp, as in configs/arith.py); x seeds."""
-    a = config_lib.parse_arg(arg, seeds=1)
+    """Two studies, x seeds (arguments: seeds (int), study (str)).
+
+    study=corrections (default): grpo and gspo with a bf16 rollout under no correction /
+    token_tis / seq_mis / off-policy masking; dapo with and without dynamic sampling (float32
+    rollout, sampler log-probs as old_logp, as in configs/arith.py).
+    study=old_logp: grpo and gspo with a bf16 rollout, old_logp from the sampler, recomputed, or
+    recomputed with truncated importance sampling (token_tis for grpo, seq_tis for gspo).
+    """
+    a = config_lib.parse_arg(arg, seeds=1, study="corrections")
+    if a.study not in ("corrections", "old_logp"):
+        raise ValueError(f"study must be 'corrections' or 'old_logp', got {a.study!r}")
     runs = []
     for seed in range(a.seeds):
+        if a.study == "old_logp":
+            for name in ("grpo", "gspo"):
+                for tag, extra in OLD_LOGP_ARMS:
+                    if extra is None:
+                        extra = {"objective.rollout_correction": TIS_LEVEL[name]}
+                    runs.append(
+                        dict(
+                            name=f"{name}_{tag}_s{seed}",
+                            overrides={"objective.name": name, **extra, "seed": seed},
+                        )
+                    )
+            continue
         for name in ("grpo", "gspo"):
             for tag, extra in (
                 ("none", {}),

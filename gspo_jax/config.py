@@ -354,6 +354,12 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
                 f"config.rl.routing_replay=True needs an MoE model, but preset "
                 f"{config.model.preset!r} is dense; use a *_moe preset or turn routing_replay off"
             )
+    if rl.log_route_change and not model_cfg.is_moe:
+        raise ConfigError(
+            f"config.rl.log_route_change=True measures how often MoE expert routes change, but "
+            f"preset {config.model.preset!r} is dense; use a *_moe preset or set "
+            "--config.rl.log_route_change=False"
+        )
     check_rollout_options(config, task)
     if workdir is not None:
         check_workdir_writable(workdir)

@@ -16,8 +16,9 @@ the step budget (rl.num_steps, with a constant learning rate: a decaying schedul
 the new length, so there it is a change), evaluation settings (eval.*), logging (log.*),
 checkpoint cadence (checkpoint.*), the device layout (mesh.*, num_devices, slice: a run may
 resume on another device count), micro-batching (rl.num_microbatches: the same gradient, summed
-in another order) and the locations of the data and warm-start caches (data.data_dir,
-init.cache_dir).
+in another order), the MoE route-change metric (rl.log_route_change: one extra forward pass
+after the update, which changes nothing it updates) and the locations of the data and
+warm-start caches (data.data_dir, init.cache_dir).
 
 No array dimensions here.
 """
@@ -41,6 +42,7 @@ SAFE_TO_CHANGE = (
     "num_devices",
     "slice",
     "rl.num_microbatches",
+    "rl.log_route_change",
     "data.data_dir",
     "init.cache_dir",
 )

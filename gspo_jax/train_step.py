@@ -23,6 +23,11 @@ An RL batch is a dict of arrays with a leading B axis:
     routes         [B, L, S, k]    only with Routing Replay (batch-major here; the model wants
                                    [L, B, S, k], transposed at the call)
 
+With config.rl.log_route_change (MoE) the rollout also returns its routes, but they enter the batch
+(and so the update and the old_logp recomputation) only with config.rl.routing_replay; after the
+update a forward pass with the new parameters routes afresh and ``route_change_frac`` compares its
+experts with the rollout's (train/route_change_frac, see route_change_frac).
+
 ``make_update_fn`` builds the pure function (state, batch) -> (state, metrics) that runs μ epochs
 over K minibatches, each one optax step. Everything happens in one jit call: minibatches are picked
 by a per-epoch permutation (``jax.random.fold_in(rng, step)``) and scanned, so the host dispatches
@@ -324,6 +329,8 @@ def make_rollout_fn(run: Run):
     """
     rl = run.config.rl
     eos_id, pad_id = run.task.tokenizer.eos_id, run.task.tokenizer.pad_id
+    # Routing Replay replays the rollout's routes; log_route_change compares them after the update
+    with_routes = rl.routing_replay or rl.log_route_change
 
     def fn(params, prompts, lengths, key):
         model = nnx.merge(run.rollout_graphdef, params, run.rest)
@@ -339,7 +346,7 @@ def make_rollout_fn(run: Run):
             top_p=rl.top_p,
             eos_id=eos_id,
             pad_id=pad_id,
-            return_routes=rl.routing_replay,
+            return_routes=with_routes,
         )
 
     rows = sharding.row_spec(run.mesh)
@@ -349,9 +356,9 @@ def make_rollout_fn(run: Run):
         logp=sharding.rows_sharding(run.mesh, 2),
         sample_logp=sharding.rows_sharding(run.mesh, 2),
         lengths=sharding.rows_sharding(run.mesh, 1),
-        # [L, B, S, k]: the rollout's expert choices, for Routing Replay
+        # [L, B, S, k]: the rollout's expert choices (Routing Replay, route-change metric)
         routes=NamedSharding(run.mesh, PartitionSpec(None, rows, None, None))
-        if rl.routing_replay
+        if with_routes
         else None,
     )
     return jax.jit(fn, out_shardings=out_sh)
@@ -454,7 +461,9 @@ def make_prepare_fn(run: Run):
         }
         if run.uses_rollout_logp:
             batch["rollout_logp"] = sample.logp  # [B, T] the rollout engine's log-probs
-        if sample.routes is not None:  # Routing Replay: the update replays the rollout's experts
+        if rl.routing_replay:  # the update replays the rollout's experts
+            # (with only log_route_change the routes stay out of the batch: the update routes
+            # afresh, and rl_step compares the rollout's routes after it)
             batch["routes"] = jnp.swapaxes(sample.routes, 0, 1)  # [B, L, S, k]
         batch = {
             k: jax.lax.with_sharding_constraint(v, sharding.rows_sharding(run.mesh, v.ndim))
@@ -479,17 +488,80 @@ def make_prepare_fn(run: Run):
 
 
 def mismatch_metrics(old_logp: jax.Array, rollout_logp: jax.Array, mask: jax.Array) -> dict:
-    """Training-inference mismatch Δ = old_logp − rollout_logp [B, T]: mean / max |Δ| per token
-    and |Σ_t Δ| per sequence (the log of the sequence ratio the correction modes weigh)."""
+    """Training-inference mismatch Δ = old_logp − rollout_logp [B, T]: mean / max |Δ| per token,
+    |Σ_t Δ| per sequence (the log of the sequence ratio the correction modes weigh) and
+    |Σ_t Δ| / |y| per sequence (the log of the geometric-mean ratio GSPO's ε is compared with)."""
     delta = (old_logp - rollout_logp) * mask  # [B, T]
     seq = jnp.abs(delta.sum(-1))  # [B]
-    has = mask.sum(-1) > 0  # [B]
+    lens = mask.sum(-1)  # [B]
+    has = lens > 0  # [B]
+    geo = seq / jnp.maximum(lens, 1.0)  # [B]
+    rows = jnp.maximum(has.sum(), 1)
     return {
         "mismatch_tok_abs_mean": jnp.abs(delta).sum() / jnp.maximum(mask.sum(), 1.0),
         "mismatch_tok_abs_max": jnp.abs(delta).max(),
-        "mismatch_seq_abs_mean": (seq * has).sum() / jnp.maximum(has.sum(), 1),
+        "mismatch_seq_abs_mean": (seq * has).sum() / rows,
         "mismatch_seq_abs_max": seq.max(),
+        "mismatch_geo_abs_mean": (geo * has).sum() / rows,
+        "mismatch_geo_abs_max": geo.max(),
     }
+
+
+def route_change_frac(
+    old_routes: jax.Array, new_routes: jax.Array, prompt_lengths: jax.Array, mask: jax.Array
+) -> jax.Array:
+    """Fraction of (response token, layer) pairs whose set of top-k experts differs.
+
+    old_routes, new_routes [B, L, S, k] (S = Lp + T slots), prompt_lengths [B], mask [B, T].
+    The experts of response token t are those of the slot whose hidden state predicts it (as in
+    models.response_logprobs): the last prompt slot n - 1 for t = 0, else slot Lp + t - 1, the
+    previous response token. These are the routes that enter log p(y_t), and the sampler fed
+    every one of them for every valid t (the slot of the last response token itself may never be
+    fed, so the rollout's routes there are zeros). Only mask > 0 tokens count; the k indices are
+    sorted before comparing (a set, not an order). 0 when no token is valid.
+    """
+    B, L, S, k = old_routes.shape
+    T = mask.shape[1]
+    chex.assert_shape(new_routes, (B, L, S, k))
+    chex.assert_shape(prompt_lengths, (B,))
+    t = jnp.arange(T, dtype=jnp.int32)[None, :]
+    Lp = S - T
+    src = jnp.where(t == 0, prompt_lengths.astype(jnp.int32)[:, None] - 1, Lp + t - 1)  # [B, T]
+    idx = src[:, None, :, None]  # [B, 1, T, 1]
+
+    def experts(r):  # [B, L, S, k] -> the sorted experts of each response token [B, L, T, k]
+        return jnp.sort(jnp.take_along_axis(r, idx, axis=2), axis=-1)
+
+    changed = jnp.any(experts(old_routes) != experts(new_routes), axis=-1)  # [B, L, T]
+    weight = (mask > 0).astype(jnp.float32)[:, None, :]  # [B, 1, T]
+    return (changed * weight).sum() / jnp.maximum(weight.sum() * L, 1.0)
+
+
+def make_route_change_fn(run: Run) -> Callable:
+    """(params, batch, rollout_routes [L, B, S, k]) -> dict(route_change_frac): the routes the
+    given parameters choose by themselves (one forward-only pass, never replaying) against the
+    rollout's, over the batch's valid response tokens (route_change_frac). Jitted; rows stay
+    sharded over the mesh."""
+    rl = run.config.rl
+    row_spec = sharding.row_spec(run.mesh)
+    own_routes = make_logprob_fn(
+        run.graphdef,
+        run.rest,
+        temperature=rl.temperature,
+        num_chunks=rl.num_minibatches,
+        return_routes=True,
+        row_spec=row_spec,
+        mesh=run.mesh,
+        replay_routes=False,
+    )
+
+    def fn(params, batch, rollout_routes):
+        new = _constrain_rows(own_routes(params, batch)["routes"], row_spec, run.mesh)
+        old = _constrain_rows(jnp.swapaxes(rollout_routes, 0, 1), row_spec, run.mesh)
+        frac = route_change_frac(old, new, batch["prompt_lengths"], batch["mask"])
+        return {"route_change_frac": frac}
+
+    return jax.jit(fn)
 
 
 @dataclasses.dataclass
@@ -503,6 +575,9 @@ class Phases:
     logprob: Any  # recompute old_logp / record routes; None when neither is configured
     ref: Any  # the reference model's log-probs; None when kl_coef == 0
     update: Any
+    # after the update: the new parameters' own routes vs the rollout's; None unless
+    # config.rl.log_route_change
+    routes: Any = None
 
 
 def make_phases(run: Run, state: TrainState, with_ref: bool) -> Phases:
@@ -551,6 +626,7 @@ def make_phases(run: Run, state: TrainState, with_ref: bool) -> Phases:
         logprob,
         ref,
         update,
+        make_route_change_fn(run) if rl.log_route_change else None,
     )
 
 
@@ -572,7 +648,9 @@ def rl_step(
     fold_in(the step's resample key, g), so a run is a pure function of (seed, step) as before.
 
     Phases are timed with block_until_ready at their boundaries (time/rollout_s, time/reward_s,
-    time/logp_s for the optional old/ref passes and advantages, time/update_s).
+    time/logp_s for the optional old/ref passes and advantages, time/update_s, and with
+    config.rl.log_route_change time/route_change_s for the pass after the update that logs
+    train/route_change_frac).
     """
     rl, mesh = run.config.rl, run.mesh
     if rl.dynamic_sampling and more_batches is None:
@@ -648,7 +726,12 @@ def rl_step(
         t3 = time.time()
         state, train_m = phases.update(state, batch, keys["shuffle"])
         jax.block_until_ready(train_m["loss"])
-    t4 = time.time()
+        t4 = time.time()
+        if phases.routes is not None:  # the updated policy's own experts vs the rollout's
+            fields = ("prompts", "prompt_lengths", "responses", "mask")
+            route_m = phases.routes(state.params, {k: batch[k] for k in fields}, sample.routes)
+            train_m.update(jax.block_until_ready(route_m))
+    t5 = time.time()
 
     m = metrics_lib.with_prefix("train/", train_m)
     m["train/lr"] = run.schedule(step * run.updates_per_step)
@@ -667,9 +750,11 @@ def rl_step(
             "time/reward_s": t_reward,
             "time/logp_s": t3 - t2,
             "time/update_s": t4 - t3,
-            "time/step_s": t4 - t_start,
-            "time/tokens_per_s": m["rollout/tokens"] / max(t4 - t_start, 1e-9),
+            "time/step_s": t5 - t_start,
+            "time/tokens_per_s": m["rollout/tokens"] / max(t5 - t_start, 1e-9),
             "time/rollout_tokens_per_s": m["rollout/tokens"] / max(t_rollout, 1e-9),
         }
     )
+    if phases.routes is not None:
+        m["time/route_change_s"] = t5 - t4
     return state, m

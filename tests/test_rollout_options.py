@@ -130,3 +130,18 @@ def test_bad_rollout_options_are_config_errors(shared, field, value, match):
     cfg[section][name] = value
     with pytest.raises(config_lib.ConfigError, match=match):
         config_lib.validate(cfg, None)
+
+
+def test_mismatch_metrics_by_hand():
+    """Per token, per sequence and per sequence over its length (the geometric-mean ratio's
+    log), on rows of 3 tokens and 1 token."""
+    from gspo_jax.train_step import mismatch_metrics
+
+    old = np.array([[0.1, -0.2, 0.3, 9.0], [0.5, 9.0, 9.0, 9.0]], np.float32)  # 9: masked out
+    mask = np.array([[1, 1, 1, 0], [1, 0, 0, 0]], np.float32)
+    m = {k: float(v) for k, v in mismatch_metrics(old, np.zeros_like(old), mask).items()}
+    np.testing.assert_allclose(m["mismatch_tok_abs_mean"], (0.1 + 0.2 + 0.3 + 0.5) / 4, rtol=1e-6)
+    np.testing.assert_allclose(m["mismatch_tok_abs_max"], 0.5, rtol=1e-6)
+    np.testing.assert_allclose(m["mismatch_seq_abs_mean"], (0.2 + 0.5) / 2, rtol=1e-6)
+    np.testing.assert_allclose(m["mismatch_geo_abs_mean"], (0.2 / 3 + 0.5) / 2, rtol=1e-6)
+    np.testing.assert_allclose(m["mismatch_geo_abs_max"], 0.5, rtol=1e-6)

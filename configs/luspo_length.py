@@ -1,0 +1,69 @@
+r"""Response length under GSPO vs LUSPO (the LUSPO paper's "length collapse"), on a task variant
+built so that the reward does not prefer long answers.
+
+On the default task (configs/arith.py) the long, worked answers are far more often right (69 % vs
+39 % for direct answers), so every objective lengthens responses and the objectives' length bias
+cannot show. Here the warm start's worked demonstrations carry one slipped column in 40 % of cases
+(task kwarg worked_error_rate=0.4), which brings the base policy's worked answers down to about the
+accuracy of its direct ones: long (24 tokens) and short (6 tokens) answers earn about the same
+reward at the start, and what moves the length is the objective. GSPO's sequence ratio is a mean
+over tokens, so each response gets the same weight whatever its length (a long response's tokens
+each get 1/|y| of it); LUSPO multiplies by |y|, weighing every token alike. clip-higher
+(eps_high > eps_low, the gspo preset's 3e-4 / 4e-4) is where the paper reports the collapse to be
+strongest, so GSPO runs with and without it.
+
+Launch (one command for the notebook notebooks/luspo_length.ipynb; the warm start of this task
+variant is trained once and cached):
+
+    python experiments/claims.py luspo_length
+    python experiments/sweep.py --config configs/luspo_length.py --sweep seeds=3 \
+        --workdir runs/claims/luspo_length --config.rl.num_steps=60 --config.eval.every=20
+    python -m gspo_jax.main --config configs/luspo_length.py:objective=luspo --workdir runs/luspo
+
+Arguments: those of configs/arith.py, plus worked_error_rate (float, default 0.4).
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+from gspo_jax import config as config_lib
+
+
+def _arith():
+    return config_lib.import_config_module(
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith.py")
+    )
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    arith = _arith()
+    a = config_lib.parse_arg(arg, **arith.common_args(), worked_error_rate=0.4)
+    c = arith.base_config(a.runlocal)
+    arith.apply_common_args(c, a)
+    c.task.kwargs.worked_error_rate = a.worked_error_rate
+    c.lock()
+    return c
+
+
+# (run-name stem, objective, symmetric ε or None for the preset's own)
+ARMS = (
+    ("gspo_cliphigher", "gspo", None),  # preset: eps_low 3e-4, eps_high 4e-4
+    ("gspo_sym", "gspo", 3e-4),
+    ("luspo_cliphigher", "luspo", None),  # preset: the same 3e-4 / 4e-4
+)
+
+
+def get_sweep(arg: str | None = None) -> list[dict]:
+    """GSPO with and without clip-higher, and LUSPO, x seeds. Argument: seeds (int)."""
+    a = config_lib.parse_arg(arg, seeds=1)
+    runs = []
+    for seed in range(a.seeds):
+        for stem, name, eps in ARMS:
+            overrides = {"objective.name": name, "seed": seed}
+            if eps is not None:
+                overrides.update({"objective.eps_low": eps, "objective.eps_high": eps})
+            runs.append(dict(name=f"{stem}_s{seed}", overrides=overrides))
+    return runs

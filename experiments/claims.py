@@ -1,0 +1,200 @@
+"""The papers' claims, one notebook each: run the sweeps a notebook reads, then execute it.
+
+    python experiments/claims.py --list                      # notebooks, their sweeps and runs
+    python experiments/claims.py clip_fraction_vs_eps        # its runs (resumable), then execute it
+    python experiments/claims.py all                         # every sweep, then every notebook
+    python experiments/claims.py luspo_length --runs_only    # only the runs
+    python experiments/claims.py luspo_length --notebook_only
+
+Runs go to <runs_dir>/<sweep>/<run> (default runs/claims; a run that finished is skipped, an
+interrupted one resumes), at laptop scale: 3 seeds, 60 RL steps, held-out evaluation every 20
+steps (FULL_FLAGS). Several notebooks read the same sweep (the arith sweep serves five claims), so
+it runs once. The notebook is executed in place with nbclient (its outputs are what is
+committed); it finds the runs through the GSPO_CLAIMS_RUNS environment variable, which this
+launcher sets. tests/test_notebooks.py executes every notebook on tiny runlocal runs.
+
+This file holds launcher logic only; no library code (docs/design.md "Layout").
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import NamedTuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOK_DIR = os.path.join(REPO, "notebooks")
+RUNS_ENV = "GSPO_CLAIMS_RUNS"  # where the notebooks look for <sweep>/<run> directories
+
+
+class Sweep(NamedTuple):
+    """A config file's get_sweep(arg) with ``seeds=`` appended; runs under <runs_dir>/<name>.
+
+    (A NamedTuple, not a dataclass: this file is loaded by path, outside sys.modules.)"""
+
+    name: str
+    config: str  # relative to the repository root
+    arg: str = ""
+
+    def sweep_arg(self, seeds: int) -> str:
+        return ",".join(a for a in (self.arg, f"seeds={seeds}") if a)
+
+
+SWEEPS = {
+    s.name: s
+    for s in (
+        Sweep("arith", "configs/arith.py"),
+        Sweep("luspo_length", "configs/luspo_length.py"),
+        Sweep("countdown", "configs/countdown.py"),
+        Sweep("old_logp", "configs/arith_offpolicy.py", "study=old_logp"),
+        Sweep("moe", "configs/arith_moe.py", "gspo_token=False"),
+    )
+}
+
+# notebook (notebooks/<name>.ipynb) -> the sweeps it reads
+NOTEBOOKS = {
+    "clip_fraction_vs_eps": ("arith",),
+    "seq_ratio_eps02": ("arith",),
+    "gspo_token_equals_gspo": ("arith",),
+    "luspo_length": ("luspo_length",),
+    "gmpo_ratio_range": ("arith",),
+    "std_normalisation": ("countdown",),
+    "rollout_logprobs": ("old_logp",),
+    "moe_routing_replay": ("moe",),
+    "eps_objective_sweep": ("arith",),
+}
+
+SEEDS = 3
+FULL_FLAGS = ("--config.rl.num_steps=60", "--config.eval.every=20")
+
+
+def _sweep_module():
+    spec = importlib.util.spec_from_file_location(
+        "_sweep_launcher", os.path.join(REPO, "experiments", "sweep.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sweeps_of(names: Sequence[str]) -> list[Sweep]:
+    """The distinct sweeps the notebooks ``names`` read, in first-use order."""
+    unknown = [n for n in names if n not in NOTEBOOKS]
+    if unknown:
+        raise SystemExit(f"unknown notebook(s) {unknown}; known: {sorted(NOTEBOOKS)} or 'all'")
+    keys = dict.fromkeys(k for n in names for k in NOTEBOOKS[n])
+    return [SWEEPS[k] for k in keys]
+
+
+def sweep_runs(sweep: Sweep, seeds: int) -> list[dict]:
+    """The sweep's runs (name, overrides) for ``seeds`` seeds."""
+    return _sweep_module().load_sweep(os.path.join(REPO, sweep.config), sweep.sweep_arg(seeds))
+
+
+def run_sweeps(
+    sweeps: Sequence[Sweep],
+    runs_dir: str,
+    *,
+    seeds: int = SEEDS,
+    parallel: int = 1,
+    extra: Sequence[str] = FULL_FLAGS,
+) -> list[str]:
+    """Launches every run of ``sweeps`` that has not finished; returns the failed run names."""
+    sw = _sweep_module()
+    failed = []
+    for s in sweeps:
+        root = os.path.join(runs_dir, s.name)
+        runs = sweep_runs(s, seeds)
+        print(f"[claims] sweep {s.name}: {len(runs)} runs in {root}", flush=True)
+        codes = sw.launch(os.path.join(REPO, s.config), runs, root, parallel, extra)
+        sw.write_tables(sw.collect(runs, root), root)
+        failed += [f"{s.name}/{n}" for n, c in codes.items() if c != 0]
+    return failed
+
+
+def execute_notebook(name: str, runs_dir: str, *, timeout: int = 1800, out: str | None = None):
+    """Executes notebooks/<name>.ipynb in the notebooks folder, reading runs under ``runs_dir``;
+    writes the executed notebook to ``out`` (default: in place). Returns the notebook."""
+    import nbclient
+    import nbformat
+
+    path = os.path.join(NOTEBOOK_DIR, name + ".ipynb")
+    nb = nbformat.read(path, as_version=4)
+    env_before = os.environ.get(RUNS_ENV)
+    os.environ[RUNS_ENV] = os.path.abspath(runs_dir)  # the kernel inherits the environment
+    try:
+        client = nbclient.NotebookClient(
+            nb,
+            timeout=timeout,
+            kernel_name="python3",
+            resources={"metadata": {"path": NOTEBOOK_DIR}},
+        )
+        client.execute()
+    finally:
+        if env_before is None:
+            os.environ.pop(RUNS_ENV, None)
+        else:
+            os.environ[RUNS_ENV] = env_before
+    nbformat.write(nb, out or path)
+    return nb
+
+
+def verdict_lines(nb) -> list[str]:
+    """The "VERDICT: ..." lines an executed notebook printed."""
+    lines = []
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            text = output.get("text", "")
+            lines += [ln for ln in text.splitlines() if ln.startswith("VERDICT:")]
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("notebooks", nargs="*", help="notebook names (notebooks/<name>.ipynb) or all")
+    p.add_argument("--runs_dir", default=os.path.join(REPO, "runs", "claims"))
+    p.add_argument("--seeds", type=int, default=SEEDS)
+    p.add_argument("--parallel", type=int, default=1, help="runs at once (each is a process)")
+    p.add_argument("--runs_only", action="store_true", help="make the runs, do not execute")
+    p.add_argument("--notebook_only", action="store_true", help="execute on the existing runs")
+    p.add_argument("--list", action="store_true", help="print notebooks, sweeps and run names")
+    args, extra = p.parse_known_args(argv)  # extra --config.x=y flags go to every run
+    names = list(NOTEBOOKS) if args.notebooks in ([], ["all"]) else args.notebooks
+    if args.list:
+        for n in names:
+            for s in sweeps_of([n]):
+                runs = [r["name"] for r in sweep_runs(s, args.seeds)]
+                print(f"{n}: {s.name} ({s.config} --sweep {s.sweep_arg(args.seeds)}): {runs}")
+        return 0
+    if not args.notebooks:
+        p.error("name a notebook (or all); --list shows them")
+    failed = []
+    if not args.notebook_only:
+        t0 = time.time()
+        failed = run_sweeps(
+            sweeps_of(names),
+            args.runs_dir,
+            seeds=args.seeds,
+            parallel=args.parallel,
+            extra=list(FULL_FLAGS) + list(extra),
+        )
+        print(f"[claims] runs done in {time.time() - t0:.0f}s; failed: {failed or 'none'}")
+    if failed:
+        print("[claims] not executing notebooks: rerun this command to resume the failed runs")
+        return 1
+    if not args.runs_only:
+        for n in names:
+            t0 = time.time()
+            nb = execute_notebook(n, args.runs_dir)
+            print(f"[claims] executed notebooks/{n}.ipynb in {time.time() - t0:.0f}s")
+            for line in verdict_lines(nb):
+                print(f"  {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Every claim notebook executes, end to end, on tiny runs and prints one computed verdict line.
+
+The runs are the notebooks' own sweeps (experiments/claims.py SWEEPS) at runlocal size with one
+seed and 2 RL steps, trained once per session in this process (sharing the session's warm-start
+cache, data and compilation cache) and read by all nine notebooks: a notebook that no longer
+runs against what the trainer writes fails here. The verdicts of tiny runs mean nothing; that a
+verdict is computed, and is one of the three outcomes, is what is checked.
+"""
+
+import os
+
+import pytest
+from trainer_runs import REPO, load_repo_module
+
+from gspo_jax import analysis
+from gspo_jax import config as config_lib
+
+claims = load_repo_module("experiments/claims.py")
+
+STEPS = 2
+
+
+def tiny_config(shared, sweep, run):
+    """The run's config at runlocal size, with the session's shared directories."""
+    c = config_lib.load_config_file(os.path.join(REPO, sweep.config) + ":runlocal")
+    overrides = {
+        **run["overrides"],
+        "init.cache_dir": shared["cache"],
+        "data.data_dir": shared["data"],
+        "log.progress": False,
+        "log.tensorboard": False,
+        "num_devices": 1,
+        "rl.num_steps": STEPS,
+        "checkpoint.every": STEPS,
+        "eval.every": 1,
+        "eval.num_problems": 8,
+        "eval.batch_size": 8,
+    }
+    with c.unlocked():
+        for key, value in overrides.items():
+            node = c
+            *path, last = key.split(".")
+            for p in path:
+                node = node[p]
+            node[last] = value
+    return c
+
+
+def make_claim_runs(shared, root):
+    """Trains every run of every claims sweep (one seed) under root/<sweep>/<run>."""
+    from gspo_jax import trainer
+
+    for sweep in claims.SWEEPS.values():
+        for run in claims.sweep_runs(sweep, seeds=1):
+            wd = os.path.join(root, sweep.name, run["name"])
+            if not os.path.exists(os.path.join(wd, "summary.json")):
+                trainer.train(tiny_config(shared, sweep, run), wd)
+    return root
+
+
+@pytest.fixture(scope="module")
+def claim_runs(shared):
+    return make_claim_runs(shared, os.path.join(shared["root"], "claims"))
+
+
+def test_every_notebook_has_a_sweep_and_a_file():
+    on_disk = {f[: -len(".ipynb")] for f in os.listdir(claims.NOTEBOOK_DIR) if f.endswith(".ipynb")}
+    assert on_disk == set(claims.NOTEBOOKS)
+    assert len(claims.NOTEBOOKS) >= 8
+    for sweeps in claims.NOTEBOOKS.values():
+        assert all(s in claims.SWEEPS for s in sweeps)
+
+
+@pytest.mark.parametrize("name", sorted(claims.NOTEBOOKS))
+def test_notebook_executes_and_prints_a_verdict(claim_runs, name, tmp_path, monkeypatch):
+    # the kernel is a fresh process: one CPU device is enough for what a notebook computes
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = claims.execute_notebook(name, claim_runs, out=str(tmp_path / f"{name}.ipynb"))
+    lines = claims.verdict_lines(nb)
+    assert len(lines) == 1, lines
+    outcome = lines[0][len("VERDICT: ") :].split(": ", 1)[0]
+    assert outcome in analysis.OUTCOMES, lines[0]
+    figures = [
+        o for cell in nb.cells for o in cell.get("outputs", []) if "image/png" in o.get("data", {})
+    ]
+    assert figures, f"{name} drew no figure"
