@@ -81,7 +81,6 @@ def test_every_notebook_has_a_sweep_and_a_file():
 def test_notebook_executes_and_prints_a_verdict(claim_runs, name, tmp_path, monkeypatch):
     # the kernel is a fresh process: one CPU device is enough for what a notebook computes
     monkeypatch.setenv("XLA_FLAGS", "")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = claims.execute_notebook(name, claim_runs, out=str(tmp_path / f"{name}.ipynb"))
     lines = claims.verdict_lines(nb)
     assert len(lines) == 1, lines
