@@ -20,7 +20,14 @@ eval/greedy_accuracy (base vs final) and, for the
 stability story, train/clip_frac, train/ratio_max and rollout/logp_diff_absmax with and without
 Routing Replay.
 
-Arguments: those of configs/arith.py, plus routing_replay (bool) and aux_loss_coef (float).
+Pod scale (the GSPO paper's model: Qwen3-30B-A3B on GSM8K, configs/qwen3_gsm8k.py's layout for
+v5p-128; every host runs each command, README "From a Qwen3 checkpoint to a pod run"):
+
+    python -m gspo_jax.main --config configs/arith_moe.py:pod=/mnt/shared/Qwen3-30B-A3B,\
+objective=grpo,routing_replay --workdir /mnt/shared/runs/moe_grpo_rr --multihost
+
+Arguments: those of configs/arith.py, plus routing_replay (bool), aux_loss_coef (float) and pod
+(str: a Qwen3-30B-A3B checkpoint folder; set, it selects the pod-scale variant).
 With routing_replay the sampler records the rollout's expert routes and every update forward
 replays them.
 
@@ -48,7 +55,18 @@ def _arith():
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     arith = _arith()
-    a = config_lib.parse_arg(arg, **arith.common_args(), routing_replay=False, aux_loss_coef=1e-3)
+    a = config_lib.parse_arg(
+        arg, **arith.common_args(), routing_replay=False, aux_loss_coef=1e-3, pod=""
+    )
+    if a.pod:  # the pod-scale variant: Qwen3-30B-A3B on GSM8K (configs/qwen3_gsm8k.py)
+        qwen = config_lib.import_config_module(
+            os.path.join(os.path.dirname(os.path.abspath(__file__)), "qwen3_gsm8k.py")
+        )
+        c = qwen.pod_variant("qwen3_30b_a3b", a.pod, a.objective, a.seed)
+        c.rl.routing_replay = a.routing_replay
+        c.rl.log_route_change = True
+        c.lock()
+        return c
     c = arith.base_config(a.runlocal)
     arith.apply_common_args(c, a)
     c.model.preset = "tiny_moe" if a.runlocal else "small_moe"

@@ -20,7 +20,14 @@ variant is trained once and cached):
         --workdir runs/claims/luspo_length --config.rl.num_steps=60 --config.eval.every=20
     python -m gspo_jax.main --config configs/luspo_length.py:objective=luspo --workdir runs/luspo
 
-Arguments: those of configs/arith.py, plus worked_error_rate (float, default 0.4).
+Pod scale (the LUSPO paper's setting is a dense model answering at length: Qwen3-1.7B on GSM8K,
+configs/qwen3_gsm8k.py's v5p-8 layout; every host runs the command):
+
+    python -m gspo_jax.main --config configs/luspo_length.py:pod=/mnt/shared/Qwen3-1.7B,\
+objective=luspo --workdir /mnt/shared/runs/luspo --multihost
+
+Arguments: those of configs/arith.py, plus worked_error_rate (float, default 0.4) and pod (str: a
+dense Qwen3 checkpoint folder; set, it selects the pod-scale variant).
 """
 
 from __future__ import annotations
@@ -40,7 +47,14 @@ def _arith():
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     arith = _arith()
-    a = config_lib.parse_arg(arg, **arith.common_args(), worked_error_rate=0.4)
+    a = config_lib.parse_arg(arg, **arith.common_args(), worked_error_rate=0.4, pod="")
+    if a.pod:  # the pod-scale variant: a dense Qwen3 on GSM8K (configs/qwen3_gsm8k.py)
+        qwen = config_lib.import_config_module(
+            os.path.join(os.path.dirname(os.path.abspath(__file__)), "qwen3_gsm8k.py")
+        )
+        c = qwen.pod_variant("qwen3_1_7b", a.pod, a.objective, a.seed)
+        c.lock()
+        return c
     c = arith.base_config(a.runlocal)
     arith.apply_common_args(c, a)
     c.task.kwargs.worked_error_rate = a.worked_error_rate

@@ -120,3 +120,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.rl.num_steps = 2
     c.lock()
     return c
+
+
+def pod_variant(
+    model: str, checkpoint: str, objective: str, seed: int
+) -> ml_collections.ConfigDict:
+    """This config for ``model`` from ``checkpoint`` with ``objective`` and ``seed``, unlocked:
+    the pod-scale variant of a laptop claim config (configs/arith_moe.py, configs/luspo_length.py
+    take ``pod=<checkpoint folder>``), whose sweep overrides then apply unchanged."""
+    c = get_config(f"model={model},checkpoint={checkpoint},objective={objective},seed={seed}")
+    c.unlock()
+    return c

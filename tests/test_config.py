@@ -251,3 +251,37 @@ def test_multihost_cold_warm_start_cache_is_a_config_error(tmp_path, monkeypatch
             mesh=None,
             progress=False,
         )
+
+
+def test_claim_sweeps_and_pod_variants():
+    """The claim configs' sweeps name what experiments/claims.py's notebooks read, and their
+    pod variants are configs/qwen3_gsm8k.py with the claim's model and switches."""
+    luspo = load_repo_module("configs/luspo_length.py")
+    moe = load_repo_module("configs/arith_moe.py")
+    countdown = load_repo_module("configs/countdown.py")
+    offpolicy = load_repo_module("configs/arith_offpolicy.py")
+    assert [r["name"] for r in luspo.get_sweep("seeds=1")] == [
+        "gspo_cliphigher_s0",
+        "gspo_sym_s0",
+        "luspo_cliphigher_s0",
+    ]
+    assert luspo.get_config().task.kwargs.worked_error_rate == 0.4
+    assert [r["name"] for r in moe.get_sweep("gspo_token=False,seeds=1")] == [
+        "grpo_s0",
+        "grpo_rr_s0",
+        "gspo_s0",
+    ]
+    assert len(moe.get_sweep("seeds=2")) == 10  # with gspo_token, with and without replay
+    c = countdown.get_config()
+    assert c.task.name == "countdown" and c.init.warmstart.steps == 4800
+    old = {r["name"]: r["overrides"] for r in offpolicy.get_sweep("study=old_logp,seeds=1")}
+    assert old["gspo_sampler_s0"]["rl.recompute_old_logp"] is False
+    assert old["grpo_recompute_tis_s0"]["objective.rollout_correction"] == "token_tis"
+    assert old["gspo_recompute_tis_s0"]["objective.rollout_correction"] == "seq_tis"
+    with pytest.raises(ValueError, match="study must be"):
+        offpolicy.get_sweep("study=nope")
+    pod = moe.get_config("pod=/ckpt/Qwen3-30B-A3B,objective=grpo,routing_replay,seed=2")
+    assert (pod.model.preset, pod.task.name, pod.init.kind) == ("qwen3_30b_a3b", "gsm8k", "hf")
+    assert pod.rl.routing_replay and pod.rl.log_route_change and pod.seed == 2
+    pod = luspo.get_config("pod=/ckpt/Qwen3-1.7B,objective=luspo")
+    assert (pod.model.preset, pod.objective.name) == ("qwen3_1_7b", "luspo")
