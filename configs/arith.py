@@ -107,6 +107,9 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     c.rl.adv_std_ddof = 0
     c.rl.recompute_old_logp = False  # True: old_logp from a trainer forward instead of the sampler
     c.rl.routing_replay = False  # MoE: replay the old policy's expert routes in the update
+    # True: every token gets its response's advantage ([B, T] instead of [B]): the objective's
+    # per-token path (for gspo_token: s_i,t rather than its [B] shortcut to GSPO's s_i)
+    c.rl.token_advantages = False
     c.rl.log_route_change = False  # MoE: log train/route_change_frac (one extra forward per step)
     c.rl.aux_loss_coef = 0.0  # MoE load-balancing loss weight
     # Warn when every group's rewards have been equal (no learning signal) this many steps in a
@@ -219,9 +222,25 @@ def get_sweep(arg: str | None = None) -> list[dict]:
 
     Every preset at its own ε, plus GRPO and GSPO each at ε = 0.2 and ε = 3e-4 (symmetric:
     eps_low = eps_high). grpo at 0.2 is the grpo preset itself and is not repeated; gspo at a
-    symmetric 3e-4 differs from the preset's 3e-4 / 4e-4 and is kept. Argument: seeds (int).
+    symmetric 3e-4 differs from the preset's 3e-4 / 4e-4 and is kept. Arguments: seeds (int),
+    study (str: "eps", the default, is this sweep; "token_adv" is gspo_token with every token
+    given its response's advantage, rl.token_advantages).
     """
-    a = config_lib.parse_arg(arg, seeds=1)
+    a = config_lib.parse_arg(arg, seeds=1, study="eps")
+    if a.study == "token_adv":  # notebooks/gspo_token_equals_gspo.ipynb
+        return [
+            dict(
+                name=f"gspo_token_tokadv_s{seed}",
+                overrides={
+                    "objective.name": "gspo_token",
+                    "rl.token_advantages": True,
+                    "seed": seed,
+                },
+            )
+            for seed in range(a.seeds)
+        ]
+    if a.study != "eps":
+        raise ValueError(f"study must be 'eps' or 'token_adv', got {a.study!r}")
     runs = []
     for seed in range(a.seeds):
         for name in OBJECTIVES:

@@ -63,7 +63,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             os.path.join(os.path.dirname(os.path.abspath(__file__)), "qwen3_gsm8k.py")
         )
         c = qwen.pod_variant("qwen3_30b_a3b", a.pod, a.objective, a.seed)
+        arith.apply_common_args(c, a)  # eps, steps, lr when given
         c.rl.routing_replay = a.routing_replay
+        c.rl.aux_loss_coef = a.aux_loss_coef
         c.rl.log_route_change = True
         c.lock()
         return c

@@ -4,7 +4,9 @@ Countdown (gspo_jax/tasks/countdown.py) scores a response with partial credit fo
 target and for using the given numbers, so many groups hold rewards that differ only a little.
 GRPO divides each group's advantages by the group's reward std: such a group's advantages are
 blown up to unit scale, as large as those of a group with a right and a wrong answer. Dr. GRPO
-leaves the std out (and sums over tokens with a constant normaliser). The notebook
+leaves the std out (and sums over tokens with a constant normaliser, without a KL term). Three
+arms separate the two: grpo, grpo_nostd (the grpo objective with Dr. GRPO's advantages: only the
+std division differs) and the dr_grpo preset. The notebook
 notebooks/std_normalisation.ipynb shows the advantage magnitude against the group's reward spread
 on the base policy's groups, and the two objectives' learning curves.
 
@@ -51,11 +53,23 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return c
 
 
+# (run-name stem, objective, advantage estimator override or None for the objective's own)
+ARMS = (
+    ("grpo", "grpo", None),  # z-score advantages, KL 0.04, per-response token mean
+    ("grpo_nostd", "grpo", "dr_grpo"),  # the same objective without the std division
+    ("dr_grpo", "dr_grpo", None),  # the Dr. GRPO preset: no std, no KL, constant normaliser
+)
+
+
 def get_sweep(arg: str | None = None) -> list[dict]:
-    """grpo vs dr_grpo, x seeds. Argument: seeds (int)."""
+    """grpo, grpo without the std division (only the advantage differs), and dr_grpo, x seeds.
+    Argument: seeds (int)."""
     a = config_lib.parse_arg(arg, seeds=1)
-    return [
-        dict(name=f"{name}_s{seed}", overrides={"objective.name": name, "seed": seed})
-        for seed in range(a.seeds)
-        for name in ("grpo", "dr_grpo")
-    ]
+    runs = []
+    for seed in range(a.seeds):
+        for stem, name, estimator in ARMS:
+            overrides = {"objective.name": name, "seed": seed}
+            if estimator:
+                overrides["rl.advantage_estimator"] = estimator
+            runs.append(dict(name=f"{stem}_s{seed}", overrides=overrides))
+    return runs

@@ -20,8 +20,8 @@ variant is trained once and cached):
         --workdir runs/claims/luspo_length --config.rl.num_steps=60 --config.eval.every=20
     python -m gspo_jax.main --config configs/luspo_length.py:objective=luspo --workdir runs/luspo
 
-Pod scale (the LUSPO paper's setting is a dense model answering at length: Qwen3-1.7B on GSM8K,
-configs/qwen3_gsm8k.py's v5p-8 layout; every host runs the command):
+Pod scale (the LUSPO paper trained 7B dense and 30B MoE models on math; the variant here is a
+dense Qwen3-1.7B on GSM8K, configs/qwen3_gsm8k.py's v5p-8 layout; every host runs the command):
 
     python -m gspo_jax.main --config configs/luspo_length.py:pod=/mnt/shared/Qwen3-1.7B,\
 objective=luspo --workdir /mnt/shared/runs/luspo --multihost
@@ -53,6 +53,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             os.path.join(os.path.dirname(os.path.abspath(__file__)), "qwen3_gsm8k.py")
         )
         c = qwen.pod_variant("qwen3_1_7b", a.pod, a.objective, a.seed)
+        arith.apply_common_args(c, a)  # eps, steps, lr when given
         c.lock()
         return c
     c = arith.base_config(a.runlocal)

@@ -130,4 +130,7 @@ def pod_variant(
     take ``pod=<checkpoint folder>``), whose sweep overrides then apply unchanged."""
     c = get_config(f"model={model},checkpoint={checkpoint},objective={objective},seed={seed}")
     c.unlock()
+    # every arm at its own preset's ε (get_config pins GSPO's for objective=gspo, which a sweep
+    # overriding objective.name would otherwise carry over to grpo)
+    c.objective.eps_low = c.objective.eps_high = None
     return c

@@ -48,6 +48,7 @@ SWEEPS = {
     s.name: s
     for s in (
         Sweep("arith", "configs/arith.py"),
+        Sweep("gspo_token", "configs/arith.py", "study=token_adv"),
         Sweep("luspo_length", "configs/luspo_length.py"),
         Sweep("countdown", "configs/countdown.py"),
         Sweep("old_logp", "configs/arith_offpolicy.py", "study=old_logp"),
@@ -59,7 +60,7 @@ SWEEPS = {
 NOTEBOOKS = {
     "clip_fraction_vs_eps": ("arith",),
     "seq_ratio_eps02": ("arith",),
-    "gspo_token_equals_gspo": ("arith",),
+    "gspo_token_equals_gspo": ("arith", "gspo_token"),
     "luspo_length": ("luspo_length",),
     "gmpo_ratio_range": ("arith",),
     "std_normalisation": ("countdown",),

@@ -121,27 +121,51 @@ def stacked(runs: Sequence[RunData], key: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps [N], values [n_runs, N]) on the steps every run logged ``key`` at."""
     per_run = [dict(zip(*[a.tolist() for a in series(r, key)], strict=True)) for r in runs]
     steps = sorted(set.intersection(*(set(d) for d in per_run)))
+    if not steps:
+        raise ValueError(f"runs {[r.name for r in runs]} logged {key!r} at no common step")
     return np.asarray(steps), np.asarray([[d[s] for s in steps] for d in per_run])
+
+
+def _over_steps(run: RunData, key: str, first_step: int) -> np.ndarray:
+    steps, values = series(run, key)
+    values = values[steps >= first_step]
+    if values.size == 0:
+        raise ValueError(f"run {run.name} logged {key!r} at no step >= {first_step}")
+    return values
 
 
 def run_mean(run: RunData, key: str, first_step: int = 1) -> float:
     """Mean of ``key`` over the run's RL steps from ``first_step`` on."""
-    steps, values = series(run, key)
-    return float(values[steps >= first_step].mean())
+    return float(_over_steps(run, key, first_step).mean())
+
+
+def run_median(run: RunData, key: str, first_step: int = 2) -> float:
+    """Median of ``key`` from ``first_step`` on: for times, where step 1 (which compiles) and a
+    resumed run's first step would dominate a mean."""
+    return float(np.median(_over_steps(run, key, first_step)))
+
+
+def _summary_eval(run: RunData, which: str, key: str) -> float:
+    if not key.startswith("eval/"):
+        raise KeyError(f"{key!r}: summary.json holds evaluation metrics only (eval/...)")
+    part = (run.summary or {}).get(which)
+    if part is None:
+        raise KeyError(f"run {run.name} has no {which!r} evaluation in summary.json")
+    value = part.get(key[len("eval/") :])
+    return math.nan if value is None else float(value)  # NaN is stored as null
 
 
 def final(run: RunData, key: str) -> float:
-    """``key`` of the final evaluation (summary.json's "final", keys without the "eval/"
-    prefix), else the last record that logged it."""
-    short = key.split("/", 1)[-1]
-    if run.summary and short in (run.summary.get("final") or {}):
-        return float(run.summary["final"][short])
+    """An eval/ metric of the final evaluation (summary.json's "final"); for other keys, or a
+    run without a summary, the last record that logged ``key``."""
+    if key.startswith("eval/") and run.summary and run.summary.get("final"):
+        return _summary_eval(run, "final", key)
     return float(series(run, key)[1][-1])
 
 
 def base(run: RunData, key: str) -> float:
-    """``key`` of the evaluation before RL (summary.json's "base")."""
-    return float(run.summary["base"][key.split("/", 1)[-1]])
+    """An eval/ metric of the evaluation before RL (summary.json's "base")."""
+    return _summary_eval(run, "base", key)
 
 
 class Spread(NamedTuple):

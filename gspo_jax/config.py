@@ -360,6 +360,17 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
             f"preset {config.model.preset!r} is dense; use a *_moe preset or set "
             "--config.rl.log_route_change=False"
         )
+    if rl.token_advantages:
+        level = objectives.get_objective(
+            config.objective.name, **objective_overrides(config.objective)
+        ).ratio_level
+        if level in ("sequence", "geometric"):
+            raise ConfigError(
+                f"config.rl.token_advantages=True gives every token its response's advantage "
+                f"([B, T]), but {config.objective.name} has one ratio per response; use an "
+                "objective with per-token ratios (grpo, dapo, dr_grpo, cispo, sapo, gspo_token) "
+                "or set --config.rl.token_advantages=False"
+            )
     check_rollout_options(config, task)
     if workdir is not None:
         check_workdir_writable(workdir)

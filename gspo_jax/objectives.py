@@ -95,6 +95,9 @@ identity of min / max). Finalised metrics:
   dual_clip_frac       per token, only when dual_clip is set
   ratio_mean/min/max   over ratio units: tokens for token ratios, responses (s_i, before any
                        clip) for gspo, gspo_token, luspo and gmpo; 1.0 when there is no unit
+  token_ratio_mean/min/max  (objectives with one ratio per response only) the token ratios
+                       w_{i,t} = exp(δ_{i,t}) under it, over response tokens: the like-for-like
+                       comparison with a token-level objective's ratio_*
   approx_kl            Σ k3(δ) / tokens = mean of exp(δ) − 1 − δ: the unbiased estimate of
                        KL[π_old ‖ π_θ] from the rollout tokens (sampled from π_old)
   kl_ref, kl_loss      (ref_logp given) token mean of the estimator, and its aggregated value
@@ -315,6 +318,8 @@ class Sums(NamedTuple):
             "approx_kl": m["approx_kl_sum"] / tokens,
             "pg_loss": m["pg_num"] / den,
         }
+        if "token_ratio_count" in m:
+            out.update(_unit_stats(m, "token_ratio"))
         if "dual_clip_tokens" in m:
             out["dual_clip_frac"] = m["dual_clip_tokens"] / tokens
         if "kl_ref_sum" in m:
@@ -467,6 +472,8 @@ class Objective:
             "pg_num": pg_num,
             **weight_metrics,
         }
+        if reported.ndim == 1:  # one ratio per response: also the token ratios' range under it
+            metrics.update(_unit_sums("token_ratio", clamped_exp(sg(delta)), mask))
         if self.dual_clip is not None:  # A < 0 and ρ > c: the dual clip bounds the loss
             dual = (unit_adv < 0) & (sg(ratio.rho) > self.dual_clip)
             metrics["dual_clip_tokens"] = _tokens_per_row(dual, mask, n_tok).sum()

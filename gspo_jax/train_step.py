@@ -262,7 +262,9 @@ def make_update_fn(
     def update(state: TrainState, batch: dict, shuffle_key: jax.Array):
         B, T = batch["mask"].shape
         chex.assert_shape([batch["responses"], batch["old_logp"]], (B, T))
-        chex.assert_shape([batch["adv"], batch["prompt_lengths"]], (B,))
+        chex.assert_shape(batch["prompt_lengths"], (B,))
+        if batch["adv"].shape not in ((B,), (B, T)):  # per response, or per token
+            raise ValueError(f"adv has shape {batch['adv'].shape}; need {(B,)} or {(B, T)}")
         chex.assert_rank(batch["prompts"], 2)
         if B % K:
             raise ValueError(f"{B} rows do not split into {K} minibatches; see config.validate")
@@ -457,7 +459,8 @@ def make_prepare_fn(run: Run):
             "responses": sample.tokens,
             "mask": mask,
             "old_logp": sample.logp,
-            "adv": adv,
+            # [B], or [B, T] with rl.token_advantages: each response's advantage on its tokens
+            "adv": jnp.broadcast_to(adv[:, None], (B, T)) if rl.token_advantages else adv,
         }
         if run.uses_rollout_logp:
             batch["rollout_logp"] = sample.logp  # [B, T] the rollout engine's log-probs

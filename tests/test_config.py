@@ -274,6 +274,16 @@ def test_claim_sweeps_and_pod_variants():
     assert len(moe.get_sweep("seeds=2")) == 10  # with gspo_token, with and without replay
     c = countdown.get_config()
     assert c.task.name == "countdown" and c.init.warmstart.steps == 4800
+    cd = {r["name"]: r["overrides"] for r in countdown.get_sweep("seeds=1")}
+    assert sorted(cd) == ["dr_grpo_s0", "grpo_nostd_s0", "grpo_s0"]
+    assert cd["grpo_nostd_s0"] == {
+        "objective.name": "grpo",
+        "seed": 0,
+        "rl.advantage_estimator": "dr_grpo",
+    }
+    arith = load_repo_module("configs/arith.py")
+    tok = arith.get_sweep("study=token_adv,seeds=2")
+    assert [r["overrides"]["rl.token_advantages"] for r in tok] == [True, True]
     old = {r["name"]: r["overrides"] for r in offpolicy.get_sweep("study=old_logp,seeds=1")}
     assert old["gspo_sampler_s0"]["rl.recompute_old_logp"] is False
     assert old["grpo_recompute_tis_s0"]["objective.rollout_correction"] == "token_tis"
@@ -283,5 +293,19 @@ def test_claim_sweeps_and_pod_variants():
     pod = moe.get_config("pod=/ckpt/Qwen3-30B-A3B,objective=grpo,routing_replay,seed=2")
     assert (pod.model.preset, pod.task.name, pod.init.kind) == ("qwen3_30b_a3b", "gsm8k", "hf")
     assert pod.rl.routing_replay and pod.rl.log_route_change and pod.seed == 2
+    # every arm of the pod sweep keeps its own preset's ε (not GSPO's, pinned for objective=gspo)
+    pod = moe.get_config("pod=/ckpt/Qwen3-30B-A3B")
+    assert pod.objective.eps_low is None and pod.objective.eps_high is None
     pod = luspo.get_config("pod=/ckpt/Qwen3-1.7B,objective=luspo")
     assert (pod.model.preset, pod.objective.name) == ("qwen3_1_7b", "luspo")
+
+
+def test_token_advantages_need_a_per_token_ratio():
+    c = get_config("runlocal,objective=gspo")
+    with c.unlocked():
+        c.rl.token_advantages = True
+    with pytest.raises(ConfigError, match="token_advantages=True .* one ratio per response"):
+        config_lib.validate(c, None)
+    with c.unlocked():
+        c.objective.name = "gspo_token"
+    config_lib.validate(c, None)

@@ -971,3 +971,24 @@ def test_float64_inputs_compute_in_float64(case):
     want = reference_value(obj, *arrays, rollout if uses_rollout else None)
     np.testing.assert_allclose(float(loss), want, rtol=1e-12)
     np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=1e-10, atol=1e-14)
+
+
+def test_token_ratio_range_under_a_per_response_ratio():
+    """gspo / gmpo also report the token ratios' range (the like-for-like comparison with a
+    token-level objective's ratio_min / ratio_max); grpo's ratio_* already are token ratios."""
+    from gspo_jax import objectives as obj_lib
+
+    rng = np.random.default_rng(0)
+    logp = rng.normal(-1.0, 0.1, (4, 5)).astype(np.float32)
+    old = (logp + rng.normal(0.0, 0.05, (4, 5))).astype(np.float32)
+    mask = np.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0]], "f")
+    adv = np.array([1.0, -0.5, 0.3, -1.0], np.float32)
+    w = np.exp(logp - old)[mask > 0]
+    for name in ("gspo", "gmpo", "luspo"):
+        _, m = obj_lib.get_objective(name)(logp, old, adv, mask)
+        np.testing.assert_allclose(m["token_ratio_min"], w.min(), rtol=1e-6)
+        np.testing.assert_allclose(m["token_ratio_max"], w.max(), rtol=1e-6)
+        np.testing.assert_allclose(m["token_ratio_mean"], w.mean(), rtol=1e-6)
+    _, m = obj_lib.get_objective("grpo")(logp, old, adv, mask)
+    assert "token_ratio_min" not in m
+    np.testing.assert_allclose(m["ratio_max"], w.max(), rtol=1e-6)
