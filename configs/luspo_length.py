@@ -2,15 +2,20 @@ r"""Response length under GSPO vs LUSPO (the LUSPO paper's "length collapse"), o
 built so that the reward does not prefer long answers.
 
 On the default task (configs/arith.py) the long, worked answers are far more often right (69 % vs
-39 % for direct answers), so every objective lengthens responses and the objectives' length bias
-cannot show. Here the warm start's worked demonstrations carry one slipped column in 40 % of cases
-(task kwarg worked_error_rate=0.4), which brings the base policy's worked answers down to about the
-accuracy of its direct ones: long (24 tokens) and short (6 tokens) answers earn about the same
-reward at the start, and what moves the length is the objective. GSPO's sequence ratio is a mean
-over tokens, so each response gets the same weight whatever its length (a long response's tokens
-each get 1/|y| of it); LUSPO multiplies by |y|, weighing every token alike. clip-higher
-(eps_high > eps_low, the gspo preset's 3e-4 / 4e-4) is where the paper reports the collapse to be
-strongest, so GSPO runs with and without it.
+39 % for direct answers): the warm start's direct demonstrations forget every carry. So every
+objective lengthens responses there and the objectives' length bias cannot show. Here the direct
+demonstrations are right (task kwarg direct_style="correct"), so a short answer is wrong only
+where the small model cannot carry in one pass, and long (24 tokens) and short (6 tokens) answers
+earn rewards of the same order at the start: what moves the length is then mostly the objective.
+GSPO's sequence ratio is a mean over tokens, so each response gets the same weight whatever its
+length (a long response's tokens each get 1/|y| of it); LUSPO multiplies by |y|, weighing every
+token alike. clip-higher (eps_high > eps_low, the gspo preset's 3e-4 / 4e-4) is where the paper
+reports the collapse to be strongest, so GSPO runs with and without it.
+
+A first design (worked demonstrations with one slipped column in 40 % of cases, direct ones
+carry-less) did not work: the slipped answers after "A" also degraded the direct answers (9.7 %
+right at temperature 1, worked 1.1 %), so the reward favoured neither length for the intended
+reason. worked_error_rate is kept as an argument.
 
 Launch (one command for the notebook notebooks/luspo_length.ipynb; the warm start of this task
 variant is trained once and cached):
@@ -26,8 +31,9 @@ dense Qwen3-1.7B on GSM8K, configs/qwen3_gsm8k.py's v5p-8 layout; every host run
     python -m gspo_jax.main --config configs/luspo_length.py:pod=/mnt/shared/Qwen3-1.7B,\
 objective=luspo --workdir /mnt/shared/runs/luspo --multihost
 
-Arguments: those of configs/arith.py, plus worked_error_rate (float, default 0.4) and pod (str: a
-dense Qwen3 checkpoint folder; set, it selects the pod-scale variant).
+Arguments: those of configs/arith.py, plus direct_style (str, default "correct"),
+worked_error_rate (float, default 0.0) and pod (str: a dense Qwen3 checkpoint folder; set, it
+selects the pod-scale variant).
 """
 
 from __future__ import annotations
@@ -47,7 +53,9 @@ def _arith():
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     arith = _arith()
-    a = config_lib.parse_arg(arg, **arith.common_args(), worked_error_rate=0.4, pod="")
+    a = config_lib.parse_arg(
+        arg, **arith.common_args(), direct_style="correct", worked_error_rate=0.0, pod=""
+    )
     if a.pod:  # the pod-scale variant: a dense Qwen3 on GSM8K (configs/qwen3_gsm8k.py)
         qwen = config_lib.import_config_module(
             os.path.join(os.path.dirname(os.path.abspath(__file__)), "qwen3_gsm8k.py")
@@ -58,6 +66,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         return c
     c = arith.base_config(a.runlocal)
     arith.apply_common_args(c, a)
+    c.task.kwargs.direct_style = a.direct_style
     c.task.kwargs.worked_error_rate = a.worked_error_rate
     c.lock()
     return c

@@ -265,7 +265,7 @@ def test_claim_sweeps_and_pod_variants():
         "gspo_sym_s0",
         "luspo_cliphigher_s0",
     ]
-    assert luspo.get_config().task.kwargs.worked_error_rate == 0.4
+    assert luspo.get_config().task.kwargs.direct_style == "correct"
     assert [r["name"] for r in moe.get_sweep("gspo_token=False,seeds=1")] == [
         "grpo_s0",
         "grpo_rr_s0",
