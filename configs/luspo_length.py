@@ -6,7 +6,8 @@ On the default task (configs/arith.py) the long, worked answers are far more oft
 objective lengthens responses there and the objectives' length bias cannot show. Here the direct
 demonstrations are right (task kwarg direct_style="correct"), so a short answer is wrong only
 where the small model cannot carry in one pass, and long (24 tokens) and short (6 tokens) answers
-earn rewards of the same order at the start: what moves the length is then mostly the objective.
+earn rewards of the same order at the start (measured: 66 % of worked and 81 % of direct samples
+right), so the reward pulls lengths down only a little and the objectives' length bias can show.
 GSPO's sequence ratio is a mean over tokens, so each response gets the same weight whatever its
 length (a long response's tokens each get 1/|y| of it); LUSPO multiplies by |y|, weighing every
 token alike. clip-higher (eps_high > eps_low, the gspo preset's 3e-4 / 4e-4) is where the paper

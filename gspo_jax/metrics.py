@@ -242,7 +242,7 @@ class Progress:
     """A tqdm progress bar over RL steps showing the headline figures (process 0 only)."""
 
     def __init__(self, total: int, initial: int = 0, desc: str = "rl", enabled: bool | None = None):
-        from tqdm.auto import tqdm
+        from tqdm import tqdm  # the terminal bar (tqdm.auto warns in kernels without ipywidgets)
 
         self.enabled = is_writer_process() if enabled is None else enabled
         self._bar = tqdm(

@@ -44,7 +44,7 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from flax import nnx
-from tqdm.auto import tqdm
+from tqdm import tqdm  # the terminal bar (tqdm.auto warns in kernels without ipywidgets)
 
 from gspo_jax import data, filelock, models
 from gspo_jax.tasks.task import Task
