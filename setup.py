@@ -3,6 +3,8 @@ in JAX/Flax NNX, with a pure-JAX group sampler, verifiable tasks and an RL train
 
 from setuptools import find_packages, setup
 
+NOTEBOOKS = ["nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6.29"]
+
 setup(
     name="gspo_jax",
     version="0.1.0",
@@ -33,7 +35,15 @@ setup(
         "math-verify>=0.7.0,<1",  # GSM8K / MATH answer equivalence (tasks/math_answers.py)
     ],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6.100", "ruff==0.17.6", "scipy>=1.11"],
+        "test": [
+            "pytest>=8",
+            "hypothesis>=6.100",
+            "ruff==0.17.6",
+            "scipy>=1.11",
+            *NOTEBOOKS,  # tests/test_notebooks.py executes every notebook
+        ],
+        # Executing the claim notebooks (experiments/claims.py, tests/test_notebooks.py).
+        "notebooks": NOTEBOOKS,
         # Peers for the sampler benchmark only; tests and CI never need them.
         "peers": ["google-tunix", "transformers", "torch==2.13.0"],
     },
