@@ -15,7 +15,8 @@ Launch (the warm start of the small_moe preset is cached like the dense one):
 
 Expected runtime (2-core CPU, from an empty cache, measured with light other load): 5 min 41 s for
 the default GSPO run, of which warm start 254 s (1.6x the dense one: 8 experts, top-2) and RL 75 s
-(1.3x); held-out greedy accuracy 0.395 -> 0.820. runlocal: under a minute. Headline metrics:
+(1.3x); held-out greedy accuracy 0.395 -> 0.820 (measured before rl.log_route_change, which adds
+one forward pass per step, was turned on here). runlocal: under a minute. Headline metrics:
 eval/greedy_accuracy (base vs final) and, for the
 stability story, train/clip_frac, train/ratio_max and rollout/logp_diff_absmax with and without
 Routing Replay.
