@@ -10,7 +10,7 @@ verdict is computed, and is one of the three outcomes, is what is checked.
 import os
 
 import pytest
-from trainer_runs import REPO, load_repo_module
+from trainer_runs import REPO, load_repo_module, set_fields
 
 from gspo_jax import analysis
 from gspo_jax import config as config_lib
@@ -40,14 +40,7 @@ def tiny_config(shared, sweep, run):
         "eval.num_problems": 8,
         "eval.batch_size": 8,
     }
-    with c.unlocked():
-        for key, value in overrides.items():
-            node = c
-            *path, last = key.split(".")
-            for p in path:
-                node = node[p]
-            node[last] = value
-    return c
+    return set_fields(c, overrides)
 
 
 def make_claim_runs(shared, root):

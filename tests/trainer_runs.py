@@ -38,15 +38,21 @@ def overrides(shared) -> dict:
     }
 
 
-def make_config(shared, **extra) -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict(config_lib.load_config_file(ARITH + ":runlocal"))
-    for k, v in {**overrides(shared), **extra}.items():
+def set_fields(c: ml_collections.ConfigDict, fields: dict) -> ml_collections.ConfigDict:
+    """Sets dotted keys ("rl.num_steps": 2) on ``c``; returns ``c``. On a locked config a
+    misspelt key is an error, as it should be in a test."""
+    for k, v in fields.items():
         node = c
         *path, last = k.split(".")
         for p in path:
             node = node[p]
         node[last] = v
     return c
+
+
+def make_config(shared, **extra) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict(config_lib.load_config_file(ARITH + ":runlocal"))
+    return set_fields(c, {**overrides(shared), **extra})
 
 
 def final_params(workdir, step=STEPS):
