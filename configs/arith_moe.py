@@ -41,28 +41,18 @@ routing_replay it is the share of routes the replay overrode). Turn it off with
 
 from __future__ import annotations
 
-import os
-
 import ml_collections
 
 from gspo_jax import config as config_lib
 
 
-def _arith():
-    return config_lib.import_config_module(
-        os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith.py")
-    )
-
-
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    arith = _arith()
+    arith = config_lib.sibling_config(__file__, "arith.py")
     a = config_lib.parse_arg(
         arg, **arith.common_args(), routing_replay=False, aux_loss_coef=1e-3, pod=""
     )
     if a.pod:  # the pod-scale variant: Qwen3-30B-A3B on GSM8K (configs/qwen3_gsm8k.py)
-        qwen = config_lib.import_config_module(
-            os.path.join(os.path.dirname(os.path.abspath(__file__)), "qwen3_gsm8k.py")
-        )
+        qwen = config_lib.sibling_config(__file__, "qwen3_gsm8k.py")
         c = qwen.pod_variant("qwen3_30b_a3b", a.pod, a.objective, a.seed)
         arith.apply_common_args(c, a)  # eps, steps, lr when given
         c.rl.routing_replay = a.routing_replay

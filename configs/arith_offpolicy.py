@@ -25,8 +25,6 @@ off) and dynamic_sampling (bool).
 
 from __future__ import annotations
 
-import os
-
 import ml_collections
 from ml_collections import config_dict
 
@@ -38,14 +36,8 @@ from gspo_jax import config as config_lib
 OPSM_DELTA = 0.01
 
 
-def _arith():
-    return config_lib.import_config_module(
-        os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith.py")
-    )
-
-
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    arith = _arith()
+    arith = config_lib.sibling_config(__file__, "arith.py")
     a = config_lib.parse_arg(
         arg,
         **arith.common_args(),

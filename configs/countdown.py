@@ -23,21 +23,13 @@ once and cached. Arguments: those of configs/arith.py (objective defaults to grp
 
 from __future__ import annotations
 
-import os
-
 import ml_collections
 
 from gspo_jax import config as config_lib
 
 
-def _arith():
-    return config_lib.import_config_module(
-        os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith.py")
-    )
-
-
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    arith = _arith()
+    arith = config_lib.sibling_config(__file__, "arith.py")
     args = arith.common_args()
     args["objective"] = "grpo"
     a = config_lib.parse_arg(arg, **args)

@@ -39,28 +39,18 @@ selects the pod-scale variant).
 
 from __future__ import annotations
 
-import os
-
 import ml_collections
 
 from gspo_jax import config as config_lib
 
 
-def _arith():
-    return config_lib.import_config_module(
-        os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith.py")
-    )
-
-
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    arith = _arith()
+    arith = config_lib.sibling_config(__file__, "arith.py")
     a = config_lib.parse_arg(
         arg, **arith.common_args(), direct_style="correct", worked_error_rate=0.0, pod=""
     )
     if a.pod:  # the pod-scale variant: a dense Qwen3 on GSM8K (configs/qwen3_gsm8k.py)
-        qwen = config_lib.import_config_module(
-            os.path.join(os.path.dirname(os.path.abspath(__file__)), "qwen3_gsm8k.py")
-        )
+        qwen = config_lib.sibling_config(__file__, "qwen3_gsm8k.py")
         c = qwen.pod_variant("qwen3_1_7b", a.pod, a.objective, a.seed)
         arith.apply_common_args(c, a)  # eps, steps, lr when given
         c.lock()

@@ -28,8 +28,6 @@ README.
 
 from __future__ import annotations
 
-import os
-
 import ml_collections
 from ml_collections import config_dict
 
@@ -49,12 +47,6 @@ SUGGESTED = {
     "tiny": ("v6e-8", dict(data=2, fsdp=4, tensor=1, expert=1), 1),
 }
 VOCAB = 151_936  # Qwen3's embedding rows (its tokenizer has 151,669 ids; the rest is padding)
-
-
-def _arith():
-    return config_lib.import_config_module(
-        os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith.py")
-    )
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -80,7 +72,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if model not in SUGGESTED:
         raise ValueError(f"model={model!r}; valid: {sorted(set(SUGGESTED) - {'tiny'})}")
     suggested_slice, suggested_mesh, suggested_micro = SUGGESTED[model]
-    c = _arith().base_config(False)
+    c = config_lib.sibling_config(__file__, "arith.py").base_config(False)
     c.seed = a.seed
     c.slice = a.slice or suggested_slice
     axes = dict(data=a.data, fsdp=a.fsdp, tensor=a.tensor, expert=a.expert)

@@ -190,6 +190,12 @@ def import_config_module(path: str):
     return module
 
 
+def sibling_config(config_file: str, name: str):
+    """The config module ``name`` in the folder of ``config_file`` (a config's ``__file__``):
+    how configs/arith_moe.py and the others load configs/arith.py, which they extend."""
+    return import_config_module(os.path.join(os.path.dirname(os.path.abspath(config_file)), name))
+
+
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
     """Loads ``path/to/config.py[:arg]`` and returns ``get_config(arg)`` (as --config does).
 
