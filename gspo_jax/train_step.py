@@ -540,23 +540,29 @@ def route_change_frac(
     return (changed * weight).sum() / jnp.maximum(weight.sum() * L, 1.0)
 
 
+def run_logprob_fn(run: Run, *, return_routes: bool, replay_routes: bool) -> Callable:
+    """make_logprob_fn with the run's model, temperature, chunking (one chunk per minibatch) and
+    mesh: the old_logp recompute, the reference pass and the route-change pass (not jitted)."""
+    rl = run.config.rl
+    return make_logprob_fn(
+        run.graphdef,
+        run.rest,
+        temperature=rl.temperature,
+        num_chunks=rl.num_minibatches,
+        return_routes=return_routes,
+        row_spec=sharding.row_spec(run.mesh),
+        mesh=run.mesh,
+        replay_routes=replay_routes,
+    )
+
+
 def make_route_change_fn(run: Run) -> Callable:
     """(params, batch, rollout_routes [L, B, S, k]) -> dict(route_change_frac): the routes the
     given parameters choose by themselves (one forward-only pass, never replaying) against the
     rollout's, over the batch's valid response tokens (route_change_frac). Jitted; rows stay
     sharded over the mesh."""
-    rl = run.config.rl
     row_spec = sharding.row_spec(run.mesh)
-    own_routes = make_logprob_fn(
-        run.graphdef,
-        run.rest,
-        temperature=rl.temperature,
-        num_chunks=rl.num_minibatches,
-        return_routes=True,
-        row_spec=row_spec,
-        mesh=run.mesh,
-        replay_routes=False,
-    )
+    own_routes = run_logprob_fn(run, return_routes=True, replay_routes=False)
 
     def fn(params, batch, rollout_routes):
         new = _constrain_rows(own_routes(params, batch)["routes"], row_spec, run.mesh)
@@ -588,17 +594,7 @@ def make_phases(run: Run, state: TrainState, with_ref: bool) -> Phases:
     row_spec = sharding.row_spec(run.mesh)
 
     def logprob_pass(replay_routes: bool):
-        fn = make_logprob_fn(
-            run.graphdef,
-            run.rest,
-            temperature=rl.temperature,
-            num_chunks=rl.num_minibatches,
-            return_routes=False,
-            row_spec=row_spec,
-            mesh=run.mesh,
-            replay_routes=replay_routes,
-        )
-        return jax.jit(fn)
+        return jax.jit(run_logprob_fn(run, return_routes=False, replay_routes=replay_routes))
 
     # old_logp replays the rollout's routes; the reference model routes by itself
     logprob = logprob_pass(replay_routes=True) if rl.recompute_old_logp else None
