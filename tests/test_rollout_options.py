@@ -10,7 +10,7 @@ from trainer_runs import assert_records, assert_trees, final_params, make_config
 
 from gspo_jax import config as config_lib
 from gspo_jax import experiment as exp
-from gspo_jax import sampler, trainer
+from gspo_jax import sampler, sharding, trainer
 from gspo_jax import train_step as ts
 
 
@@ -145,3 +145,36 @@ def test_mismatch_metrics_by_hand():
     np.testing.assert_allclose(m["mismatch_seq_abs_mean"], (0.2 + 0.5) / 2, rtol=1e-6)
     np.testing.assert_allclose(m["mismatch_geo_abs_mean"], (0.2 / 3 + 0.5) / 2, rtol=1e-6)
     np.testing.assert_allclose(m["mismatch_geo_abs_max"], 0.5, rtol=1e-6)
+
+
+def test_token_advantages_put_each_response_advantage_on_its_tokens(shared):
+    """rl.token_advantages: the RL batch's adv is [B, T], each row its response's [B] advantage
+    (the objective's per-token path); without it adv stays [B]."""
+    base = make_config(shared, num_devices=1, **{"objective.name": "gspo_token"})
+    tok = make_config(
+        shared, num_devices=1, **{"objective.name": "gspo_token", "rl.token_advantages": True}
+    )
+    runs = [exp.build_run(c) for c in (base, tok)]
+    P, G, T = base.rl.prompts_per_step, base.rl.group_size, runs[0].config.rl.max_new_tokens
+    B = P * G
+    rng = np.random.default_rng(0)
+    mask = (np.arange(T)[None, :] < rng.integers(1, T + 1, B)[:, None]).astype(np.float32)
+    sample = sampler.SampleOutput(
+        tokens=jnp.ones((B, T), jnp.int32),
+        mask=jnp.asarray(mask),
+        logp=jnp.zeros((B, T)),
+        sample_logp=jnp.zeros((B, T)),
+        lengths=jnp.asarray(mask.sum(-1), jnp.int32),
+    )
+    rewards = jnp.asarray(rng.integers(0, 2, B), jnp.float32)
+    prompts, lengths = jnp.ones((P, 4), jnp.int32), jnp.full((P,), 4, jnp.int32)
+    adv = {}
+    for name, run in zip(("base", "tok"), runs, strict=True):
+        with sharding.use_mesh(run.mesh):
+            batch, _ = ts.make_prepare_fn(run)(
+                sample, rewards, prompts, lengths, jnp.zeros(B, bool)
+            )
+        adv[name] = np.asarray(batch["adv"])
+    assert adv["base"].shape == (B,) and adv["tok"].shape == (B, T)
+    np.testing.assert_array_equal(adv["tok"], np.broadcast_to(adv["base"][:, None], (B, T)))
+    assert np.abs(adv["base"]).max() > 0
