@@ -108,8 +108,8 @@ def series(run: RunData, key: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def wall_series(run: RunData, key: str) -> tuple[np.ndarray, np.ndarray]:
-    """(RL wall seconds [N], values [N]): the x axis is the cumulative time/step_s (rollout and
-    update; evaluation excluded) up to each record's step."""
+    """(RL wall seconds [N], values [N]): the x axis is the cumulative time/step_s (the whole RL
+    step: rollout, log-prob passes, update; evaluation excluded) up to each record's step."""
     steps, values = series(run, key)
     t_steps, t = series(run, "time/step_s")
     cum = dict(zip(t_steps.tolist(), np.cumsum(t).tolist(), strict=True))
