@@ -292,7 +292,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
         mesh = sharding.make_mesh(dict(config.mesh), devices=mesh_devices(config))
     except ValueError as e:
         raise ConfigError(f"config.mesh: {e}") from None
-    dp = mesh.shape["data"] * mesh.shape["fsdp"]
+    dp = sharding.row_shards(mesh)  # rows split over data x fsdp x expert
     P, G, K, U = rl.prompts_per_step, rl.group_size, rl.num_minibatches, rl.num_microbatches
     B = P * G
     if P < 1 or K < 1 or U < 1 or rl.num_epochs < 1:
@@ -308,8 +308,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
     if P % dp:
         raise ConfigError(
             f"config.rl.prompts_per_step={P} does not divide over the data axis: the mesh shards "
-            f"rows over data x fsdp = {dp} devices, and every device needs whole prompts. Use a "
-            f"multiple of {dp} prompts, or shrink config.mesh.data / config.mesh.fsdp"
+            f"rows over data x fsdp x expert = {dp} devices, and every device needs whole prompts. "
+            f"Use a multiple of {dp} prompts, or shrink config.mesh.data / fsdp / expert"
         )
     if B % K or (B // K) % dp:
         raise ConfigError(

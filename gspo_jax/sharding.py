@@ -9,7 +9,8 @@ mlp, vocab, expert, expert_mlp), and a few activations are constrained with
 ``logical_constraint``. The rules below map logical names onto the mesh axes
 ("data", "fsdp", "tensor", "expert"):
 
-    batch      -> ("data", "fsdp")   data parallel; FSDP shards batch as well as weights
+    batch      -> ("data", "fsdp", "expert")   data parallel; FSDP and expert parallelism shard
+                                  rows as well as weights (no device computes another's token)
     embed      -> "fsdp"             weights' D dimension (ZeRO-3 style)
     vocab, heads, kv_heads, mlp, expert_mlp -> "tensor"   Megatron-style tensor parallel
     expert     -> "expert"           expert parallel
@@ -26,7 +27,8 @@ table that could differ per run would have to be threaded through the model, the
 update and the checkpoint shardings alike. Change the table here, in one place, if a model needs it.
 
 Batch rows (prompts, responses, every per-row array of the RL step) are sharded by one helper,
-``rows_sharding(mesh, ndim)``: rows over (data, fsdp), everything else replicated.
+``rows_sharding(mesh, ndim)``: rows over (data, fsdp, expert), everything else replicated;
+``row_shards(mesh)`` is how many ways the rows split.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
 
 RULES: tuple[tuple[str, Any], ...] = (
-    ("batch", ("data", "fsdp")),
+    # Rows over the expert axis too: the sparse MoE (models/moe_dispatch.py) gathers an expert
+    # group's tokens itself, and attention, router and head are not repeated on that axis.
+    ("batch", ("data", "fsdp", "expert")),
     ("length", None),
     ("embed", "fsdp"),
     ("act_embed", None),
@@ -170,7 +174,7 @@ def with_shardings(abstract, shardings):
 
 def row_spec(mesh: jax.sharding.Mesh) -> Any:
     """The PartitionSpec entry of a batch-row dimension: the batch rule's mesh axes of size > 1
-    ("data", "fsdp", both as a tuple, or None on a mesh without data parallelism)."""
+    (one name, a tuple of them, or None on a mesh that does not split rows)."""
     target = dict(RULES)["batch"]
     axes = (target,) if isinstance(target, str) else tuple(target or ())
     sizes = _mesh_axis_sizes(mesh)
@@ -178,16 +182,23 @@ def row_spec(mesh: jax.sharding.Mesh) -> Any:
     return None if not axes else axes[0] if len(axes) == 1 else axes
 
 
-def rows_sharding(mesh: jax.sharding.Mesh, ndim: int = 2) -> NamedSharding:
-    """NamedSharding for a [B, ...] array: rows over the batch axes (data, fsdp), rest replicated.
+def row_shards(mesh: jax.sharding.Mesh) -> int:
+    """How many ways batch rows split on ``mesh`` (the product of the batch rule's axes)."""
+    sizes = _mesh_axis_sizes(mesh)
+    entry = row_spec(mesh)
+    axes = () if entry is None else (entry,) if isinstance(entry, str) else entry
+    return math.prod(sizes[a] for a in axes)
 
-    B must be divisible by the product of the data and fsdp axis sizes.
+
+def rows_sharding(mesh: jax.sharding.Mesh, ndim: int = 2) -> NamedSharding:
+    """NamedSharding for a [B, ...] array: rows over the batch axes (data, fsdp, expert), rest
+    replicated. B must be divisible by row_shards(mesh).
     """
     return NamedSharding(mesh, PartitionSpec(row_spec(mesh), *([None] * (ndim - 1))))
 
 
 def shard_batch(batch, mesh: jax.sharding.Mesh):
-    """device_put every array of a pytree with rows_sharding (rows over data+fsdp)."""
+    """device_put every array of a pytree with rows_sharding (rows over the batch axes)."""
     return jax.tree.map(lambda x: jax.device_put(x, rows_sharding(mesh, np.ndim(x))), batch)
 
 

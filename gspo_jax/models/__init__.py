@@ -13,12 +13,13 @@ Protocol of interface.py (forward, logits, output_matrix, init_cache, cfg, __cal
 state with logical axis names). Qwen2.5 and Llama are flags on the same decoder (qk_norm,
 attention_bias), not copies of it.
 
-See config.py (presets, flags), layers.py (blocks, MoE), transformer.py (layout, masks, model,
-create_model), logprobs.py (chunked log-prob / entropy), interface.py (the seam) and hf.py
-(Hugging Face checkpoints).
+See config.py (presets, flags), layers.py (blocks, MoE router), moe_dispatch.py (how the
+experts run: dense reference, sparse grouped matmuls, expert parallelism), transformer.py
+(layout, masks, model, create_model), logprobs.py (chunked log-prob / entropy), interface.py
+(the seam) and hf.py (Hugging Face checkpoints).
 """
 
-from gspo_jax.models.config import PRESETS, ModelConfig, get_model_config
+from gspo_jax.models.config import EXECUTION_FIELDS, PRESETS, ModelConfig, get_model_config
 from gspo_jax.models.hf import config_from_hf, load_hf_checkpoint, save_hf_checkpoint
 from gspo_jax.models.interface import CausalLM
 from gspo_jax.models.logprobs import (
@@ -39,6 +40,7 @@ from gspo_jax.models.transformer import (
 )
 
 __all__ = [
+    "EXECUTION_FIELDS",
     "PRESETS",
     "CausalLM",
     "ModelConfig",

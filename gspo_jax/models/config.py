@@ -21,6 +21,11 @@ import dataclasses
 import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+MOE_DISPATCHES = ("sparse", "dense")
+MOE_KERNELS = ("auto", "ragged_dot", "megablox")
+# Fields that choose how the model is computed, not which function it computes: a warm start
+# cached under one value serves the others (warmstart.cache_key leaves them out).
+EXECUTION_FIELDS = ("moe_dispatch", "moe_kernel")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +49,16 @@ class ModelConfig:
     experts_per_token: int = 2  # k
     moe_mlp_dim: int = 64  # Fe
     norm_topk_prob: bool = True  # renormalise the top-k router weights to sum to 1 (Qwen3-MoE)
+    # How the experts run (models/moe_dispatch.py): "sparse" sorts the token-expert assignments
+    # by expert and runs grouped matmuls (expert-parallel under a mesh with an expert axis);
+    # "dense" runs every token through every expert (the reference the tests compare against).
+    moe_dispatch: str = "sparse"
+    # Grouped-matmul kernel of the sparse dispatch: "auto" (Pallas megablox gmm on TPU,
+    # jax.lax.ragged_dot elsewhere), "ragged_dot" or "megablox" (interpret mode off TPU).
+    moe_kernel: str = "auto"
+    # 0 = dropless. > 0: each expert takes at most ceil(factor * assignments / E) token copies per
+    # dispatch group, and the assignments past that are dropped (their combine weight is 0).
+    moe_capacity_factor: float = 0.0
     tie_embeddings: bool = True
     qk_norm: bool = True  # per-head RMSNorm of q and k before RoPE (Qwen3; not Qwen2.5 / Llama)
     attention_bias: bool = False  # biases on the q/k/v projections (Qwen2.5), none on o
@@ -69,6 +84,19 @@ class ModelConfig:
             raise ValueError(
                 f"experts_per_token={self.experts_per_token} must be in [1, num_experts="
                 f"{self.num_experts}]."
+            )
+        if self.moe_dispatch not in MOE_DISPATCHES:
+            raise ValueError(
+                f"moe_dispatch={self.moe_dispatch!r} is not one of {list(MOE_DISPATCHES)}."
+            )
+        if self.moe_kernel not in MOE_KERNELS:
+            raise ValueError(f"moe_kernel={self.moe_kernel!r} is not one of {list(MOE_KERNELS)}.")
+        if self.moe_capacity_factor < 0 or (
+            self.moe_dispatch == "dense" and self.moe_capacity_factor
+        ):
+            raise ValueError(
+                f"moe_capacity_factor={self.moe_capacity_factor} must be 0 (dropless) or > 0 "
+                "with moe_dispatch='sparse' (the dense dispatch never drops)."
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings.")

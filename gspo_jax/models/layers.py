@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from gspo_jax.models import moe_dispatch
 from gspo_jax.models.config import ModelConfig
 from gspo_jax.sharding import logical_constraint
 
@@ -181,9 +182,10 @@ class MoE(nnx.Module):
     the same way). So gradients still reach the router, while the expert set -- the discrete,
     volatile part -- is frozen to the old policy's choice.
 
-    Compute is dense dispatch (every expert on every token, combined with a [B, S, E] weight
-    matrix that is zero off the chosen experts): exact and simple, E times the MLP FLOPs; right for
-    tiny/small experiments. Large-E presets are only built abstractly.
+    The experts run as cfg.moe_dispatch says (models/moe_dispatch.py): "sparse" (each token
+    through its k experts: grouped matmuls, expert-parallel under a mesh) or "dense" (every token
+    through every expert, the reference). Routing, Routing Replay and the aux loss are computed
+    here, the same for both.
 
     Load-balancing loss (Switch Transformer / Qwen3-MoE): aux = E * sum_e f_e * P_e over valid
     tokens, with f_e the fraction of (token, slot) assignments to expert e and P_e the mean router
@@ -215,14 +217,23 @@ class MoE(nnx.Module):
             top_w = jnp.take_along_axis(probs, top_idx, axis=-1)
         if cfg.norm_topk_prob:
             top_w = top_w / jnp.sum(top_w, axis=-1, keepdims=True)
-        onehot = jax.nn.one_hot(top_idx, E, dtype=jnp.float32)  # [B, S, k, E]
-        combine = jnp.einsum("bske,bsk->bse", onehot, top_w)  # [B, S, E]
-
-        h = jax.nn.silu(jnp.einsum("bsd,edf->bsef", x, self.gate_proj[...].astype(cdt)))
-        h = h * jnp.einsum("bsd,edf->bsef", x, self.up_proj[...].astype(cdt))
-        h = logical_constraint(h, ("batch", "length", "expert", "expert_mlp"))
-        y_e = jnp.einsum("bsef,efd->bsed", h, self.down_proj[...].astype(cdt))
-        y = jnp.einsum("bsed,bse->bsd", y_e, combine.astype(cdt))
+        gate, up, down = (
+            p[...].astype(cdt) for p in (self.gate_proj, self.up_proj, self.down_proj)
+        )
+        if cfg.moe_dispatch == "dense":
+            y = moe_dispatch.dense_experts(x, top_idx, top_w, gate, up, down, cdt)
+        else:
+            y = moe_dispatch.sparse_experts(
+                x,
+                top_idx,
+                top_w,
+                gate,
+                up,
+                down,
+                capacity_factor=cfg.moe_capacity_factor,
+                kernel=cfg.moe_kernel,
+                cdt=cdt,
+            )
 
         m = (
             jnp.ones(x.shape[:2], jnp.float32)
@@ -230,6 +241,7 @@ class MoE(nnx.Module):
             else token_mask.astype(jnp.float32)
         )
         n = jnp.maximum(jnp.sum(m), 1.0)
+        onehot = jax.nn.one_hot(top_idx, E, dtype=jnp.float32)  # [B, S, k, E]
         frac = jnp.einsum("bske,bs->e", onehot, m) / (n * k)  # [E]
         mean_prob = jnp.einsum("bse,bs->e", probs, m) / n  # [E]
         aux = E * jnp.sum(frac * mean_prob)
