@@ -65,6 +65,11 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict()
     c.model.preset = "small"  # models.get_model_config preset; vocab comes from the tokenizer
     c.model.dtype = "float32"
+    # MoE presets: how the experts run (models/config.py; None = the preset's: sparse, dropless,
+    # the platform's grouped-matmul kernel). "dense" is the reference dispatch.
+    c.model.moe_dispatch = config_dict.placeholder(str)
+    c.model.moe_kernel = config_dict.placeholder(str)
+    c.model.moe_capacity_factor = config_dict.placeholder(float)
 
     c.init = ml_collections.ConfigDict()
     c.init.kind = "warmstart"  # or "random" (tests that need no good policy), or "hf"

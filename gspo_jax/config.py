@@ -20,6 +20,7 @@ No array dimensions here.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 import os
 import tempfile
@@ -251,6 +252,16 @@ def flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def set_field(cfg: ml_collections.ConfigDict, key: str, value: Any) -> None:
+    """Sets the dotted ``key`` ("rl.num_steps") of ``cfg``; on a locked config a misspelt key
+    is an error."""
+    *parents, leaf = key.split(".")
+    node = cfg
+    for name in parents:
+        node = node[name]
+    node[leaf] = value
 
 
 def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
@@ -512,7 +523,10 @@ def checkpoint_model_config(config: ml_collections.ConfigDict) -> ModelConfig:
             f"with config.json and *.safetensors; {cfg_file!r} does not exist"
         )
     with open(cfg_file) as f:
-        return models.config_from_hf(json.load(f), dtype=config.model.dtype)
+        cfg = models.config_from_hf(json.load(f), dtype=config.model.dtype)
+    # The checkpoint fixes the shapes; config.model still chooses how the MoE experts run.
+    moe = {k: v for k, v in model_overrides(config).items() if k.startswith("moe_")}
+    return dataclasses.replace(cfg, **moe)
 
 
 def check_eval_split(config: ml_collections.ConfigDict, task: Task) -> None:

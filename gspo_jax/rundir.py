@@ -43,6 +43,8 @@ SAFE_TO_CHANGE = (
     "slice",
     "rl.num_microbatches",
     "rl.log_route_change",
+    "model.moe_dispatch",  # the same function, computed another way (models.EXECUTION_FIELDS)
+    "model.moe_kernel",
     "data.data_dir",
     "init.cache_dir",
 )

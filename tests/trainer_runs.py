@@ -42,11 +42,7 @@ def set_fields(c: ml_collections.ConfigDict, fields: dict) -> ml_collections.Con
     """Sets dotted keys ("rl.num_steps": 2) on ``c``; returns ``c``. On a locked config a
     misspelt key is an error, as it should be in a test."""
     for k, v in fields.items():
-        node = c
-        *path, last = k.split(".")
-        for p in path:
-            node = node[p]
-        node[last] = v
+        config_lib.set_field(c, k, v)
     return c
 
 

@@ -2,6 +2,8 @@
 
     python experiments/benchmarks/train_bench.py --out bench_out/train.json
     python experiments/benchmarks/train_bench.py --config configs/arith.py:runlocal --repeats 3
+    python experiments/benchmarks/train_bench.py --config configs/arith_moe.py \
+        --compare model.moe_dispatch=dense     # and the same steps with another setting
 
 What it measures (all after a warm-up step; compile time is reported separately, as the first
 step's phase time minus the steady median):
@@ -26,6 +28,7 @@ The policy is the config's (the warm start, when it is cached: realistic respons
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import platform
@@ -87,6 +90,14 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--random_init", action="store_true")
     p.add_argument("--out", default=None, help="write the JSON report here")
+    p.add_argument("--set", action="append", default=[], help="KEY=VALUE config override")
+    p.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        help="KEY=VALUE: also time the steps with this override, in the same process, and print "
+        "the update and step time ratios (e.g. model.moe_dispatch=dense)",
+    )
     args = p.parse_args(argv)
 
     config = ml_collections.ConfigDict(config_lib.load_config_file(args.config))
@@ -94,18 +105,9 @@ def main(argv=None) -> int:
     config.log.progress = False
     if args.random_init:
         config.init.kind = "random"
-    run = exp.build_run(config)
-    params, warm_s = exp.base_params(run)
-    state = exp.initial_state(run, params)
-    phases = ts.make_phases(run, state, with_ref=run.objective.kl_coef > 0)
-    ref = jax.tree.map(jnp.copy, params) if run.objective.kl_coef > 0 else None
-    batch = next(distributed.make_data_iterator(run.config, run.task))  # the same prompts each time
-
-    state, first = ts.rl_step(run, phases, state, batch, ref_params=ref)  # compiles
-    steady = []
-    for _ in range(args.repeats):
-        state, m = ts.rl_step(run, phases, state, batch, ref_params=ref)
-        steady.append(m)
+    for item in args.set:
+        _set(config, item)
+    run, phases, state, batch, ref, first, steady, warm_s = steady_steps(config, args.repeats)
     med = {k: statistics.median(m[f"time/{k}_s"] for m in steady) for k in PHASES}
     compile_s = {k: max(first[f"time/{k}_s"] - med[k], 0.0) for k in PHASES}
     tokens = statistics.median(m["rollout/tokens"] for m in steady)
@@ -174,6 +176,18 @@ def main(argv=None) -> int:
         f"{peak / 1e9:.1f} GFLOP/s; MFU {figures['update_mfu']:.1%}"
     )
 
+    for item in args.compare:
+        other = ml_collections.ConfigDict(config.to_dict())
+        _set(other, item)
+        o = steady_steps(other, args.repeats)[6]
+        o_med = {k: statistics.median(m[f"time/{k}_s"] for m in o) for k in ("update", "step")}
+        figures[f"update_s[{item}]"] = o_med["update"]
+        print(
+            f"with {item}: update {o_med['update']:.3f} s, step {o_med['step']:.3f} s; this "
+            f"config's update is {o_med['update'] / med['update']:.2f}x as fast, its step "
+            f"{o_med['step'] / med['step']:.2f}x"
+        )
+
     if args.out:
         report = {
             "machine": {
@@ -191,6 +205,34 @@ def main(argv=None) -> int:
             json.dump(report, f, indent=2)
         print(f"wrote {args.out}")
     return 0
+
+
+def _set(config, item: str) -> None:
+    """Apply one KEY=VALUE override (dotted key, Python literal or string) to a ConfigDict."""
+    key, _, text = item.partition("=")
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = text
+    config_lib.set_field(config, key, value)
+
+
+def steady_steps(config, repeats: int):
+    """Build the run, take one (compiling) step, then ``repeats`` steady steps on the same batch:
+    (run, phases, state, batch, ref, first metrics, steady metrics, warm-start seconds)."""
+    run = exp.build_run(config)
+    params, warm_s = exp.base_params(run)
+    state = exp.initial_state(run, params)
+    phases = ts.make_phases(run, state, with_ref=run.objective.kl_coef > 0)
+    ref = jax.tree.map(jnp.copy, params) if run.objective.kl_coef > 0 else None
+    batch = next(distributed.make_data_iterator(run.config, run.task))  # the same prompts each time
+
+    state, first = ts.rl_step(run, phases, state, batch, ref_params=ref)  # compiles
+    steady = []
+    for _ in range(repeats):
+        state, m = ts.rl_step(run, phases, state, batch, ref_params=ref)
+        steady.append(m)
+    return run, phases, state, batch, ref, first, steady, warm_s
 
 
 def _update_inputs(run, phases, state, batch_local):
