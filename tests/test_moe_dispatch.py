@@ -85,18 +85,19 @@ def _assert_same(got, want, atol=2e-5):
         )
 
 
-MESHES = [
-    None,
-    {"fsdp": 2, "tensor": 2, "expert": 2},
-    {"fsdp": 2, "expert": 4},
-    {"expert": 8},
+CASES = [  # (mesh axes or None for one device, grouped-matmul kernel)
+    (None, "tiled"),
+    (None, "ragged_dot"),
+    ({"fsdp": 2, "tensor": 2, "expert": 2}, "tiled"),
+    ({"fsdp": 2, "expert": 4}, "tiled"),
+    ({"expert": 8}, "ragged_dot"),
 ]
 
 
-@pytest.mark.parametrize("mesh_axes", MESHES, ids=lambda m: "1dev" if m is None else str(m))
-def test_sparse_equals_dense(reference, mesh_axes):
+@pytest.mark.parametrize("mesh_axes,kernel", CASES, ids=lambda c: "1dev" if c is None else str(c))
+def test_sparse_equals_dense(reference, mesh_axes, kernel):
     state, args, want = reference
-    cfg = dataclasses.replace(CFG, moe_dispatch="sparse")
+    cfg = dataclasses.replace(CFG, moe_dispatch="sparse", moe_kernel=kernel)
     mesh = None if mesh_axes is None else sharding.make_mesh(mesh_axes)
     got = _loss_and_grads(cfg, mesh)(state, *args)
     _assert_same(got, want)
@@ -133,23 +134,26 @@ def test_capacity_drops_the_overflow_in_token_order():
 
     @jax.jit
     def both(x, routes, w, gate, up, down, kept_w):
-        def sparse(factor):
+        def sparse(factor, kernel):
             return moe_dispatch.sparse_experts(
-                x, routes, w, gate, up, down, capacity_factor=factor, kernel="ragged_dot",
+                x, routes, w, gate, up, down, capacity_factor=factor, kernel=kernel,
                 cdt=jnp.float32,
             )  # fmt: skip
 
         dense = lambda w: moe_dispatch.dense_experts(x, routes, w, gate, up, down, jnp.float32)
-        return sparse(0.25), dense(kept_w), sparse(0.0), dense(w)
+        capped = [sparse(0.25, kernel) for kernel in ("tiled", "ragged_dot")]
+        return capped, dense(kept_w), sparse(0.0, "tiled"), dense(w)
 
     capped, capped_ref, dropless, dropless_ref = both(*args, w * kept.reshape(w.shape))
-    np.testing.assert_allclose(capped, capped_ref, atol=2e-5)
+    for got in capped:
+        np.testing.assert_allclose(got, capped_ref, atol=2e-5)
     np.testing.assert_allclose(dropless, dropless_ref, atol=2e-5)
 
 
 def test_megablox_kernel_in_interpret_mode():
     """The Pallas megablox gmm (interpret mode off TPU) gives ragged_dot's values and
-    gradients, rows past the groups aside (megablox leaves them unwritten)."""
+    gradients, rows past the groups aside (megablox leaves them unwritten). (The tiled kernel
+    is checked against the dense reference above, end to end.)"""
     kx, kw = jax.random.split(jax.random.key(2))
     lhs = jax.random.normal(kx, (16, 32), jnp.float32)
     rhs = jax.random.normal(kw, (4, 32, 16), jnp.float32)

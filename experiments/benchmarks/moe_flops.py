@@ -132,9 +132,11 @@ def main():
         f"{ARGS.slots} slots; per-device FLOPs from the compiled HLO's dots"
     )
     variants = [("dense (rows data x fsdp)", dict(moe_dispatch="dense"), None)]
+    # the buffer layout of TPU's megablox (groups unpadded); the proxy stands in for its gmm
     for c in (1.0, 1.25):
         variants.append((f"sparse, capacity {c}", dict(moe_capacity_factor=c), c))
     variants.append(("sparse, dropless bound", dict(moe_capacity_factor=0.0), 0.0))
+    variants[1:] = [(n, {**f, "moe_kernel": "megablox"}, c) for n, f, c in variants[1:]]
     real = moe_dispatch.grouped_matmul
     rows = []
     try:

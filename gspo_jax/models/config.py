@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 MOE_DISPATCHES = ("sparse", "dense")
-MOE_KERNELS = ("auto", "ragged_dot", "megablox")
+MOE_KERNELS = ("auto", "tiled", "ragged_dot", "megablox")
 # Fields that choose how the model is computed, not which function it computes: a warm start
 # cached under one value serves the others (warmstart.cache_key leaves them out).
 EXECUTION_FIELDS = ("moe_dispatch", "moe_kernel")
@@ -53,8 +53,8 @@ class ModelConfig:
     # by expert and runs grouped matmuls (expert-parallel under a mesh with an expert axis);
     # "dense" runs every token through every expert (the reference the tests compare against).
     moe_dispatch: str = "sparse"
-    # Grouped-matmul kernel of the sparse dispatch: "auto" (Pallas megablox gmm on TPU,
-    # jax.lax.ragged_dot elsewhere), "ragged_dot" or "megablox" (interpret mode off TPU).
+    # Grouped-matmul kernel of the sparse dispatch: "auto" (Pallas megablox gmm on TPU, "tiled"
+    # elsewhere), "tiled" (plain JAX), "ragged_dot" or "megablox" (interpret mode off TPU).
     moe_kernel: str = "auto"
     # 0 = dropless. > 0: each expert takes at most ceil(factor * assignments / E) token copies per
     # dispatch group, and the assignments past that are dropped (their combine weight is 0).

@@ -12,9 +12,12 @@ experts. It is the reference the tests compare the sparse dispatch against.
 
 ``sparse_experts`` (cfg.moe_dispatch = "sparse", the default) runs each token only through its k
 experts: the A assignments are sorted by expert, their token rows copied into a buffer grouped by
-expert, each group multiplied by its expert's weights (one grouped matmul per projection:
-``jax.lax.ragged_dot``, or the Pallas megablox ``gmm`` on TPU), and the results gathered back to
-their assignments and summed with the router weights.
+expert, each group multiplied by its expert's weights (one grouped matmul per projection), and the
+results gathered back to their assignments and summed with the router weights. The grouped
+matmul (cfg.moe_kernel): the Pallas megablox ``gmm`` on TPU; elsewhere "tiled", a plain-JAX
+batched matmul over fixed-size row blocks that each belong to one group (groups padded to whole
+blocks); or ``jax.lax.ragged_dot``, which XLA:CPU lowers as a masked dense matmul over every
+group (E/k times the work of the dense dispatch there).
 
 Under a mesh (``jax.set_mesh``) the sparse dispatch runs in ``shard_map``. Token rows are sharded
 over the batch rule's axes, which include ``expert`` (sharding.RULES), so no two devices compute
@@ -30,9 +33,8 @@ token's hidden state (D values) to |expert| devices and back, where an all-to-al
 copies once each way; for k ≥ |expert| the ring moves no more, and it needs no count exchange.
 
 Dropless by default: the buffer has a row for every assignment the device could receive (A of the
-gathered tokens), and a grouped matmul touches only the rows its groups cover (megablox skips the
-rest; the CPU lowers ragged_dot as a masked dense matmul over all E groups, so XLA's CPU cost
-analysis overstates it). With cfg.moe_capacity_factor = c > 0 each expert keeps at most
+gathered tokens), and a grouped matmul touches only the rows its groups cover (megablox and tiled
+skip the rest). With cfg.moe_capacity_factor = c > 0 each expert keeps at most
 C = ceil(c · A / E) assignments (in token order); the rest are dropped (weight 0) and the buffer
 shrinks to El · C rows.
 """
@@ -60,10 +62,17 @@ def dense_experts(x, top_idx, top_w, gate, up, down, cdt):
 
 
 def resolve_kernel(kernel: str) -> str:
-    """ "auto" -> "megablox" on TPU, "ragged_dot" elsewhere; other names unchanged."""
+    """ "auto" -> "megablox" on TPU, "tiled" elsewhere; other names unchanged."""
     if kernel != "auto":
         return kernel
-    return "megablox" if jax.devices()[0].platform == "tpu" else "ragged_dot"
+    return "megablox" if jax.devices()[0].platform == "tpu" else "tiled"
+
+
+def tile_rows(assignments: int, groups: int) -> int:
+    """Rows per tile of the "tiled" kernel: about a quarter of a group's expected rows (so
+    padding each group to whole tiles wastes little), a power of two in [8, 128]."""
+    target = max(assignments // (4 * max(groups, 1)), 1)
+    return int(min(128, max(8, 2 ** round(math.log2(target)))))
 
 
 def _megablox_tiling(m: int, k: int, n: int) -> tuple[int, int, int]:
@@ -71,10 +80,26 @@ def _megablox_tiling(m: int, k: int, n: int) -> tuple[int, int, int]:
     return min(128, m), min(128, k), min(128, n)
 
 
-def grouped_matmul(lhs, rhs, group_sizes, kernel: str):
-    """lhs [M, K] rows grouped consecutively by group_sizes [G] (Σ ≤ M), rhs [G, K, N] ->
-    [M, N]: row m of group g times rhs[g]. Rows past Σ group_sizes are unspecified (zero for
-    ragged_dot, unwritten by megablox): callers never read them."""
+def tiled_matmul(lhs, rhs, group_sizes, tile: int):
+    """Grouped matmul over a buffer whose groups start at multiples of ``tile`` rows: each
+    [tile, K] block is multiplied by its group's [K, N] as one batched matmul, so the work is the
+    rows the groups cover plus their padding. Plain JAX: the kernel off TPU (XLA:CPU lowers
+    ragged_dot as a masked dense matmul over every group)."""
+    M, K = lhs.shape
+    G, tiles = rhs.shape[0], M // tile
+    ends = jnp.cumsum((group_sizes + tile - 1) // tile * tile)  # [G] padded group ends
+    owner = jnp.searchsorted(ends, jnp.arange(tiles) * tile, side="right")  # [tiles]
+    blocks = lhs.reshape(tiles, tile, K)
+    return jnp.einsum("tmk,tkn->tmn", blocks, rhs[jnp.minimum(owner, G - 1)]).reshape(M, -1)
+
+
+def grouped_matmul(lhs, rhs, group_sizes, kernel: str, tile: int = 1):
+    """lhs [M, K] rows grouped consecutively by group_sizes [G] (each group starting at a
+    multiple of ``tile`` for the "tiled" kernel), rhs [G, K, N] -> [M, N]: row m of group g
+    times rhs[g]. Rows outside the groups are unspecified (zero for ragged_dot and tiled,
+    unwritten by megablox): callers never read them."""
+    if kernel == "tiled":
+        return tiled_matmul(lhs, rhs, group_sizes, tile)
     if kernel == "megablox":
         from jax.experimental.pallas.ops.tpu.megablox import ops as megablox
 
@@ -112,19 +137,24 @@ def local_experts(x, top_idx, top_w, gate, up, down, *, first_expert, capacity, 
     order = jnp.argsort(group, stable=True)  # [A] assignments by expert, token order within
     position = jnp.zeros(A, jnp.int32).at[order].set(jnp.arange(A, dtype=jnp.int32))
     rank = position - starts[jnp.minimum(group, El - 1)]  # [A] place within its expert's group
+    kept = counts if capacity is None else jnp.minimum(counts, capacity)
+    keep = is_local if capacity is None else is_local & (rank < capacity)
+    # Buffer layout: groups one after another, each starting at a multiple of `tile` rows (the
+    # tiled kernel's blocks; 1 for the others); M covers the most rows the groups can need.
+    tile = tile_rows(A, El) if kernel == "tiled" else 1
     if capacity is None:
-        M, kept = A, counts
-        keep = is_local
+        M = -(-(A + El * (tile - 1)) // tile) * tile
     else:
-        M, kept = El * capacity, jnp.minimum(counts, capacity)
-        keep = is_local & (rank < capacity)
-    kept_starts = jnp.cumsum(kept) - kept
+        M = El * (-(-capacity // tile) * tile)
+    padded = -(-kept // tile) * tile
+    kept_starts = jnp.cumsum(padded) - padded
     # Buffer row of each kept assignment; M (out of range: dropped on write, 0 on read) otherwise.
     dest = jnp.where(keep, kept_starts[jnp.minimum(group, El - 1)] + rank, M)  # [A]
     token_rows = jnp.repeat(x, k, axis=0)  # [A, D]: assignment a is token a // k
     xs = jnp.zeros((M, D), x.dtype).at[dest].set(token_rows, mode="drop", unique_indices=True)
-    h = jax.nn.silu(grouped_matmul(xs, gate, kept, kernel)) * grouped_matmul(xs, up, kept, kernel)
-    ys = grouped_matmul(h, down, kept, kernel)  # [M, D]
+    gmm = lambda lhs, rhs: grouped_matmul(lhs, rhs, kept, kernel, tile)  # noqa: E731
+    h = jax.nn.silu(gmm(xs, gate)) * gmm(xs, up)  # [M, Fe]
+    ys = gmm(h, down)  # [M, D]
     y_a = ys.at[dest].get(mode="fill", fill_value=0)  # [A, D]
     w = jnp.where(keep, top_w.reshape(A), 0.0).astype(cdt)
     return jnp.einsum("nkd,nk->nd", y_a.reshape(N, k, D), w.reshape(N, k))
