@@ -1,4 +1,4 @@
-"""Grain pipelines from TFDS data sources to fixed-shape numpy batches.
+"""Grain pipelines from TFDS data sources (or converted files) to fixed-shape numpy batches.
 
     it = data.make_train_iterator(task, batch_size=P, seed=0, data_dir=D)   # infinite, resumable
     batch = next(it)  # {"prompt": [P, Lp] int32, "prompt_length": [P] int32, <record fields>}
@@ -8,8 +8,11 @@
 Generated tasks are written once by their TFDS builder (tasks/builders.py) as array_record files
 under ``data_dir`` (with a progress bar) and read back through ``tfds.data_source``, a random-access
 source that grain shuffles by index: the same path a real catalogue dataset (gsm8k) takes when it
-has been prepared under ``data_dir``. Runs started together share one preparation: the first
-generates the files under a file lock, the others wait for it (see ``prepare``).
+has been prepared under ``data_dir``. A task reading released files (``task.data_path``: GSM8K's
+JSONL, Hugging Face parquet) has them converted once to array_record under ``data_dir`` and read by
+grain's ArrayRecordDataSource (data_files.py), with no TensorFlow. Runs started together share one
+preparation: the first generates the files under a file lock, the others wait for it (see
+``prepare``).
 
 Pipeline order, and why: shard by process first (each host reads a disjoint slice of the records),
 then shuffle (global, seeded; grain folds the epoch into the seed, so each epoch has its own order),
