@@ -82,9 +82,10 @@ class _Family:
 
 
 ARCHITECTURES: dict[str, _Family] = {
-    # Qwen3Config defaults head_dim to 128 rather than hidden // heads; Llama and Qwen2 derive it.
+    # Qwen3Config defaults head_dim to 128 rather than hidden // heads; Qwen3MoeConfig has no
+    # head_dim default (its attention falls back to hidden // heads), nor do Llama and Qwen2.
     "Qwen3ForCausalLM": _Family("qwen3", True, False, False, 128),
-    "Qwen3MoeForCausalLM": _Family("qwen3_moe", True, False, True, 128),
+    "Qwen3MoeForCausalLM": _Family("qwen3_moe", True, False, True, None),
     "Qwen2ForCausalLM": _Family("qwen2", False, True, False, None),
     "LlamaForCausalLM": _Family("llama", False, False, False, None),
 }
