@@ -20,8 +20,9 @@ one is never converted again. Records are what ``task.record_from_example(row)``
 (text fields as str); grain reads them by index (ArrayRecordDataSource), so shuffling, sharding
 and resuming work as for every other dataset. No TensorFlow: parquet is read by pyarrow.
 
-Errors are one line naming the file and the fix: a missing folder or split, an unknown layout, a
-malformed line (file:line), a row the task cannot read (file:line or file row N, and why).
+Errors are one line naming the file and the fix (DataFileError, a ValueError; main.py prints it as
+``error: ...``): a missing folder or split, an unknown layout, a malformed line (file:line), a row
+the task cannot read (file:line or file row N, and why).
 
 Dimension legend: none (records are per problem).
 """
@@ -41,6 +42,11 @@ import grain
 from tqdm import tqdm
 
 from gspo_jax import filelock
+
+
+class DataFileError(ValueError):
+    """A dataset folder or file the task cannot read; the message names it and the fix."""
+
 
 RECORDS_FILE = "records.array_record"
 COUNT_FILE = "count.json"  # written last: an entry with it is complete
@@ -67,14 +73,14 @@ def _holds_splits(folder: str, splits: Sequence[str]) -> bool:
 
 def find_folder(path: str | os.PathLike, splits: Sequence[str]) -> str:
     """The folder of ``path`` (itself or its one config subfolder) that holds split files;
-    FileNotFoundError / ValueError naming what was found and what is expected."""
+    DataFileError naming what was found and what is expected."""
     path = os.path.abspath(os.fspath(path))
     expected = (
         f"expected {splits[0]}.jsonl / {splits[-1]}.jsonl or Hugging Face parquet shards "
         f"({splits[0]}-*.parquet / {splits[-1]}-*.parquet) in it or in one config folder below it"
     )
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"data_path={path!r} is not a folder; {expected}.")
+        raise DataFileError(f"data_path={path!r} is not a folder; {expected}.")
     if _holds_splits(path, splits):
         return path
     subs = sorted(
@@ -85,21 +91,23 @@ def find_folder(path: str | os.PathLike, splits: Sequence[str]) -> str:
     if len(subs) == 1:
         return os.path.join(path, subs[0])
     if len(subs) > 1:
-        raise ValueError(
+        raise DataFileError(
             f"data_path={path!r} holds several dataset configurations ({', '.join(subs)}); "
             f"pass the one you mean, e.g. data_path={os.path.join(path, subs[0])!r}."
         )
     found = sorted(os.listdir(path))
     shown = ", ".join(found[:8]) + (", ..." if len(found) > 8 else "") or "nothing"
-    raise ValueError(f"unknown dataset layout in data_path={path!r} (found {shown}); {expected}.")
+    raise DataFileError(
+        f"unknown dataset layout in data_path={path!r} (found {shown}); {expected}."
+    )
 
 
 def split_files(folder: str, split: str) -> tuple[str, list[str]]:
-    """("jsonl" | "parquet", files) of one split; FileNotFoundError naming the folder if none."""
+    """("jsonl" | "parquet", files) of one split; DataFileError naming the folder if none."""
     found = _split_files_in(folder, split)
     if found is None:
         names = sorted(os.listdir(folder))
-        raise FileNotFoundError(
+        raise DataFileError(
             f"no {split!r} split in {folder} (found {', '.join(names) or 'nothing'}): add "
             f"{split}.jsonl or {split}-*.parquet there, or read another split."
         )
@@ -119,9 +127,9 @@ def read_rows(kind: str, files: Sequence[str]) -> Iterator[tuple[str, dict[str, 
                     try:
                         row = json.loads(line)
                     except json.JSONDecodeError as e:
-                        raise ValueError(f"{where}: malformed JSON line ({e.msg}).") from None
+                        raise DataFileError(f"{where}: malformed JSON line ({e.msg}).") from None
                     if not isinstance(row, dict):
-                        raise ValueError(f"{where}: expected a JSON object, got {row!r:.60}.")
+                        raise DataFileError(f"{where}: expected a JSON object, got {row!r:.60}.")
                     yield where, row
         else:
             import pyarrow.parquet as pq
@@ -179,7 +187,7 @@ def _write_records(task, kind: str, files: Sequence[str], entry: str) -> int:
                 record = task.record_from_example(row)
             except (KeyError, TypeError, ValueError) as e:
                 msg = f"no {e} field" if isinstance(e, KeyError) else str(e).rstrip(".")
-                raise ValueError(
+                raise DataFileError(
                     f"{where}: {msg} (fields: {sorted(row)}); fix or remove that row."
                 ) from None
             writer.write(json.dumps(record, ensure_ascii=False).encode("utf-8"))
@@ -188,7 +196,7 @@ def _write_records(task, kind: str, files: Sequence[str], entry: str) -> int:
         writer.close()
     if n == 0:
         os.remove(tmp)
-        raise ValueError(f"{', '.join(files)}: no rows; the split is empty.")
+        raise DataFileError(f"{', '.join(files)}: no rows; the split is empty.")
     os.replace(tmp, os.path.join(entry, RECORDS_FILE))
     with open(os.path.join(entry, COUNT_FILE), "w") as f:
         json.dump({"records": n, "files": list(files)}, f)

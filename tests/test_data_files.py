@@ -152,7 +152,9 @@ def test_bad_files_give_one_line_errors_naming_them(folders, data_dir, tmp_path)
     _jsonl(only_test / "test.jsonl", TEST)
     task = tasks.get_task("gsm8k", data_path=str(only_test))
     _one_line_error(
-        FileNotFoundError, lambda: data.load_source(task, "train", data_dir), "no 'train' split"
+        data_files.DataFileError,
+        lambda: data.load_source(task, "train", data_dir),
+        "no 'train' split",
     )
     (tmp_path / "csv").mkdir()
     (tmp_path / "csv" / "train.csv").write_text("question,answer\n")
@@ -163,7 +165,7 @@ def test_bad_files_give_one_line_errors_naming_them(folders, data_dir, tmp_path)
         "train.csv",
     )
     _one_line_error(
-        FileNotFoundError,
+        ValueError,
         lambda: tasks.get_task("gsm8k", data_path=str(tmp_path / "nowhere")),
         "is not a folder",
     )
