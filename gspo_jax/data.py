@@ -66,9 +66,9 @@ def prepare(task: Task, data_dir: str | os.PathLike | None = None):
     if getattr(task, "data_path", ""):
         from gspo_jax import data_files
 
-        folder = data_files.find_folder(task.data_path, task.splits)
-        present = [s for s in task.splits if data_files._split_files_in(folder, s)]
-        return {s: data_files.prepare_split(task, s, data_dir) for s in present}
+        return {
+            s: data_files.prepare_split(task, s, data_dir) for s in data_files.present_splits(task)
+        }
     if task.catalogue_name:
         return _catalogue_builder(task, data_dir)
     from gspo_jax.tasks import builders

@@ -102,6 +102,12 @@ def find_folder(path: str | os.PathLike, splits: Sequence[str]) -> str:
     )
 
 
+def present_splits(task) -> list[str]:
+    """The splits of ``task.splits`` that ``task.data_path`` holds files for."""
+    folder = find_folder(task.data_path, task.splits)
+    return [s for s in task.splits if _split_files_in(folder, s)]
+
+
 def split_files(folder: str, split: str) -> tuple[str, list[str]]:
     """("jsonl" | "parquet", files) of one split; DataFileError naming the folder if none."""
     found = _split_files_in(folder, split)
@@ -134,8 +140,13 @@ def read_rows(kind: str, files: Sequence[str]) -> Iterator[tuple[str, dict[str, 
         else:
             import pyarrow.parquet as pq
 
+            try:
+                batches = list(pq.ParquetFile(path).iter_batches(batch_size=1024))
+            except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
+                why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise DataFileError(f"{path}: not a readable parquet file ({why}).") from None
             n = 0
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+            for batch in batches:
                 for row in batch.to_pylist():
                     yield f"{path} row {n}", row
                     n += 1
@@ -192,8 +203,11 @@ def _write_records(task, kind: str, files: Sequence[str], entry: str) -> int:
                 ) from None
             writer.write(json.dumps(record, ensure_ascii=False).encode("utf-8"))
             n += 1
-    finally:
+    except BaseException:
         writer.close()
+        os.remove(tmp)  # a half-written file is never read: the entry has no count.json yet
+        raise
+    writer.close()
     if n == 0:
         os.remove(tmp)
         raise DataFileError(f"{', '.join(files)}: no rows; the split is empty.")

@@ -148,6 +148,17 @@ def test_bad_files_give_one_line_errors_naming_them(folders, data_dir, tmp_path)
     _one_line_error(
         ValueError, lambda: data.load_source(task, "test", data_dir), f"{test}:1", "'question'"
     )
+    broken = tmp_path / "broken" / "main"
+    _parquet(broken / "test-00000-of-00001.parquet", TEST)
+    (broken / "train-00000-of-00001.parquet").write_bytes(b"PAR1 not really")
+    task = tasks.get_task("gsm8k", data_path=str(broken.parent))
+    _one_line_error(
+        ValueError,
+        lambda: data.load_source(task, "train", data_dir),
+        str(broken / "train-00000-of-00001.parquet"),
+        "not a readable parquet file",
+    )
+    assert not list((Path(data_dir) / "files").glob("*/*.tmp-*"))  # nothing half-written is left
     only_test = tmp_path / "only_test"
     _jsonl(only_test / "test.jsonl", TEST)
     task = tasks.get_task("gsm8k", data_path=str(only_test))
