@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from hf_fixtures import random_model
 
 from gspo_jax import models
 from gspo_jax.models import hf
@@ -34,7 +35,7 @@ def exported(request, tmp_path_factory):
     """(folder, model) of a random Qwen3 (dense) / Qwen3-MoE checkpoint written by
     save_hf_checkpoint (transformers 4.x names)."""
     cfg = models.get_model_config(request.param, rope_theta=1_000_000.0)
-    model = models.create_model(cfg, seed=3)
+    model = random_model(cfg, seed=3)
     folder = str(tmp_path_factory.mktemp(request.param))
     models.save_hf_checkpoint(model, folder)
     return folder, model

@@ -8,9 +8,7 @@ import json
 import os
 from pathlib import Path
 
-import jax
-import numpy as np
-from flax import nnx
+from hf_fixtures import random_model
 from test_hf_tokenizer import QWEN_CONFIG, write_folder
 
 from gspo_jax import config as config_lib
@@ -20,25 +18,11 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURE = REPO / "tests" / "data" / "gsm8k_sample.jsonl"
 
 
-def _random_model(cfg):
-    """A model of cfg with random numpy weights (std 0.05, norm scales 1): no initializer is
-    compiled, which would cost more than the run itself here."""
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: models.create_model(cfg)))
-    rng = np.random.default_rng(0)
-
-    def fill(path, a):
-        if "scale" in str(path[-1]):
-            return np.ones(a.shape, a.dtype)
-        return (0.05 * rng.standard_normal(a.shape)).astype(a.dtype)
-
-    return nnx.merge(graphdef, jax.tree_util.tree_map_with_path(fill, state))
-
-
 def test_runlocal_recipe_from_a_checkpoint_and_gsm8k_files(shared, tmp_path):
     ckpt = write_folder(tmp_path / "Qwen3-tiny", QWEN_CONFIG, dict(eos_token_id=[2, 0]))
     vocab = tasks.HFTokenizer(ckpt).vocab_size
     cfg = models.get_model_config("tiny", vocab_size=vocab, max_seq_len=512, num_layers=1)
-    models.save_hf_checkpoint(_random_model(cfg), ckpt)
+    models.save_hf_checkpoint(random_model(cfg), ckpt)
     lines = FIXTURE.read_text().splitlines()
     gsm = tmp_path / "gsm8k"
     gsm.mkdir()
