@@ -222,6 +222,8 @@ def make_train_iterator(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1 (prompts per process).")
+    if task.data_path:  # convert (and check) every split now, not the eval split mid-run
+        prepare(task, data_dir)
     ds = record_dataset(
         task,
         split,
