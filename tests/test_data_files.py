@@ -3,8 +3,10 @@ and Hugging Face parquet layouts, the content-keyed array_record cache, one-line
 file and line, a TFDS-prepared catalogue folder, gold answers scoring 1 through each task's own
 scoring, and over-long demonstrations dropped from the warm start with a count."""
 
+import concurrent.futures
 import json
 import os
+import time
 from pathlib import Path
 
 import ml_collections
@@ -119,6 +121,27 @@ def test_conversion_is_cached_and_keyed_by_content(folders, data_dir, tmp_path):
     second = data_files.prepare_split(task, "train", data_dir)
     assert second != first and len(data.load_source(task, "train", data_dir)) == 5
     assert task.data_fingerprint() != key
+
+
+def test_runs_started_together_convert_once(folders, tmp_path, monkeypatch):
+    """Concurrent first reads (parallel runs, a pod's hosts) convert a split once, under the
+    entry's file lock; the others wait and read the same file (threads here: flock excludes
+    open files, not processes)."""
+    calls, convert = [], data_files._write_records
+
+    def slow_convert(*args):
+        calls.append(1)
+        time.sleep(0.3)  # wide enough for the others to find the entry missing too
+        return convert(*args)
+
+    monkeypatch.setattr(data_files, "_write_records", slow_convert)
+    task = tasks.get_task("gsm8k", data_path=str(folders / "jsonl"))
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        paths = list(
+            pool.map(lambda _: data_files.prepare_split(task, "train", str(tmp_path)), range(3))
+        )
+    assert len(calls) == 1 and len(set(paths)) == 1
+    assert len(data_files.JsonRecords(paths[0])) == len(TRAIN)
 
 
 def _one_line_error(exc_type, fn, *match):
