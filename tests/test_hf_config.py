@@ -87,6 +87,9 @@ def test_what_the_decoder_does_not_compute_is_refused(exported):
     v5 = _v5(base)
     _refused({**v5, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "yarn")
     _refused({**base, "rope_scaling": {"type": "linear", "factor": 2.0}}, "linear")
+    per_layer = {"full_attention": v5["rope_parameters"]}
+    _refused({**v5, "rope_parameters": per_layer}, "rope_parameters", "full_attention")
+    _refused({**v5, "rope_theta": 10_000.0}, "rope_theta=10000.0", "rope_theta=1000000.0")
     _refused({**v5, "dtype": "float32", "torch_dtype": "bfloat16"}, "torch_dtype", "dtype")
     _refused({**base, "dtype": "int4"}, "int4")
     if model.cfg.is_moe:

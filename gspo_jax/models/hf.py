@@ -140,6 +140,12 @@ def _rope_theta(hf: dict) -> float:
     """Rotary base: 4.x writes rope_theta (and rope_scaling), 5.x rope_parameters {rope_type,
     rope_theta}. Only the plain ("default") rotary embedding is implemented."""
     scaling, params = hf.get("rope_scaling") or {}, hf.get("rope_parameters") or {}
+    nested = sorted(k for k, v in params.items() if isinstance(v, dict))
+    if nested:  # 5.x's per-layer-type form (sliding / full attention with their own rope)
+        raise ValueError(
+            f"config.json rope_parameters has per-layer-type entries {nested}; only one rotary "
+            "embedding for every layer is implemented."
+        )
     for where, rope in (("rope_scaling", scaling), ("rope_parameters", params)):
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type != "default":
@@ -147,7 +153,13 @@ def _rope_theta(hf: dict) -> float:
                 f"config.json {where} has rope type {rope_type!r}, which is not implemented; only "
                 "the 'default' rotary embedding is (layers.apply_rope)."
             )
-    return float(_field({"rope_theta": hf.get("rope_theta"), **params}, "rope_theta", 10_000.0))
+    top, inner = hf.get("rope_theta"), params.get("rope_theta")
+    if top is not None and inner is not None and float(top) != float(inner):
+        raise ValueError(
+            f"config.json sets rope_theta={top!r} and rope_parameters.rope_theta={inner!r}: two "
+            "names for one field with different values; keep one."
+        )
+    return float(next((t for t in (top, inner) if t is not None), 10_000.0))
 
 
 def _dense_layers(hf: dict, num_layers: int) -> list[int]:
