@@ -1,7 +1,14 @@
 r"""GSPO on GSM8K with a released Qwen3 model on a TPU pod slice: bf16 compute, float32 master
 weights, the GSPO paper's settings (ε 3e-4 / 4e-4, 4 minibatches per rollout batch).
 
-First check that the config fits the slice (simulated devices, compile only, no checkpoint
+On this machine's CPU first (the whole loop, a few steps: the checkpoint's own shapes, its
+tokenizer and chat template, GSM8K from the released files in DATA, an evaluation on the test
+split, summary.json; any Qwen3-format checkpoint folder, e.g. Qwen3-0.6B):
+
+    python -m gspo_jax.main --config configs/qwen3_gsm8k.py:runlocal,checkpoint=CKPT,data=DATA \
+        --workdir /tmp/qwen3_local
+
+Then check that the config fits the slice (simulated devices, compile only, no checkpoint
 needed):
 
     python -m gspo_jax.main --config configs/qwen3_gsm8k.py:model=qwen3_0_6b,slice=v5p-8 \
@@ -10,14 +17,18 @@ needed):
 then run it on every host of the slice (README "From a Qwen3 checkpoint to a pod run"):
 
     python -m gspo_jax.main --config configs/qwen3_gsm8k.py:model=qwen3_0_6b,slice=v5p-8,\
-checkpoint=/mnt/shared/Qwen3-0.6B --workdir /mnt/shared/runs/qwen3_gsm8k --multihost
+checkpoint=/mnt/shared/Qwen3-0.6B,data=/mnt/shared/gsm8k --workdir /mnt/shared/runs/qwen3_gsm8k \
+        --multihost
 
 Arguments: model (qwen3_0_6b, qwen3_1_7b, qwen3_30b_a3b), slice (v5p-8, v5p-32, v6e-8, ...: see
-gspo_jax/memory_plan.py), the mesh axes data / fsdp / tensor / expert (0 = the model's suggested
-layout on the slice, below), checkpoint (a Hugging Face checkpoint folder: config.json,
-*.safetensors, tokenizer.json, tokenizer_config.json), objective, seed, steps, prompts (per step),
-group, max_new_tokens, micro (micro-batches per minibatch; 0 = the suggested count below),
-runlocal (the tiny preset on 8 simulated devices: the dry run in seconds).
+gspo_jax/memory_plan.py), the mesh axes data_axis / fsdp / tensor / expert (0 = the model's
+suggested layout on the slice, below), checkpoint (a Hugging Face checkpoint folder: config.json,
+*.safetensors, tokenizer.json, tokenizer_config.json), data (a folder with GSM8K's released
+train.jsonl / test.jsonl or Hugging Face parquet shards, docs/data.md; "" = the TFDS catalogue
+under GSPO_JAX_DATA_DIR), objective, seed, steps, prompts (per step), group, max_new_tokens, micro
+(micro-batches per minibatch; 0 = the suggested count below), runlocal (with a checkpoint: a few
+float32 steps on one CPU device; without: the tiny preset on 8 simulated devices, the dry run in
+seconds).
 
 Suggested slices and meshes (rows of the README's dry-run table): qwen3_0_6b on v5p-8 (4 chips,
 fsdp=4, 16 micro-batches), qwen3_1_7b on v5p-8 (fsdp=4, 16), qwen3_30b_a3b on v5p-128 (64 chips,
@@ -55,11 +66,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         runlocal=False,
         model="qwen3_0_6b",
         slice=config_dict.placeholder(str),
-        data=0,
+        data_axis=0,
         fsdp=0,
         tensor=0,
         expert=0,
         checkpoint="",
+        data="",
         objective="gspo",
         seed=0,
         steps=200,
@@ -75,14 +87,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = config_lib.sibling_config(__file__, "arith.py").base_config(False)
     c.seed = a.seed
     c.slice = a.slice or suggested_slice
-    axes = dict(data=a.data, fsdp=a.fsdp, tensor=a.tensor, expert=a.expert)
+    axes = dict(data=a.data_axis, fsdp=a.fsdp, tensor=a.tensor, expert=a.expert)
     if any(axes.values()):
         c.mesh = ml_collections.ConfigDict({k: v or 1 for k, v in axes.items()})
     else:
         c.mesh = ml_collections.ConfigDict(suggested_mesh)
 
     c.task.name = "gsm8k"
-    c.task.kwargs = ml_collections.ConfigDict(dict(max_prompt_len=256, max_response_len=1024))
+    c.task.kwargs = ml_collections.ConfigDict(
+        dict(max_prompt_len=256, max_response_len=1024, data_path=a.data)
+    )
     c.model.preset = model
     c.model.dtype = "bfloat16"  # compute; parameters (master weights) stay float32
     c.model.vocab_size = VOCAB if model != "tiny" else config_dict.placeholder(int)
@@ -110,6 +124,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.task.kwargs.max_prompt_len, c.task.kwargs.max_response_len = 64, 32
         c.rl.prompts_per_step, c.rl.group_size, c.rl.max_new_tokens = 8, 4, 32
         c.rl.num_steps = 2
+    if a.runlocal and a.checkpoint:  # the real loop on this machine: one CPU device, float32
+        c.task.kwargs.max_prompt_len = 256  # GSM8K questions in a chat template fit whole
+        c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1, expert=1))
+        c.num_devices = 1
+        c.model.dtype = "float32"
+        c.rl.num_microbatches = 1
+        c.eval.every, c.eval.num_problems, c.eval.batch_size = 0, 8, 8
     c.lock()
     return c
 

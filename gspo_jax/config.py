@@ -530,13 +530,26 @@ def checkpoint_model_config(config: ml_collections.ConfigDict) -> ModelConfig:
 
 
 def check_eval_split(config: ml_collections.ConfigDict, task: Task) -> None:
-    """The held-out evaluation reads config.eval.split: it must be one of the task's splits."""
+    """The held-out evaluation reads config.eval.split: it must be one of the task's splits; a task
+    reading released files must have the train split and that one in its folder (caught here,
+    not after a checkpoint has loaded)."""
     split = config.eval.split
     if split not in task.splits:
         raise ConfigError(
             f"config.eval.split={split!r} is not a split of task {task.name!r}; valid splits: "
             f"{list(task.splits)}. Set --config.eval.split=test (the held-out problems)"
         )
+    if task.data_path:  # released files: the run reads the train split and the eval split
+        from gspo_jax import data_files
+
+        present = data_files.present_splits(task)
+        needed = ["train"] + ([split] if config.eval.num_problems else [])
+        missing = [s for s in dict.fromkeys(needed) if s not in present]
+        if missing:
+            raise ConfigError(
+                f"config.task.kwargs.data_path={task.data_path!r} has no {missing} split "
+                f"(it has {present}); add {missing[0]}.jsonl or {missing[0]}-*.parquet there"
+            )
 
 
 def check_lengths(config: ml_collections.ConfigDict, task: Task, model_cfg: ModelConfig) -> None:

@@ -1,4 +1,4 @@
-"""Grain pipelines from TFDS data sources to fixed-shape numpy batches.
+"""Grain pipelines from TFDS data sources (or converted files) to fixed-shape numpy batches.
 
     it = data.make_train_iterator(task, batch_size=P, seed=0, data_dir=D)   # infinite, resumable
     batch = next(it)  # {"prompt": [P, Lp] int32, "prompt_length": [P] int32, <record fields>}
@@ -8,8 +8,11 @@
 Generated tasks are written once by their TFDS builder (tasks/builders.py) as array_record files
 under ``data_dir`` (with a progress bar) and read back through ``tfds.data_source``, a random-access
 source that grain shuffles by index: the same path a real catalogue dataset (gsm8k) takes when it
-has been prepared under ``data_dir``. Runs started together share one preparation: the first
-generates the files under a file lock, the others wait for it (see ``prepare``).
+has been prepared under ``data_dir``. A task reading released files (``task.data_path``: GSM8K's
+JSONL, Hugging Face parquet) has them converted once to array_record under ``data_dir`` and read by
+grain's ArrayRecordDataSource (data_files.py), with no TensorFlow. Runs started together share one
+preparation: the first generates the files under a file lock, the others wait for it (see
+``prepare``).
 
 Pipeline order, and why: shard by process first (each host reads a disjoint slice of the records),
 then shuffle (global, seeded; grain folds the epoch into the seed, so each epoch has its own order),
@@ -49,16 +52,27 @@ def _data_dir(data_dir: str | os.PathLike | None) -> str:
 
 
 def prepare(task: Task, data_dir: str | os.PathLike | None = None):
-    """Generate ``task``'s dataset under ``data_dir`` unless it is there already; return its
-    prepared TFDS builder.
+    """Make ``task``'s dataset readable under ``data_dir`` and return what reads it.
 
-    Safe to call from many processes at once (parallel runs, the hosts of a pod sharing
+    Generated tasks: generate it unless it is there already and return its prepared TFDS
+    builder. Safe to call from many processes at once (parallel runs, the hosts of a pod sharing
     ``data_dir``): the first one generates the files under a lock next to them
     (``<version dir>.lock``, see filelock.py), the others wait for it and then read its files.
+    Tasks reading files (``task.data_path``): convert every split the folder holds (data_files.py,
+    the same lock) and return {split: array_record path}. Catalogue datasets: check that they are
+    prepared, in array_record format, and return the builder.
     """
+    data_dir = _data_dir(data_dir)
+    if getattr(task, "data_path", ""):
+        from gspo_jax import data_files
+
+        return {
+            s: data_files.prepare_split(task, s, data_dir) for s in data_files.present_splits(task)
+        }
+    if task.catalogue_name:
+        return _catalogue_builder(task, data_dir)
     from gspo_jax.tasks import builders
 
-    data_dir = _data_dir(data_dir)
     builder = builders.get_builder(task, data_dir)
     if builder.is_prepared():
         return builder
@@ -72,13 +86,25 @@ def prepare(task: Task, data_dir: str | os.PathLike | None = None):
 
 
 def _catalogue_builder(task: Task, data_dir: str):
+    """The prepared TFDS catalogue builder of ``task`` under ``data_dir``, in array_record format.
+
+    The builder's module is imported first (``task.catalogue_module``): TFDS registers a
+    catalogue dataset only when its module is imported, so ``tfds.builder(name)`` alone does not
+    find it.
+    """
+    import importlib
+
     import tensorflow_datasets as tfds
 
+    if task.catalogue_module:
+        importlib.import_module(task.catalogue_module)
     how = (
-        f"Prepare it once on a machine with network access: `tfds build {task.catalogue_name} "
-        f"--data_dir={data_dir} --file_format=array_record` (or "
-        f"tfds.builder('{task.catalogue_name}', data_dir=..., file_format='array_record')"
-        ".download_and_prepare()), then copy that directory here or pass its data_dir."
+        f"Point the task at the released files instead (data_path=<folder with "
+        f"train.jsonl/test.jsonl or *.parquet>, docs/data.md), or prepare it once on a machine "
+        f"with network access: tfds.builder('{task.catalogue_name}', data_dir={data_dir!r}, "
+        f"file_format='array_record').download_and_prepare() after importing "
+        f"{task.catalogue_module or 'its module'} (`tfds build {task.catalogue_name} "
+        f"--file_format=array_record` needs TensorFlow), then copy that directory here."
     )
     try:
         builder = tfds.builder(task.catalogue_name, data_dir=data_dir)
@@ -92,18 +118,26 @@ def _catalogue_builder(task: Task, data_dir: str):
             f"TFDS dataset {task.catalogue_name!r} is not present under data_dir={data_dir} "
             "(this codebase never downloads). " + how
         )
-    fmt = str(getattr(builder.info, "file_format", ""))
-    if "array_record" not in fmt:
+    fmt = getattr(builder.info, "file_format", None)
+    fmt = getattr(fmt, "value", fmt)  # a tfds FileFormat enum ("array_record"), or a str
+    if fmt != "array_record":
         raise ValueError(
             f"{task.catalogue_name!r} under {data_dir} is stored as {fmt or 'unknown format'}; "
-            "grain needs random access: rebuild it with --file_format=array_record. " + how
+            "grain needs random access: rebuild it with file_format='array_record'. " + how
         )
     return builder
 
 
 def load_source(task: Task, split: str, data_dir: str | os.PathLike | None = None):
-    """Random-access TFDS data source of one split (records as dicts of numpy values)."""
+    """Random-access data source of one split: records as dicts (numpy values from TFDS, str from
+    files)."""
     data_dir = _data_dir(data_dir)
+    if getattr(task, "data_path", ""):
+        from gspo_jax import data_files
+
+        if split not in task.splits:
+            raise ValueError(f"split {split!r} not in {task.name}; available: {list(task.splits)}.")
+        return data_files.load_split(task, split, data_dir)
     if task.catalogue_name:
         builder = _catalogue_builder(task, data_dir)
     else:
@@ -188,6 +222,8 @@ def make_train_iterator(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1 (prompts per process).")
+    if task.data_path:  # convert (and check) every split now, not the eval split mid-run
+        prepare(task, data_dir)
     ds = record_dataset(
         task,
         split,

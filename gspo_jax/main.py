@@ -129,9 +129,9 @@ def _config_spec(argv: list[str]) -> str | None:
 def run() -> None:
     """Console-script entry point (``gspo-train``).
 
-    Exit codes: 0 done; 2 a configuration problem; 1 a run-time stop with one ``error: ...`` line
-    (an unreadable checkpoint folder, a failed save, a diverged loss, a collapse stop); 128 + the
-    signal after SIGTERM / SIGINT saved the current step (143, 130).
+    Exit codes: 0 done; 2 a configuration problem (or a dataset file to fix); 1 a run-time stop
+    with one ``error: ...`` line (an unreadable checkpoint folder, a failed save, a diverged loss,
+    a collapse stop); 128 + the signal after SIGTERM / SIGINT saved the current step (143, 130).
 
     A configuration problem prints one ``error: ...`` line and exits with code 2, before any work:
     the config file's arguments are checked here (load_config_file turns get_config's ValueError
@@ -162,8 +162,11 @@ def run() -> None:
 def _exit_code(e: Exception) -> int | None:
     """Prints the one line of a run-time stop the user acts on and returns its exit code; None for
     an unexpected error (its traceback is the useful report then)."""
-    from gspo_jax import checkpoint, metrics, trainer
+    from gspo_jax import checkpoint, data_files, metrics, trainer
 
+    if isinstance(e, data_files.DataFileError):  # a dataset file to fix: nothing ran yet
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
     if isinstance(e, trainer.Preempted):
         print(str(e), file=sys.stderr, flush=True)
         return e.exit_code

@@ -109,6 +109,9 @@ def as_warm_config(warm_cfg: Any = None, task: Task | None = None) -> WarmStartC
 
 def cache_key(task: Task, model_cfg: models.ModelConfig, warm_cfg: Any = None) -> str:
     warm_cfg = as_warm_config(warm_cfg, task)
+    # A task reading files keys on their content too (an edited file is another dataset); only
+    # then, so the keys of the other tasks stay as they were.
+    data_key = getattr(task, "data_fingerprint", lambda: "")()
     blob = json.dumps(
         dict(
             task=task.name,
@@ -120,6 +123,7 @@ def cache_key(task: Task, model_cfg: models.ModelConfig, warm_cfg: Any = None) -
             },
             warm=dataclasses.asdict(warm_cfg),
             version=_CODE_VERSION,
+            **({"data": data_key} if data_key else {}),
         ),
         sort_keys=True,
         default=str,
@@ -132,15 +136,13 @@ def cache_key(task: Task, model_cfg: models.ModelConfig, warm_cfg: Any = None) -
 
 def encode_demonstration(task: Task, record: Mapping[str, Any], rng: np.random.Generator):
     """One record -> prompt [Lp], prompt_length, response [T] (demonstration + eos, pad after) and
-    its loss mask [T] (1 on demonstration tokens and eos)."""
-    out = data.encode_record(task, record)
+    its loss mask [T] (1 on demonstration tokens and eos); None when the demonstration does not
+    fit T = task.max_response_len (the iterator drops it, see DemonstrationStats)."""
     ids = task.tokenizer.encode(task.demonstration(record, rng), add_eos=True)
     T = task.max_response_len
     if len(ids) > T:
-        raise ValueError(
-            f"{task.name} demonstration of {len(ids)} tokens exceeds "
-            f"max_response_len={T}; raise the task's max_response_len."
-        )
+        return None
+    out = data.encode_record(task, record)
     response = np.full((T,), task.tokenizer.pad_id, np.int32)  # [T]
     response[: len(ids)] = ids
     mask = np.zeros((T,), np.float32)  # [T]
@@ -153,18 +155,55 @@ def encode_demonstration(task: Task, record: Mapping[str, Any], rng: np.random.G
     }
 
 
+@dataclasses.dataclass
+class DemonstrationStats:
+    """How many demonstrations the iterator has drawn, and how many it dropped for being longer
+    than the task's max_response_len (real datasets have a long tail: truncating a worked
+    solution would teach an answer-less ending, so the whole demonstration is skipped)."""
+
+    seen: int = 0
+    dropped: int = 0
+
+    def summary(self, task: Task) -> str:
+        return (
+            f"warm start ({task.name}): dropped {self.dropped} of {self.seen} demonstrations "
+            f"longer than max_response_len={task.max_response_len} tokens (raise the task's "
+            "max_response_len to keep them)"
+        )
+
+
 def demonstration_iterator(
-    task: Task, batch_size: int, seed: int, data_dir: str | os.PathLike | None = None
+    task: Task,
+    batch_size: int,
+    seed: int,
+    data_dir: str | os.PathLike | None = None,
+    stats: DemonstrationStats | None = None,
 ):
-    """Infinite batches of demonstrations from the train split, deterministic by seed."""
+    """Infinite batches of demonstrations from the train split, deterministic by seed.
+
+    Demonstrations longer than task.max_response_len are skipped and counted in ``stats``; a
+    train split none of whose demonstrations fit is a ValueError at the first batch, before any
+    training step."""
+    stats = stats if stats is not None else DemonstrationStats()
     ds = data.record_dataset(task, "train", seed=seed, data_dir=data_dir)
+    num_records = len(data.load_source(task, "train", data_dir))
+
     # The global element index (epochs included) seeds the demonstration choice, so each epoch
     # shows a fresh mix of worked / direct / wrong answers for the same problem.
-    ds = ds.map_with_index(
-        lambda i, r: encode_demonstration(task, r, np.random.default_rng([seed, i]))
-    )
-    ds = ds.batch(batch_size, drop_remainder=True, batch_fn=data.collate)
-    return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
+    def encode(i, record):
+        out = encode_demonstration(task, record, np.random.default_rng([seed, i]))
+        stats.seen += 1
+        stats.dropped += out is None
+        if stats.dropped == stats.seen >= num_records:  # a whole epoch and nothing fits
+            raise ValueError(
+                f"no {task.name} demonstration of the train split fits max_response_len="
+                f"{task.max_response_len} tokens; raise the task's max_response_len."
+            )
+        return out
+
+    ds = ds.map_with_index(encode).filter(lambda x: x is not None)
+    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
+    return iter(it.batch(batch_size, drop_remainder=True, batch_fn=data.collate))
 
 
 # ------------------------------------------------------------------------------ training
@@ -260,7 +299,8 @@ def train(
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    it = demonstration_iterator(task, warm_cfg.batch_size, warm_cfg.seed, data_dir)
+    demo_stats = DemonstrationStats()
+    it = demonstration_iterator(task, warm_cfg.batch_size, warm_cfg.seed, data_dir, demo_stats)
     losses = []
     bar = tqdm(
         range(warm_cfg.steps),
@@ -285,9 +325,15 @@ def train(
         raise FloatingPointError(
             f"warm-start loss became {final_loss}; lower warm_cfg.learning_rate."
         )
+    if demo_stats.dropped:
+        print(demo_stats.summary(task), file=sys.stderr, flush=True)
     model = nnx.merge(graphdef, params, rest)
     return model, dict(
-        final_loss=final_loss, wall_s=time.time() - t0 - callback_s, steps=warm_cfg.steps
+        final_loss=final_loss,
+        wall_s=time.time() - t0 - callback_s,
+        steps=warm_cfg.steps,
+        demonstrations_dropped=demo_stats.dropped,
+        demonstrations_seen=demo_stats.seen,
     )
 
 

@@ -122,5 +122,5 @@ def test_bad_inputs_fail_with_a_message(arith, data_dir):
 
 
 def test_missing_catalogue_dataset_says_how_to_get_it(tmp_path):
-    with pytest.raises(FileNotFoundError, match="tfds build gsm8k"):
+    with pytest.raises(FileNotFoundError, match="data_path=.*download_and_prepare"):
         data.make_train_iterator(tasks.get_task("gsm8k"), batch_size=2, seed=0, data_dir=tmp_path)

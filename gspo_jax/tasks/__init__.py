@@ -3,6 +3,8 @@
     task = tasks.get_task("arith", max_digits=5)      # default task (worked vs direct answers)
     task = tasks.get_task("countdown", num_numbers=4)  # partial-credit task
     task = tasks.get_task("gsm8k")                     # TFDS catalogue data, read from data_dir
+    task = tasks.get_task("gsm8k", data_path=folder)   # train.jsonl/test.jsonl or HF parquet
+    task = tasks.get_task("math", data_path=folder)    # MATH / MATH-500 records, boxed answers
     task = tasks.get_task("gsm8k", tokenizer_path=ckpt)  # a checkpoint's tokenizer + chat template
 
 Each task has ``tokenizer`` (encode/decode/vocab_size/pad_id/eos_id), ``max_prompt_len`` (Lp),
@@ -21,10 +23,16 @@ from gspo_jax.tasks.arithmetic import ArithmeticTask
 from gspo_jax.tasks.countdown import CountdownTask, parse_expression
 from gspo_jax.tasks.gsm8k import Gsm8kTask
 from gspo_jax.tasks.hf_tokenizer import HFTokenizer
+from gspo_jax.tasks.math_problems import MathTask
 from gspo_jax.tasks.task import Task, Verdict
 from gspo_jax.tasks.tokenizer import CharTokenizer
 
-TASKS = {"arith": ArithmeticTask, "countdown": CountdownTask, "gsm8k": Gsm8kTask}
+TASKS = {
+    "arith": ArithmeticTask,
+    "countdown": CountdownTask,
+    "gsm8k": Gsm8kTask,
+    "math": MathTask,
+}
 
 __all__ = [
     "TASKS",
@@ -33,6 +41,7 @@ __all__ = [
     "CountdownTask",
     "Gsm8kTask",
     "HFTokenizer",
+    "MathTask",
     "Task",
     "Verdict",
     "get_task",

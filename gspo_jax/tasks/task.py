@@ -57,8 +57,12 @@ class Task(abc.ABC):
     # held-out accuracy of the "small" preset's warm start has levelled off; 2400 is a fallback
     # for tasks that have not measured theirs.
     warm_start_steps: int = 2400
-    # TFDS catalogue name when the data comes from a real dataset; None for generated tasks.
+    # TFDS catalogue name when the data comes from a real dataset; None for generated tasks. The
+    # module that registers its builder (TFDS finds a catalogue builder only once it is imported).
     catalogue_name: str | None = None
+    catalogue_module: str | None = None
+    # A folder of released split files the data is read from instead (data_files.py); "" if none.
+    data_path: str = ""
     # The splits the task's dataset has (what evaluation and the data loader may read); known
     # before any data is generated, so a config naming another split fails at validation.
     splits: tuple[str, ...] = ("train", "test")

@@ -1,0 +1,70 @@
+r"""MATH: competition mathematics (Hendrycks et al.), and MATH-500, from the released files.
+
+Rows (JSONL or Hugging Face parquet, data_files.py) carry ``problem`` and ``solution`` (a worked
+solution in LaTeX whose final answer is boxed), and ``answer`` in MATH-500's release; when there is
+no ``answer`` field it is the last ``\boxed{}`` of the solution (math_answers.last_boxed). A row
+with neither is an error naming it. Records carry problem, solution and answer (text), all three
+in batches (``record_fields``), so ``task.record_from_batch`` gives them back.
+
+Prompts, tokenizers and scoring: word_problems.py. Character mode's prompt is
+"Problem: <problem>\nSolution:" and its demonstration the solution itself; chat mode asks for the
+answer in ``\boxed{}`` (Qwen's instruction) and demonstrates the solution, ending in a boxed final
+answer. The reference is ``answer``, compared by math-verify (so ``\frac{1}{2}``, ``0.5`` and
+``\dfrac12`` match); only a ``\boxed{}`` answer counts as well formed.
+
+Dimension legend: none beyond task.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gspo_jax.tasks import math_answers
+from gspo_jax.tasks.task import as_str
+from gspo_jax.tasks.word_problems import WordProblemTask
+
+
+def record_from_example(example: Mapping[str, Any]) -> dict[str, str]:
+    """A MATH / MATH-500 row as a record {problem, solution, answer}."""
+    problem, solution = as_str(example["problem"]), as_str(example["solution"])
+    answer = example.get("answer")
+    if answer is None or not as_str(answer).strip():
+        answer = math_answers.last_boxed(solution)
+        if answer is None:
+            raise ValueError(
+                f"MATH solution without \\boxed{{}} and no 'answer': {solution[-80:]!r}"
+            )
+    return dict(problem=problem, solution=solution, answer=as_str(answer).strip())
+
+
+class MathTask(WordProblemTask):
+    """Competition math problems (MATH, MATH-500) from their released files."""
+
+    name = "math"
+    record_fields = ("problem", "solution", "answer")
+    question_field = "problem"
+    answer_markers = ("boxed",)
+
+    def record_from_example(self, example: Mapping[str, Any]) -> dict[str, str]:
+        return record_from_example(example)
+
+    def reference(self, record: Mapping[str, Any]) -> str:
+        return as_str(record["answer"])
+
+    def plain_prompt(self, question: str) -> str:
+        return f"Problem: {question}\nSolution:"
+
+    def worked_solution(self, record: Mapping[str, Any]) -> str:
+        return as_str(record["solution"])
+
+    def plain_demonstration(self, record: Mapping[str, Any]) -> str:
+        return " " + as_str(record["solution"]).strip()
+
+    def demonstration(self, record: Mapping[str, Any], rng) -> str:
+        """The solution as released when it boxes its answer (MATH's do); else with the boxed
+        final-answer line appended."""
+        solution = as_str(record["solution"]).strip()
+        if self.chat and math_answers.last_boxed(solution) is None:
+            return super().demonstration(record, rng)
+        return solution if self.chat else " " + solution
