@@ -80,17 +80,32 @@ def _megablox_tiling(m: int, k: int, n: int) -> tuple[int, int, int]:
     return min(128, m), min(128, k), min(128, n)
 
 
+_CHUNK_WEIGHTS = 2**20  # weight elements one chunk of tiles gathers (4 MiB in float32)
+
+
 def tiled_matmul(lhs, rhs, group_sizes, tile: int):
     """Grouped matmul over a buffer whose groups start at multiples of ``tile`` rows: each
-    [tile, K] block is multiplied by its group's [K, N] as one batched matmul, so the work is the
-    rows the groups cover plus their padding. Plain JAX: the kernel off TPU (XLA:CPU lowers
-    ragged_dot as a masked dense matmul over every group)."""
+    [tile, K] block is multiplied by its group's [K, N], so the work is the rows the groups cover
+    plus their padding. Plain JAX: the kernel off TPU (XLA:CPU lowers ragged_dot as a masked
+    dense matmul over every group).
+
+    The blocks run in chunks (lax.map): a chunk gathers its blocks' weights, at most about
+    _CHUNK_WEIGHTS elements, and is rematerialised in the backward pass, so no [blocks, K, N]
+    copy of the weights is ever stored. Small experts take one chunk (one batched matmul)."""
     M, K = lhs.shape
-    G, tiles = rhs.shape[0], M // tile
+    G, N, tiles = rhs.shape[0], rhs.shape[2], M // tile
     ends = jnp.cumsum((group_sizes + tile - 1) // tile * tile)  # [G] padded group ends
     owner = jnp.searchsorted(ends, jnp.arange(tiles) * tile, side="right")  # [tiles]
+    owner = jnp.minimum(owner, G - 1)  # blocks past the groups: zero rows, any weights
     blocks = lhs.reshape(tiles, tile, K)
-    return jnp.einsum("tmk,tkn->tmn", blocks, rhs[jnp.minimum(owner, G - 1)]).reshape(M, -1)
+
+    @jax.checkpoint
+    def chunk(block, g):  # [tile, K], group id -> [tile, N]
+        return block @ rhs[g]
+
+    per_chunk = max(1, min(tiles, _CHUNK_WEIGHTS // (K * N)))
+    out = jax.lax.map(lambda a: chunk(*a), (blocks, owner), batch_size=per_chunk)
+    return out.reshape(M, N)
 
 
 def grouped_matmul(lhs, rhs, group_sizes, kernel: str, tile: int = 1):
