@@ -65,6 +65,9 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict()
     c.model.preset = "small"  # models.get_model_config preset; vocab comes from the tokenizer
     c.model.dtype = "float32"
+    # What each scanned decoder layer keeps for the backward pass: "none", "full" or a
+    # jax.checkpoint_policies name (models.config.REMAT_POLICIES); memory against recompute.
+    c.model.remat = "none"
 
     c.init = ml_collections.ConfigDict()
     c.init.kind = "warmstart"  # or "random" (tests that need no good policy), or "hf"

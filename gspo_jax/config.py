@@ -20,6 +20,7 @@ No array dimensions here.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 import os
 import tempfile
@@ -512,7 +513,8 @@ def checkpoint_model_config(config: ml_collections.ConfigDict) -> ModelConfig:
             f"with config.json and *.safetensors; {cfg_file!r} does not exist"
         )
     with open(cfg_file) as f:
-        return models.config_from_hf(json.load(f), dtype=config.model.dtype)
+        cfg = models.config_from_hf(json.load(f), dtype=config.model.dtype)
+    return dataclasses.replace(cfg, remat=config.model.get("remat") or "none")  # not in HF's
 
 
 def check_eval_split(config: ml_collections.ConfigDict, task: Task) -> None:

@@ -83,7 +83,7 @@ class _LoopState:
     logp: jax.Array  # [B, T]
     sample_logp: jax.Array  # [B, T]
     done: jax.Array  # [B] bool: EOS already emitted
-    cache: list  # per layer {"k": [B, K, Dh, S], "v": [B, K, S, Dh]}
+    cache: dict  # {"k": [L, B, K, Dh, S], "v": [L, B, K, S, Dh]} (per layer, stacked)
     routes: jax.Array | None  # [L, B, S, k] int32 when routes are requested
 
 
@@ -155,7 +155,7 @@ def prefill(
     """Prefills each of the P prompts once and shares the result with its G samples.
 
     prompts [P, Lp], prompt_lengths [P] -> (logits [B, V] f32 predicting the first response
-    token, cache: per layer {"k": [B, K, Dh, cache_len], "v": [B, K, cache_len, Dh]},
+    token, cache: {"k": [L, B, K, Dh, cache_len], "v": [L, B, K, cache_len, Dh]},
     n [B] prompt lengths per row).
     Attention runs over the Lp prompt slots only; the cache is then zero-extended to cache_len
     and repeated G times. Only the last real prompt position's logits are computed.
@@ -183,7 +183,8 @@ def prefill(
         pad[slot_axis] = (0, cache_len - Lp)
         return jnp.repeat(jnp.pad(c, pad), G, axis=0)
 
-    cache = [{"k": extend(c["k"], 3), "v": extend(c["v"], 2)} for c in out["cache"]]
+    # The cache is stacked on a leading [L] axis (Transformer.init_cache): map over the layers.
+    cache = jax.vmap(lambda c: {"k": extend(c["k"], 3), "v": extend(c["v"], 2)})(out["cache"])
     if return_routes:
         routes = jnp.pad(
             jnp.repeat(out["routes"], G, axis=1), ((0, 0), (0, 0), (0, cache_len - Lp), (0, 0))

@@ -49,8 +49,9 @@ from tqdm import tqdm  # the terminal bar (tqdm.auto warns in kernels without ip
 from gspo_jax import data, filelock, models
 from gspo_jax.tasks.task import Task
 
-# Bump when the training procedure changes in a way the configs do not capture.
-_CODE_VERSION = 1
+# Bump when the training procedure or the saved layout changes in a way the configs do not
+# capture. 2: the decoder layers are stacked ("layers/<param>" [L, ...], not "layers/<i>/...").
+_CODE_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +114,8 @@ def cache_key(task: Task, model_cfg: models.ModelConfig, warm_cfg: Any = None) -
         dict(
             task=task.name,
             task_config=task.config,
-            model=dataclasses.asdict(model_cfg),
+            # remat changes what the backward pass stores, not the function: the same base.
+            model={k: v for k, v in dataclasses.asdict(model_cfg).items() if k != "remat"},
             warm=dataclasses.asdict(warm_cfg),
             version=_CODE_VERSION,
         ),
@@ -447,7 +449,8 @@ def get_base_model(
         meta = dict(
             task=task.name,
             task_config=task.config,
-            model=dataclasses.asdict(model_cfg),
+            # remat changes what the backward pass stores, not the function: the same base.
+            model={k: v for k, v in dataclasses.asdict(model_cfg).items() if k != "remat"},
             warm=dataclasses.asdict(warm_cfg),
             **stats,
         )

@@ -22,6 +22,17 @@ import jax.numpy as jnp
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
+# ModelConfig.remat values: "none", "full", and the jax.checkpoint_policies that are policies
+# themselves (not factories taking names). Resolved in transformer.remat_policy.
+REMAT_POLICIES = (
+    "none",
+    "full",
+    "dots_saveable",
+    "dots_with_no_batch_dims_saveable",
+    "everything_saveable",
+    "nothing_saveable",
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -55,6 +66,10 @@ class ModelConfig:
     init_std: float = 0.02
     # Bytes of float32 logits a log-prob chunk may hold ([B, C, V] * 4); sets the chunk size C.
     logprob_chunk_bytes: int = 256 * 2**20
+    # What the backward pass of each scanned decoder layer keeps (see REMAT_POLICIES): "none"
+    # keeps every activation, "full" only the layer's input (recomputing the rest), a named
+    # jax.checkpoint_policies policy something in between (e.g. the matmul outputs).
+    remat: str = "none"
 
     def __post_init__(self):
         for f in ("dtype", "param_dtype"):
@@ -69,6 +84,10 @@ class ModelConfig:
             raise ValueError(
                 f"experts_per_token={self.experts_per_token} must be in [1, num_experts="
                 f"{self.num_experts}]."
+            )
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(
+                f"remat={self.remat!r} is not a remat policy; valid: {', '.join(REMAT_POLICIES)}."
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings.")
