@@ -193,6 +193,22 @@ def prefill(
     return logits, cache, jnp.repeat(n, G)
 
 
+def decode_step(model, cache, prev, n_b, t, prompt_len: int, response_len: int, routes=False):
+    """One step of the decode loop: feeds prev [B] (the token sampled at step t - 1) at slot
+    prompt_len + t - 1 -> (logits [B, V] f32 for step t, the forward's output dict with the
+    written cache). The memory plan compiles it alone to cost one token step."""
+    q_slot = prompt_len + t - 1
+    o = model.forward(
+        prev[:, None],
+        (n_b + t - 1)[:, None],
+        decode_mask(n_b, prompt_len, response_len, q_slot),  # [B, 1, S]
+        cache=cache,
+        write_index=q_slot,
+        return_routes=routes,
+    )
+    return model.logits(o["hidden"][:, 0]), o
+
+
 def _generate(
     graphdef,
     state,
@@ -240,17 +256,8 @@ def _generate(
         t = s.step
         q_slot = Lp + t - 1  # slot of the token being fed (sampled at step t - 1)
         prev = jax.lax.dynamic_slice_in_dim(s.tokens, t - 1, 1, axis=1)  # [B, 1]
-        o = model.forward(
-            prev,
-            (n_b + t - 1)[:, None],
-            decode_mask(n_b, Lp, T, q_slot),  # [B, 1, S]
-            cache=s.cache,
-            write_index=q_slot,
-            return_routes=return_routes,
-        )
-        new_tok, new_lp, new_slp = sample_token(
-            model.logits(o["hidden"][:, 0]), jax.random.fold_in(rng, t), **settings
-        )
+        logits, o = decode_step(model, s.cache, prev[:, 0], n_b, t, Lp, T, return_routes)
+        new_tok, new_lp, new_slp = sample_token(logits, jax.random.fold_in(rng, t), **settings)
         alive = ~s.done
         new_tok = jnp.where(alive, new_tok, pad_id)
         put = lambda buf, v: jax.lax.dynamic_update_slice_in_dim(buf, v[:, None], t, axis=1)
