@@ -313,6 +313,7 @@ class Checkpointer:
         Returns (state, meta).
         """
         self._check_items(step)
+        self._check_layout(step)
         restored = self._manager.restore(
             step,
             args=ocp.args.Composite(

@@ -131,6 +131,7 @@ def test_plan_prints_time_estimates():
         compile_rollout_s=1.0,
         compile_update_s=1.0,
         compile_decode_step_s=1.0,
+        compile_cpu_s={"rollout": 1.0, "update": 1.0},
         chip=v5p.chip,
         decode_steps=3,
         costs={"decode_step": step, "rollout": step * 4, "update": update},

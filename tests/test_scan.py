@@ -171,6 +171,8 @@ def test_a_checkpoint_with_layers_one_by_one_fails_in_one_line(tmp_path):
         ck.restore_latest(target, _Iterator(), report=pytest.fail)
     msg = str(e.value)
     assert "\n" not in msg and "layers/0" in msg and "export_hf.py" in msg, msg
+    with pytest.raises(checkpoint.CheckpointError, match="layers/0"):  # one step, as export_hf
+        ck.restore(1, target, _Iterator())
     assert ck.all_steps() == [1] and not list(tmp_path.glob("*.unreadable-*"))
     ck.close()
     assert models.transformer.unstacked_layers_error({"params": params}, "x") is None

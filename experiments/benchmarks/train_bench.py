@@ -2,6 +2,7 @@
 
     python experiments/benchmarks/train_bench.py --out bench_out/train.json
     python experiments/benchmarks/train_bench.py --config configs/arith.py:runlocal --repeats 3
+    python experiments/benchmarks/train_bench.py --remat full     # config.model.remat
 
 What it measures (all after a warm-up step; compile time is reported separately, as the first
 step's phase time minus the steady median):
@@ -87,6 +88,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--random_init", action="store_true")
     p.add_argument("--out", default=None, help="write the JSON report here")
+    p.add_argument("--remat", default=None, help="config.model.remat (none, full, a policy)")
     args = p.parse_args(argv)
 
     config = ml_collections.ConfigDict(config_lib.load_config_file(args.config))
@@ -94,6 +96,8 @@ def main(argv=None) -> int:
     config.log.progress = False
     if args.random_init:
         config.init.kind = "random"
+    if args.remat:
+        config.model.remat = args.remat
     run = exp.build_run(config)
     params, warm_s = exp.base_params(run)
     state = exp.initial_state(run, params)
@@ -154,7 +158,8 @@ def main(argv=None) -> int:
     }
 
     print(
-        f"\ntrain_bench: {run.config.model.preset} model, P={rl.prompts_per_step} x "
+        f"\ntrain_bench: {run.config.model.preset} model (remat {run.model_cfg.remat}), "
+        f"P={rl.prompts_per_step} x "
         f"G={rl.group_size}, T={T}, mu={rl.num_epochs} x K={rl.num_minibatches}, "
         f"{jax.device_count()} device(s), median of {args.repeats}"
     )

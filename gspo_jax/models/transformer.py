@@ -110,7 +110,7 @@ class Transformer(nnx.Module):
     def init_cache(self, batch: int, length: int) -> dict:
         """Zeroed KV cache: the per-layer cache dict of layers.Attention ({"k": [batch, K, Dh,
         length], "v": [batch, K, length, Dh]} in the compute dtype) with every leaf stacked on a
-        leading [L] axis, which forward's scan slices layer by layer."""
+        leading [L] axis. forward's scan carries the stack; layer i writes and reads its part."""
         K, Dh, dt = self.cfg.num_kv_heads, self.cfg.head_dim, self.cfg.compute_dtype
         layer_cache = {
             "k": jnp.zeros((batch, K, Dh, length), dt),
@@ -157,23 +157,29 @@ class Transformer(nnx.Module):
         x = logical_constraint(x, ("batch", "length", "act_embed"))
         layers_graphdef, layers_state = nnx.split(self.layers)
 
-        def body(x, per_layer):  # one decoder layer; per_layer = this layer's slice of the stacks
-            state, layer_cache, layer_routes = per_layer
+        def body(carry, per_layer):  # one decoder layer; per_layer = its slice of the stacks
+            x, cache = carry
+            state, layer_routes, i = per_layer
             layer = nnx.merge(layers_graphdef, state)
-            x, c, a, r = layer(
+            x, cache, a, r = layer(
                 x,
                 positions,
                 mask,
                 token_mask=token_mask,
-                cache=layer_cache,
+                cache=cache,
                 write_index=write_index,
                 routes=layer_routes,
+                layer=i,
             )
-            return x, (c, a, r)
+            return (x, cache), (a, r)
 
-        # scan over the stacked [L, ...] parameters, cache and routes (None is an empty pytree).
-        x, (new_cache, aux, used_routes) = jax.lax.scan(
-            remat(body, cfg.remat), x, (layers_state, cache, routes)
+        # scan over the stacked [L, ...] parameters and routes (None is an empty pytree). The
+        # stacked cache rides in the carry and layer i writes its part of it in place
+        # (layers.write_layer): as scanned input and output, the scan would build a second
+        # [L, ...] cache every decode step, and slicing a layer out and back copies it.
+        layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+        (x, new_cache), (aux, used_routes) = jax.lax.scan(
+            remat(body, cfg.remat), (x, cache), (layers_state, routes, layer_ids)
         )
         out = {
             "hidden": self.final_norm(x),
