@@ -70,6 +70,9 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     c.model.moe_dispatch = config_dict.placeholder(str)
     c.model.moe_kernel = config_dict.placeholder(str)
     c.model.moe_capacity_factor = config_dict.placeholder(float)
+    # What each scanned decoder layer keeps for the backward pass: "none", "full" or a
+    # jax.checkpoint_policies name (models.config.REMAT_POLICIES); memory against recompute.
+    c.model.remat = "none"
 
     c.init = ml_collections.ConfigDict()
     c.init.kind = "warmstart"  # or "random" (tests that need no good policy), or "hf"

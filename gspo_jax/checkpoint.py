@@ -313,6 +313,7 @@ class Checkpointer:
         Returns (state, meta).
         """
         self._check_items(step)
+        self._check_layout(step)
         restored = self._manager.restore(
             step,
             args=ocp.args.Composite(
@@ -361,6 +362,7 @@ class Checkpointer:
         steps = sorted(self.all_steps(), reverse=True)
         if not steps:
             return None
+        self._check_layout(steps[0])
         failed = []  # (step, one-line reason)
         for step in steps:
             error = None
@@ -392,6 +394,19 @@ class Checkpointer:
             "the folder away to keep it, or rerun with --start_fresh to start from step 0 (the "
             "folder is moved aside, not deleted)"
         )
+
+    def _check_layout(self, step: int) -> None:
+        """CheckpointError (one line, what to do) for a checkpoint of the model's older layout,
+        before any step is tried (so none is taken as unreadable and moved aside)."""
+        from gspo_jax.models.transformer import unstacked_layers_error
+
+        try:
+            saved = self._manager.item_metadata(step)["state"]
+        except Exception:  # noqa: BLE001 (an unreadable step is judged by the restore loop)
+            return
+        why = unstacked_layers_error(getattr(saved, "tree", saved), self._step_dir(step))
+        if why:
+            raise CheckpointError(why)
 
     def _move_aside(self, step: int) -> None:
         if jax.process_index() == 0:

@@ -524,9 +524,10 @@ def checkpoint_model_config(config: ml_collections.ConfigDict) -> ModelConfig:
         )
     with open(cfg_file) as f:
         cfg = models.config_from_hf(json.load(f), dtype=config.model.dtype)
-    # The checkpoint fixes the shapes; config.model still chooses how the MoE experts run.
-    moe = {k: v for k, v in model_overrides(config).items() if k.startswith("moe_")}
-    return dataclasses.replace(cfg, **moe)
+    # The checkpoint fixes the shapes; config.model still chooses how the model is computed (the
+    # MoE dispatch, the remat policy), which Hugging Face's config.json does not say.
+    how = {k: v for k, v in model_overrides(config).items() if k.startswith("moe_") or k == "remat"}
+    return dataclasses.replace(cfg, **how)
 
 
 def check_eval_split(config: ml_collections.ConfigDict, task: Task) -> None:

@@ -26,7 +26,17 @@ activation figures are an estimate (TPU fusion usually needs less); parameter an
 are exact.
 
 Slices (config.slice): ``v5p-N`` and ``v4-N`` count TensorCores (two per chip), ``v5e-N`` and
-``v6e-N`` count chips; HBM per chip: v4 32 GiB, v5e 16 GiB, v5p 95 GiB, v6e 32 GiB.
+``v6e-N`` count chips; per chip HBM, peak bf16 FLOP/s and HBM bandwidth are in CHIPS.
+
+Time (an estimate). The plan also counts, per device, the FLOPs and HBM bytes of three compiled
+programs -- one decode step of the rollout (compiled alone: sampler.decode_step), the rollout and
+the update -- with every loop counted its trip count (gspo_jax/hlo_cost.py; XLA's own
+cost_analysis counts a loop body once, and the layers, minibatches, micro-batches and decode
+steps are all loops), and turns them into a roofline time: max(FLOPs / peak FLOP/s, bytes / HBM
+bandwidth) of the chip. The rollout is its decode steps (T - 1 of them, the most a rollout runs)
+at the step's roofline plus the rest (prefill, sampling) at its own. It assumes perfect overlap
+and peak rates, and its bytes come from the CPU compiler's fusion: a lower bound on a TPU's
+time, not a measurement.
 """
 
 from __future__ import annotations
@@ -39,9 +49,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
 
 from gspo_jax import config as config_lib
-from gspo_jax import sharding
+from gspo_jax import hlo_cost, sampler, sharding
 from gspo_jax import train_step as ts
 
 GIB = 2**30
@@ -49,25 +61,48 @@ HEADROOM = 0.9  # keep 10 % of HBM for the runtime, fragmentation and what XLA d
 
 
 @dataclasses.dataclass(frozen=True)
+class Chip:
+    hbm_gib: float  # HBM per chip
+    bf16_tflops: float  # peak dense bf16 matmul throughput per chip, 1e12 FLOP/s
+    hbm_gbps: float  # HBM bandwidth per chip, 1e9 bytes/s
+    cores: int  # TensorCores per chip (what a v4-N / v5p-N slice name counts)
+
+
+# Google's published per-chip figures (Cloud TPU documentation, system architecture pages).
+CHIPS = {
+    "v4": Chip(hbm_gib=32.0, bf16_tflops=275.0, hbm_gbps=1200.0, cores=2),
+    "v5e": Chip(hbm_gib=16.0, bf16_tflops=197.0, hbm_gbps=819.0, cores=1),
+    "v5p": Chip(hbm_gib=95.0, bf16_tflops=459.0, hbm_gbps=2765.0, cores=2),
+    "v6e": Chip(hbm_gib=32.0, bf16_tflops=918.0, hbm_gbps=1640.0, cores=1),
+}
+
+
+@dataclasses.dataclass(frozen=True)
 class Slice:
     devices: int  # chips (JAX devices)
     hbm_gib: float  # HBM per chip
+    chip: Chip | None = None
 
-
-_HBM = {"v4": 32.0, "v5e": 16.0, "v5p": 95.0, "v6e": 32.0}
-_CORES_PER_CHIP = {"v4": 2, "v5p": 2, "v5e": 1, "v6e": 1}
+    def roofline_s(self, cost: hlo_cost.Cost) -> float:
+        """Seconds of `cost` (per device) at the chip's peak FLOP/s or HBM bandwidth, whichever
+        bounds it (an estimate: perfect overlap, peak rates)."""
+        return max(
+            cost.total_flops / (self.chip.bf16_tflops * 1e12),
+            cost.bytes / (self.chip.hbm_gbps * 1e9),
+        )
 
 
 def get_slice(name: str) -> Slice:
-    """``v5p-8`` -> Slice(devices=4, hbm_gib=95.0): a TPU slice's chips and HBM per chip."""
+    """``v5p-8`` -> Slice(devices=4, hbm_gib=95.0, chip=CHIPS["v5p"]): a TPU slice's chips."""
     family, _, count = name.partition("-")
-    if family not in _HBM or not count.isdigit() or int(count) % _CORES_PER_CHIP[family]:
+    if family not in CHIPS or not count.isdigit() or int(count) % CHIPS[family].cores:
         raise config_lib.ConfigError(
             f"config.slice={name!r} is not a TPU slice name; use <family>-<count> with family in "
-            f"{sorted(_HBM)} (v4 and v5p count TensorCores, two per chip: v5p-8 is 4 chips; v5e "
+            f"{sorted(CHIPS)} (v4 and v5p count TensorCores, two per chip: v5p-8 is 4 chips; v5e "
             "and v6e count chips), e.g. v5p-8, v5p-32, v6e-8"
         )
-    return Slice(int(count) // _CORES_PER_CHIP[family], _HBM[family])
+    chip = CHIPS[family]
+    return Slice(int(count) // chip.cores, chip.hbm_gib, chip)
 
 
 def shard_bytes(tree: Any) -> int:
@@ -139,12 +174,33 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     P, Lp = rl.prompts_per_step, run.task.max_prompt_len
     prompts = jax.ShapeDtypeStruct((P, Lp), jnp.int32, sharding=sharding.rows_sharding(mesh, 2))
     lengths = jax.ShapeDtypeStruct((P,), jnp.int32, sharding=sharding.rows_sharding(mesh, 1))
+    T = rl.max_new_tokens
+    clock = lambda: (time.time(), time.process_time())  # noqa: E731 (CPU s: fair under load)
     with sharding.use_mesh(mesh):
-        t0 = time.time()
-        rollout = phases.rollout.lower(abs_state.params, prompts, lengths, key).compile()
-        t1 = time.time()
-        update = phases.update.lower(abs_state, abstract_batch(run, abs_state), key).compile()
-        t2 = time.time()
+        t0 = clock()
+        rollout_traced = phases.rollout.trace(abs_state.params, prompts, lengths, key)
+        rollout = rollout_traced.lower().compile()
+        t1 = clock()
+        update_traced = phases.update.trace(abs_state, abstract_batch(run, abs_state), key)
+        update = update_traced.lower().compile()
+        t2 = clock()
+        step_traced = _decode_step_fn(run).trace(*_decode_step_args(run, abs_state))
+        step = step_traced.lower().compile()
+        t3 = clock()
+    n = slc.devices
+    costs = {
+        "decode_step": hlo_cost.program_cost(step, 1, step_traced.jaxpr, n),
+        "rollout": hlo_cost.program_cost(rollout, max(T - 1, 1), rollout_traced.jaxpr, n),
+        "update": hlo_cost.program_cost(update, 1, update_traced.jaxpr, n),
+    }
+    steps = max(T - 1, 0)  # decode steps of the longest rollout (the first token is prefill's)
+    rest = costs["rollout"] + costs["decode_step"] * -steps
+    rest = hlo_cost.Cost(*(max(v, 0.0) for v in dataclasses.astuple(rest)))
+    times = {
+        "decode_step": slc.roofline_s(costs["decode_step"]),
+        "rollout": slc.roofline_s(rest) + steps * slc.roofline_s(costs["decode_step"]),
+        "update": slc.roofline_s(costs["update"]),
+    }
     params = shard_bytes(abs_state.params)
     opt = shard_bytes(abs_state.opt_state)
     ref = params if run.objective.kl_coef > 0 else 0
@@ -165,9 +221,49 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
         "needed": needed,
         "hbm": hbm,
         "fits": needed <= HEADROOM * hbm,
-        "compile_rollout_s": t1 - t0,
-        "compile_update_s": t2 - t1,
+        "compile_rollout_s": t1[0] - t0[0],
+        "compile_update_s": t2[0] - t1[0],
+        "compile_decode_step_s": t3[0] - t2[0],
+        "compile_cpu_s": {"rollout": t1[1] - t0[1], "update": t2[1] - t1[1]},
+        "chip": slc.chip,
+        "decode_steps": steps,
+        "costs": costs,
+        "times": times,
     }
+
+
+def _decode_step_fn(run):
+    """jit of one rollout decode step (sampler.decode_step) on the rollout's model; the cache is
+    donated (written in place, as in the rollout's loop)."""
+    rl = run.config.rl
+    Lp, T = run.task.max_prompt_len, rl.max_new_tokens
+    with_routes = rl.routing_replay or rl.log_route_change
+
+    def fn(params, cache, prev, n_b, t):
+        model = nnx.merge(run.rollout_graphdef, params, run.rest)
+        logits, out = sampler.decode_step(model, cache, prev, n_b, t, Lp, T, with_routes)
+        return logits, out["cache"]
+
+    return jax.jit(fn, donate_argnums=(1,))
+
+
+def _decode_step_args(run, abs_state):
+    """Abstract arguments of _decode_step_fn at the rollout's shapes: B = P * G rows, a cache of
+    Lp + T slots stacked on [L] with its rows sharded like the rollout's."""
+    rl, mesh = run.config.rl, run.mesh
+    B, S = rl.prompts_per_step * rl.group_size, run.task.max_prompt_len + rl.max_new_tokens
+    cache = jax.eval_shape(
+        lambda p: nnx.merge(run.rollout_graphdef, p, run.rest).init_cache(B, S), abs_state.params
+    )
+    rows = sharding.row_spec(mesh)
+
+    def leaf(c):  # [L, B, ...]: rows over the batch axes
+        spec = PartitionSpec(None, rows, *([None] * (c.ndim - 2)))
+        return jax.ShapeDtypeStruct(c.shape, c.dtype, sharding=NamedSharding(mesh, spec))
+
+    vec = lambda dtype: jax.ShapeDtypeStruct((B,), dtype, sharding=sharding.rows_sharding(mesh, 1))  # noqa: E731
+    t = jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding.replicated(mesh))
+    return abs_state.params, jax.tree.map(leaf, cache), vec(jnp.int32), vec(jnp.int32), t
 
 
 def format_plan(p: dict[str, Any]) -> str:
@@ -184,9 +280,38 @@ def format_plan(p: dict[str, Any]) -> str:
         f"  rollout peak + optimizer    {g(p['rollout_peak'])} GiB",
         f"  needed                      {g(p['needed'])} GiB of {p['hbm'] / GIB:.0f} GiB HBM "
         f"({'fits' if p['fits'] else 'DOES NOT FIT'}: limit {HEADROOM:.0%})",
-        f"  compile: rollout {p['compile_rollout_s']:.1f} s, update {p['compile_update_s']:.1f} s",
+        f"  compile: rollout {p['compile_rollout_s']:.1f} s, update {p['compile_update_s']:.1f} s, "
+        f"decode step {p['compile_decode_step_s']:.1f} s (CPU: rollout "
+        f"{p['compile_cpu_s']['rollout']:.1f} s, update {p['compile_cpu_s']['update']:.1f} s)",
     ]
+    chip = p["chip"]
+    lines += [
+        f"  time per device (roofline ESTIMATE: max(FLOPs / {chip.bf16_tflops:g} TFLOP/s bf16, "
+        f"bytes / {chip.hbm_gbps:g} GB/s HBM); matmul FLOPs and HBM bytes of the compiled "
+        "programs, loops counted)",
+    ]
+    rows = [
+        ("decode step", "decode_step", ""),
+        ("rollout", "rollout", f"  ({p['decode_steps']} decode steps + prefill)"),
+        ("update", "update", ""),
+    ]
+    for label, key, note in rows:
+        c, t = p["costs"][key], p["times"][key]
+        lines.append(
+            f"    {label:<12} {c.total_flops / 1e12:10.3f} TFLOP {c.bytes / 1e9:10.3f} GB "
+            f"{_seconds(t):>10}{note}"
+        )
+    ragged = sum(c.ragged_flops for c in p["costs"].values())
+    if ragged:
+        lines.append(
+            "    (ragged_dot FLOPs counted from its shapes, 2·M·K·N per group-sum: XLA:CPU lowers "
+            "it as a dense masked matmul over every group)"
+        )
     return "\n".join(lines)
+
+
+def _seconds(t: float) -> str:
+    return f"{t * 1e3:.2f} ms" if t < 1.0 else f"{t:.2f} s"
 
 
 def check_fits(p: dict[str, Any]) -> None:

@@ -45,6 +45,7 @@ SAFE_TO_CHANGE = (
     "rl.log_route_change",
     "model.moe_dispatch",  # the same function, computed another way (models.EXECUTION_FIELDS)
     "model.moe_kernel",
+    "model.remat",
     "data.data_dir",
     "init.cache_dir",
 )

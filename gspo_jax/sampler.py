@@ -83,7 +83,7 @@ class _LoopState:
     logp: jax.Array  # [B, T]
     sample_logp: jax.Array  # [B, T]
     done: jax.Array  # [B] bool: EOS already emitted
-    cache: list  # per layer {"k": [B, K, Dh, S], "v": [B, K, S, Dh]}
+    cache: dict  # {"k": [L, B, K, Dh, S], "v": [L, B, K, S, Dh]} (per layer, stacked)
     routes: jax.Array | None  # [L, B, S, k] int32 when routes are requested
 
 
@@ -155,7 +155,7 @@ def prefill(
     """Prefills each of the P prompts once and shares the result with its G samples.
 
     prompts [P, Lp], prompt_lengths [P] -> (logits [B, V] f32 predicting the first response
-    token, cache: per layer {"k": [B, K, Dh, cache_len], "v": [B, K, cache_len, Dh]},
+    token, cache: {"k": [L, B, K, Dh, cache_len], "v": [L, B, K, cache_len, Dh]},
     n [B] prompt lengths per row).
     Attention runs over the Lp prompt slots only; the cache is then zero-extended to cache_len
     and repeated G times. Only the last real prompt position's logits are computed.
@@ -183,13 +183,30 @@ def prefill(
         pad[slot_axis] = (0, cache_len - Lp)
         return jnp.repeat(jnp.pad(c, pad), G, axis=0)
 
-    cache = [{"k": extend(c["k"], 3), "v": extend(c["v"], 2)} for c in out["cache"]]
+    # The cache is stacked on a leading [L] axis (Transformer.init_cache): map over the layers.
+    cache = jax.vmap(lambda c: {"k": extend(c["k"], 3), "v": extend(c["v"], 2)})(out["cache"])
     if return_routes:
         routes = jnp.pad(
             jnp.repeat(out["routes"], G, axis=1), ((0, 0), (0, 0), (0, cache_len - Lp), (0, 0))
         )  # [L, B, cache_len, k]
         return logits, cache, jnp.repeat(n, G), routes
     return logits, cache, jnp.repeat(n, G)
+
+
+def decode_step(model, cache, prev, n_b, t, prompt_len: int, response_len: int, routes=False):
+    """One step of the decode loop: feeds prev [B] (the token sampled at step t - 1) at slot
+    prompt_len + t - 1 -> (logits [B, V] f32 for step t, the forward's output dict with the
+    written cache). The memory plan compiles it alone to cost one token step."""
+    q_slot = prompt_len + t - 1
+    o = model.forward(
+        prev[:, None],
+        (n_b + t - 1)[:, None],
+        decode_mask(n_b, prompt_len, response_len, q_slot),  # [B, 1, S]
+        cache=cache,
+        write_index=q_slot,
+        return_routes=routes,
+    )
+    return model.logits(o["hidden"][:, 0]), o
 
 
 def _generate(
@@ -239,17 +256,8 @@ def _generate(
         t = s.step
         q_slot = Lp + t - 1  # slot of the token being fed (sampled at step t - 1)
         prev = jax.lax.dynamic_slice_in_dim(s.tokens, t - 1, 1, axis=1)  # [B, 1]
-        o = model.forward(
-            prev,
-            (n_b + t - 1)[:, None],
-            decode_mask(n_b, Lp, T, q_slot),  # [B, 1, S]
-            cache=s.cache,
-            write_index=q_slot,
-            return_routes=return_routes,
-        )
-        new_tok, new_lp, new_slp = sample_token(
-            model.logits(o["hidden"][:, 0]), jax.random.fold_in(rng, t), **settings
-        )
+        logits, o = decode_step(model, s.cache, prev[:, 0], n_b, t, Lp, T, return_routes)
+        new_tok, new_lp, new_slp = sample_token(logits, jax.random.fold_in(rng, t), **settings)
         alive = ~s.done
         new_tok = jnp.where(alive, new_tok, pad_id)
         put = lambda buf, v: jax.lax.dynamic_update_slice_in_dim(buf, v[:, None], t, axis=1)

@@ -59,6 +59,7 @@ RULES: tuple[tuple[str, Any], ...] = (
     ("mlp", "tensor"),
     ("expert", "expert"),
     ("expert_mlp", "tensor"),
+    ("layers", None),  # the stacked decoder layers' leading axis (the scan runs along it)
 )
 
 

@@ -49,8 +49,9 @@ from tqdm import tqdm  # the terminal bar (tqdm.auto warns in kernels without ip
 from gspo_jax import data, filelock, models
 from gspo_jax.tasks.task import Task
 
-# Bump when the training procedure changes in a way the configs do not capture.
-_CODE_VERSION = 1
+# Bump when the training procedure or the saved layout changes in a way the configs do not
+# capture. 2: the decoder layers are stacked ("layers/<param>" [L, ...], not "layers/<i>/...").
+_CODE_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,19 +4,21 @@ qwen3_0_6b on 8 simulated devices (compile only)."""
 import math
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from gspo_jax import config as config_lib
 from gspo_jax import experiment as exp
-from gspo_jax import memory_plan
+from gspo_jax import hlo_cost, memory_plan
 
 QWEN = "configs/qwen3_gsm8k.py"
 
 
 def test_slice_names():
-    assert memory_plan.get_slice("v5p-8") == memory_plan.Slice(4, 95.0)  # TensorCores: 2 a chip
+    v5p, v6e = memory_plan.CHIPS["v5p"], memory_plan.CHIPS["v6e"]
+    assert memory_plan.get_slice("v5p-8") == memory_plan.Slice(4, 95.0, v5p)  # 2 cores a chip
     assert memory_plan.get_slice("v5p-32").devices == 16
-    assert memory_plan.get_slice("v6e-8") == memory_plan.Slice(8, 32.0)  # chips
+    assert memory_plan.get_slice("v6e-8") == memory_plan.Slice(8, 32.0, v6e)  # chips
     for bad in ("v9-8", "v5p", "v5p-3", "tpu"):
         with pytest.raises(config_lib.ConfigError, match="not a TPU slice name"):
             memory_plan.get_slice(bad)
@@ -51,9 +53,91 @@ def test_dry_run_of_qwen3_0_6b_on_eight_devices():
     assert abs(plan["optimizer"] - 2 * plan["params"]) < 0.01 * plan["optimizer"]
     assert plan["update_peak"] >= plan["params"] + plan["optimizer"]
     assert plan["fits"] and plan["needed"] < plan["hbm"]
+    # The update's matmuls: at least 6 FLOPs per parameter and token (forward + backward),
+    # split over the 8 devices; every program has a positive time estimate.
+    tokens = 16 * 2 * 16
+    assert plan["costs"]["update"].total_flops > 6 * total / 4 * tokens / 8 * 0.9
+    assert all(t > 0 for t in plan["times"].values())
     text = memory_plan.format_plan(plan)
     assert "qwen3_0_6b on v6e-8 (8 devices" in text and "fits" in text
     small = dict(plan, hbm=plan["needed"] // 2, fits=False)
     with pytest.raises(config_lib.ConfigError, match="does not fit v6e-8") as e:
         memory_plan.check_fits(small)
     assert "GiB per device" in str(e.value) and "larger slice" in str(e.value)
+
+
+def _scan_of_matmuls(w, x):  # w [L, D, D], x [M, D]: L chained matmuls under one scan
+    return jax.lax.scan(lambda h, wl: (jnp.tanh(h @ wl), None), x, w)[0]
+
+
+def test_program_cost_counts_every_trip_of_a_loop():
+    """A scan of L matmuls costs L matmuls (XLA's cost_analysis counts its body once), and a
+    program without loops costs what XLA's cost_analysis says (FLOPs and bytes)."""
+    L, M, D = 5, 32, 64
+    w, x = jax.ShapeDtypeStruct((L, D, D), jnp.float32), jax.ShapeDtypeStruct((M, D), jnp.float32)
+    scanned = jax.jit(_scan_of_matmuls).lower(w, x).compile()
+    cost = hlo_cost.program_cost(scanned)
+    assert cost.flops == L * 2 * M * D * D
+    assert scanned.cost_analysis()["flops"] < 2 * (2 * M * D * D)  # one trip, as documented
+    grad = jax.jit(jax.grad(lambda w, x: _scan_of_matmuls(w, x).sum())).lower(w, x).compile()
+    assert hlo_cost.program_cost(grad).flops == 3 * L * 2 * M * D * D  # forward + two backward
+
+    def unrolled(w, x):
+        return jnp.tanh(jnp.tanh(x @ w[0]) @ w[1])
+
+    flat = jax.jit(unrolled).lower(w, x).compile()
+    xla = flat.cost_analysis()
+    assert hlo_cost.program_cost(flat).flops == 2 * 2 * M * D * D
+    assert hlo_cost.program_cost(flat).bytes == xla["bytes accessed"]
+
+
+def test_ragged_dot_flops_come_from_its_shapes():
+    """XLA:CPU lowers ragged_dot densely over every group; the cost counts 2 M K N instead."""
+    M, K, N, G = 64, 32, 16, 4
+    args = (
+        jax.ShapeDtypeStruct((M, K), jnp.float32),
+        jax.ShapeDtypeStruct((G, K, N), jnp.float32),
+        jax.ShapeDtypeStruct((G,), jnp.int32),
+    )
+    f = jax.jit(jax.lax.ragged_dot)
+    compiled = f.lower(*args).compile()
+    dense = hlo_cost.program_cost(compiled)
+    cost = hlo_cost.program_cost(compiled, jaxpr=f.trace(*args).jaxpr)
+    assert dense.flops == G * 2 * M * K * N  # the dense lowering
+    assert cost.flops == 0 and cost.ragged_flops == cost.total_flops == 2 * M * K * N
+
+
+def test_plan_prints_time_estimates():
+    """The table marks the time as an estimate, the roofline of the chip's peak rates."""
+    v5p = memory_plan.get_slice("v5p-8")
+    step = hlo_cost.Cost(flops=2e9, bytes=5.53e9)  # memory-bound: 2 ms at 2765 GB/s
+    update = hlo_cost.Cost(flops=459e12, bytes=1e9)  # compute-bound: 1 s at 459 TFLOP/s
+    assert v5p.roofline_s(step) == pytest.approx(2e-3)
+    assert v5p.roofline_s(update) == pytest.approx(1.0)
+    plan = dict(
+        slice="v5p-8",
+        devices=4,
+        mesh={"fsdp": 4},
+        model="m",
+        shapes="P=1",
+        params=0,
+        optimizer=0,
+        reference=0,
+        update_peak=0,
+        rollout_peak=0,
+        needed=0,
+        hbm=1,
+        fits=True,
+        compile_rollout_s=1.0,
+        compile_update_s=1.0,
+        compile_decode_step_s=1.0,
+        compile_cpu_s={"rollout": 1.0, "update": 1.0},
+        chip=v5p.chip,
+        decode_steps=3,
+        costs={"decode_step": step, "rollout": step * 4, "update": update},
+        times={"decode_step": 2e-3, "rollout": 8e-3, "update": 1.0},
+    )
+    text = memory_plan.format_plan(plan)
+    assert "ESTIMATE" in text and "459 TFLOP/s" in text and "2765 GB/s" in text
+    assert "decode step" in text and "2.00 ms" in text and "1.00 s" in text
+    assert "3 decode steps + prefill" in text

@@ -202,9 +202,8 @@ def test_routing_replay():
 
     # "Parameter update": perturb every router.
     key = jax.random.key(3)
-    for i, layer in enumerate(m.layers):
-        r = layer.mlp.router
-        r.value = r[...] + 0.5 * jax.random.normal(jax.random.fold_in(key, i), r.shape)
+    r = m.layers.mlp.router  # [L, D, E]: every layer's router
+    r.value = r[...] + 0.5 * jax.random.normal(key, r.shape)
     new_free = logprobs(m, prompts, lengths, responses, return_routes=True)
     new_replay = logprobs(m, prompts, lengths, responses, routes=free["routes"], return_routes=True)
     np.testing.assert_array_equal(new_replay["routes"], free["routes"])
@@ -220,7 +219,7 @@ def test_routing_replay():
             ].sum()
         )
     )(m)
-    assert float(jnp.abs(g.layers[0].mlp.router[...]).sum()) > 0
+    assert float(jnp.abs(g.layers.mlp.router[...][0]).sum()) > 0
 
 
 def test_chunked_logprobs_peak_memory_below_naive():
@@ -254,16 +253,14 @@ def test_create_model_is_the_one_constructor_and_flags_keep_the_draws():
     )
     biased_cfg = models.get_model_config("tiny", num_layers=1, qk_norm=False, attention_bias=True)
     biased = models.create_model(biased_cfg, seed=3)
-    assert not hasattr(plain.layers[0].attn, "q_norm") and hasattr(base.layers[0].attn, "q_norm")
-    attn = biased.layers[0].attn
-    assert attn.q_bias.shape == (cfg.num_heads, cfg.head_dim)
-    assert attn.k_bias.shape == attn.v_bias.shape == (cfg.num_kv_heads, cfg.head_dim)
-    assert not hasattr(base.layers[0].attn, "q_bias")
+    assert not hasattr(plain.layers.attn, "q_norm") and hasattr(base.layers.attn, "q_norm")
+    attn = biased.layers.attn  # stacked: a leading [L] axis
+    assert attn.q_bias.shape == (1, cfg.num_heads, cfg.head_dim)
+    assert attn.k_bias.shape == attn.v_bias.shape == (1, cfg.num_kv_heads, cfg.head_dim)
+    assert not hasattr(base.layers.attn, "q_bias")
     for m in (plain, biased):
-        np.testing.assert_array_equal(m.layers[0].attn.q_proj[...], base.layers[0].attn.q_proj[...])
-        np.testing.assert_array_equal(
-            m.layers[0].mlp.down_proj[...], base.layers[0].mlp.down_proj[...]
-        )
+        np.testing.assert_array_equal(m.layers.attn.q_proj[...], base.layers.attn.q_proj[...])
+        np.testing.assert_array_equal(m.layers.mlp.down_proj[...], base.layers.mlp.down_proj[...])
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 5)), jnp.int32)
     without_norm = _causal_logits(plain, tokens)
     assert float(jnp.max(jnp.abs(without_norm - _causal_logits(base, tokens)))) > 1e-4

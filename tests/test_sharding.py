@@ -64,13 +64,13 @@ def pair(request):
 
 def test_params_created_sharded_with_same_values(pair):
     single, sharded, mesh = pair
-    q = sharded.layers[0].attn.q_proj[...]
+    q = sharded.layers.attn.q_proj[...]  # [L, D, H, Dh]: the stacked layers
     assert q.sharding.spec == sharding.logical_to_spec(
-        ("embed", "heads", "head_dim"), q.shape, mesh
+        ("layers", "embed", "heads", "head_dim"), q.shape, mesh
     )
     assert len(q.sharding.device_set) == 8 and not q.sharding.is_fully_replicated
     if single.cfg.is_moe:
-        assert sharded.layers[0].mlp.gate_proj[...].sharding.spec[0] == "expert"
+        assert sharded.layers.mlp.gate_proj[...].sharding.spec[1] == "expert"
     for a, b in zip(
         jax.tree.leaves(nnx.state(single)), jax.tree.leaves(nnx.state(sharded)), strict=True
     ):

@@ -1,5 +1,6 @@
 """Warm start and evaluation: a tiny warm start beats the untrained model; the cache is reused."""
 
+import dataclasses
 import math
 import time
 
@@ -68,6 +69,10 @@ def test_cache_key_covers_every_config(setup):
         task,
         models.get_model_config("tiny", vocab_size=task.tokenizer.vocab_size, max_seq_len=128),
         warmstart.as_warm_config(_WARM),
+    )
+    # remat changes what the backward pass stores, not the function: the same base policy
+    assert base == warmstart.cache_key(
+        task, dataclasses.replace(cfg, remat="full"), warmstart.as_warm_config(_WARM)
     )
 
 

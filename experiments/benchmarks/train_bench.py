@@ -4,6 +4,7 @@
     python experiments/benchmarks/train_bench.py --config configs/arith.py:runlocal --repeats 3
     python experiments/benchmarks/train_bench.py --config configs/arith_moe.py \
         --compare model.moe_dispatch=dense     # and the same steps with another setting
+    python experiments/benchmarks/train_bench.py --compare model.remat=full   # remat's cost
 
 What it measures (all after a warm-up step; compile time is reported separately, as the first
 step's phase time minus the steady median):
@@ -156,7 +157,8 @@ def main(argv=None) -> int:
     }
 
     print(
-        f"\ntrain_bench: {run.config.model.preset} model, P={rl.prompts_per_step} x "
+        f"\ntrain_bench: {run.config.model.preset} model (remat {run.model_cfg.remat}), "
+        f"P={rl.prompts_per_step} x "
         f"G={rl.group_size}, T={T}, mu={rl.num_epochs} x K={rl.num_minibatches}, "
         f"{jax.device_count()} device(s), median of {args.repeats}"
     )

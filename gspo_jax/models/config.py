@@ -25,7 +25,18 @@ MOE_DISPATCHES = ("sparse", "dense")
 MOE_KERNELS = ("auto", "tiled", "ragged_dot", "megablox")
 # Fields that choose how the model is computed, not which function it computes: a warm start
 # cached under one value serves the others (warmstart.cache_key leaves them out).
-EXECUTION_FIELDS = ("moe_dispatch", "moe_kernel")
+EXECUTION_FIELDS = ("moe_dispatch", "moe_kernel", "remat", "attention")
+
+# ModelConfig.remat values: "none", "full", and the jax.checkpoint_policies that are policies
+# themselves (not factories taking names). Resolved in transformer.remat_policy.
+REMAT_POLICIES = (
+    "none",
+    "full",
+    "dots_saveable",
+    "dots_with_no_batch_dims_saveable",
+    "everything_saveable",
+    "nothing_saveable",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +81,10 @@ class ModelConfig:
     init_std: float = 0.02
     # Bytes of float32 logits a log-prob chunk may hold ([B, C, V] * 4); sets the chunk size C.
     logprob_chunk_bytes: int = 256 * 2**20
+    # What the backward pass of each scanned decoder layer keeps (see REMAT_POLICIES): "none"
+    # keeps every activation, "full" only the layer's input (recomputing the rest), a named
+    # jax.checkpoint_policies policy something in between (e.g. the matmul outputs).
+    remat: str = "none"
 
     def __post_init__(self):
         for f in ("dtype", "param_dtype"):
@@ -97,6 +112,10 @@ class ModelConfig:
             raise ValueError(
                 f"moe_capacity_factor={self.moe_capacity_factor} must be 0 (dropless) or > 0 "
                 "with moe_dispatch='sparse' (the dense dispatch never drops)."
+            )
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(
+                f"remat={self.remat!r} is not a remat policy; valid: {', '.join(REMAT_POLICIES)}."
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings.")

@@ -27,7 +27,9 @@ naming the field, rather than a model that loads and computes something else.
 Layout. Hugging Face Linear weights are [out, in]; this codebase keeps [in, out] with the head
 axes split out (q_proj [D, H, Dh], o_proj [H, Dh, D], see layers.py) and stacks the experts of a
 layer on a leading axis (gate_proj [E, D, Fe]) where Hugging Face stores one tensor per expert
-(mlp.experts.{e}.gate_proj.weight [Fe, D]). One table (_tensor_specs) says, for every parameter,
+(mlp.experts.{e}.gate_proj.weight [Fe, D]); the decoder layers are stacked too (every layer
+parameter has a leading [L] axis, models/transformer.py), where Hugging Face stores
+model.layers.{i}.*. One table (_tensor_specs) says, for every parameter,
 which tensor(s) hold it and how the axes correspond; import and export both read it, so an
 export followed by an import is bit-identical.
 
@@ -39,10 +41,10 @@ supported).
 Sharded import. With a mesh, every parameter is created by jax.make_array_from_callback with the
 shardings of the abstract model (gspo_jax/sharding.py state_shardings), and the callback reads
 only the slice of the stored tensor that the device's shard covers (safetensors get_slice; the
-slice index is permuted to the stored layout and an expert-stacked parameter is read one expert
-slice at a time). So each process reads only what its devices hold, and no host ever holds a
-whole sharded tensor of, say, a 30B checkpoint. Parameters are float32 whatever the stored dtype
-(bfloat16 weights load exactly into float32); `dtype` is the compute dtype.
+slice index is permuted to the stored layout and a layer- or expert-stacked parameter is read one
+layer's / expert's slice at a time). So each process reads only what its devices hold, and no host
+ever holds a whole sharded tensor of, say, a 30B checkpoint. Parameters are float32 whatever the
+stored dtype (bfloat16 weights load exactly into float32); `dtype` is the compute dtype.
 """
 
 from __future__ import annotations
@@ -318,20 +320,23 @@ def config_to_hf(cfg: ModelConfig, torch_dtype: str = "float32") -> dict:
 class _Spec:
     """Where one parameter lives in the checkpoint.
 
-    names: the Hugging Face tensor, or (stacked) one tensor per index of our leading axis.
-    perm: the stored tensor viewed with its merged axes split is our (per-expert) array
-        transposed by perm: view axis i is our axis perm[i].
+    names: the Hugging Face tensor, or one tensor per index of our `lead` leading axes, in
+        row-major order (layers, then experts: model.layers.{i}.mlp.experts.{e}.*).
+    perm: the stored tensor viewed with its merged axes split is our (per-layer, per-expert)
+        array transposed by perm: view axis i is our axis perm[i].
     merge: stored axis j is the row-major merge of the next merge[j] view axes (q_proj's
         [H * Dh, D] is the view [H, Dh, D] with merge (2, 1)).
+    lead: how many leading axes of our array index the tensors (0, 1 = layers, 2 = layers and
+        experts).
     """
 
     names: tuple[str, ...]
     perm: tuple[int, ...]
     merge: tuple[int, ...]
-    stacked: bool = False
+    lead: int = 0
 
     def view_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
-        sub = shape[1:] if self.stacked else shape
+        sub = shape[self.lead :]
         return tuple(sub[p] for p in self.perm)
 
     def stored_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
@@ -342,40 +347,55 @@ class _Spec:
             i += m
         return tuple(out)
 
+    def sub(self, i: int, n: int) -> _Spec:
+        """The spec of index i of the first leading axis (of size n): one layer's tensors."""
+        per = len(self.names) // n
+        return dataclasses.replace(
+            self, names=self.names[i * per : (i + 1) * per], lead=self.lead - 1
+        )
+
 
 _SAME = ((0,), (1,))  # 1-D tensors (norm scales): stored as they are
 _LINEAR = ((1, 0), (1, 1))  # [in, out] here, [out, in] stored
 
 
 def _tensor_specs(cfg: ModelConfig) -> dict[tuple, _Spec]:
-    """Parameter path (as in nnx.state(model)) -> _Spec, in the checkpoint's tensor order."""
+    """Parameter path (as in nnx.state(model)) -> _Spec, in the checkpoint's tensor order.
+
+    The decoder layers are one stacked module (transformer.stack_layers): each of its parameters
+    [L, ...] is held by the L tensors model.layers.{i}.<name>.
+    """
     specs: dict[tuple, _Spec] = {("embed",): _Spec(("model.embed_tokens.weight",), (0, 1), (1, 1))}
-    for i in range(cfg.num_layers):
-        p, L = f"model.layers.{i}.", ("layers", i)
+    layers = range(cfg.num_layers)
 
-        def one(path, name, perm_merge=_SAME, p=p, L=L):
-            specs[(*L, *path)] = _Spec((p + name,), *perm_merge)
+    def one(path, name, perm_merge=_SAME):
+        names = tuple(f"model.layers.{i}.{name}" for i in layers)
+        specs[("layers", *path)] = _Spec(names, *perm_merge, lead=1)
 
-        one(("input_norm", "scale"), "input_layernorm.weight")
-        one(("attn", "q_proj"), "self_attn.q_proj.weight", ((1, 2, 0), (2, 1)))  # [H*Dh, D]
-        one(("attn", "k_proj"), "self_attn.k_proj.weight", ((1, 2, 0), (2, 1)))  # [K*Dh, D]
-        one(("attn", "v_proj"), "self_attn.v_proj.weight", ((1, 2, 0), (2, 1)))  # [K*Dh, D]
-        one(("attn", "o_proj"), "self_attn.o_proj.weight", ((2, 0, 1), (1, 2)))  # [D, H*Dh]
-        if cfg.attention_bias:
-            for x in "qkv":
-                one(("attn", f"{x}_bias"), f"self_attn.{x}_proj.bias", ((0, 1), (2,)))
-        if cfg.qk_norm:
-            one(("attn", "q_norm", "scale"), "self_attn.q_norm.weight")
-            one(("attn", "k_norm", "scale"), "self_attn.k_norm.weight")
-        one(("post_attn_norm", "scale"), "post_attention_layernorm.weight")
-        if cfg.is_moe:
-            one(("mlp", "router"), "mlp.gate.weight", _LINEAR)  # [E, D]
-            for w in ("gate_proj", "up_proj", "down_proj"):
-                names = tuple(f"{p}mlp.experts.{e}.{w}.weight" for e in range(cfg.num_experts))
-                specs[(*L, "mlp", w)] = _Spec(names, *_LINEAR, stacked=True)
-        else:
-            for w in ("gate_proj", "up_proj", "down_proj"):
-                one(("mlp", w), f"mlp.{w}.weight", _LINEAR)
+    one(("input_norm", "scale"), "input_layernorm.weight")
+    one(("attn", "q_proj"), "self_attn.q_proj.weight", ((1, 2, 0), (2, 1)))  # [H*Dh, D]
+    one(("attn", "k_proj"), "self_attn.k_proj.weight", ((1, 2, 0), (2, 1)))  # [K*Dh, D]
+    one(("attn", "v_proj"), "self_attn.v_proj.weight", ((1, 2, 0), (2, 1)))  # [K*Dh, D]
+    one(("attn", "o_proj"), "self_attn.o_proj.weight", ((2, 0, 1), (1, 2)))  # [D, H*Dh]
+    if cfg.attention_bias:
+        for x in "qkv":
+            one(("attn", f"{x}_bias"), f"self_attn.{x}_proj.bias", ((0, 1), (2,)))
+    if cfg.qk_norm:
+        one(("attn", "q_norm", "scale"), "self_attn.q_norm.weight")
+        one(("attn", "k_norm", "scale"), "self_attn.k_norm.weight")
+    one(("post_attn_norm", "scale"), "post_attention_layernorm.weight")
+    if cfg.is_moe:
+        one(("mlp", "router"), "mlp.gate.weight", _LINEAR)  # [E, D]
+        for w in ("gate_proj", "up_proj", "down_proj"):
+            names = tuple(
+                f"model.layers.{i}.mlp.experts.{e}.{w}.weight"
+                for i in layers
+                for e in range(cfg.num_experts)
+            )
+            specs[("layers", "mlp", w)] = _Spec(names, *_LINEAR, lead=2)
+    else:
+        for w in ("gate_proj", "up_proj", "down_proj"):
+            one(("mlp", w), f"mlp.{w}.weight", _LINEAR)
     specs[("final_norm", "scale")] = _Spec(("model.norm.weight",), *_SAME)
     if not cfg.tie_embeddings:
         specs[("lm_head",)] = _Spec(("lm_head.weight",), *_LINEAR)  # [V, D]
@@ -539,15 +559,13 @@ def load_hf_checkpoint(
                     start, stop, step = s.indices(n)
                     assert step == 1, index
                     ranges.append((start, stop))
-                if not spec.stacked:
-                    block = _read_block(reader.slicer(spec.names[0]), spec, shape, ranges)
-                else:  # one read per expert the shard holds, each only its slice
-                    block = np.stack(
-                        [
-                            _read_block(reader.slicer(spec.names[e]), spec, shape, ranges[1:])
-                            for e in range(*ranges[0])
-                        ]
-                    )
+                # One read per tensor the shard covers (layer, expert), each only its slice.
+                lead, rest = ranges[: spec.lead], ranges[spec.lead :]
+                blocks = []
+                for idx in itertools.product(*(range(a, b) for a, b in lead)):
+                    name = spec.names[int(np.ravel_multi_index(idx, shape[: spec.lead]))]
+                    blocks.append(_read_block(reader.slicer(name), spec, shape, rest))
+                block = np.stack(blocks).reshape(*(b - a for a, b in lead), *blocks[0].shape)
                 return np.ascontiguousarray(block, dtype=param_dtype)
 
             return jax.make_array_from_callback(shape, sharding, callback)
@@ -573,10 +591,19 @@ def _host_array(x: jax.Array) -> np.ndarray:
 
 def _hf_tensors(spec: _Spec, x: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
     """(name, stored tensor) for our parameter array x: the inverse of _read_block."""
-    for j, name in enumerate(spec.names):
-        sub = x[j] if spec.stacked else x
-        stored = spec.stored_shape(x.shape)
-        yield name, np.ascontiguousarray(sub.transpose(spec.perm).reshape(stored))
+    for j, idx in enumerate(np.ndindex(*x.shape[: spec.lead])):
+        yield (
+            spec.names[j],
+            np.ascontiguousarray(x[idx].transpose(spec.perm).reshape(spec.stored_shape(x.shape))),
+        )
+
+
+def _export_units(specs: dict[tuple, _Spec], num_layers: int) -> list[tuple[tuple, int | None]]:
+    """(parameter path, layer or None) in Hugging Face's tensor order: the embedding, then layer
+    by layer every per-layer parameter, then the rest. A unit is what export gathers at once."""
+    layered = [k for k in specs if k[0] == "layers"]
+    rest = [(k, None) for k in specs if k[0] != "layers" and k != ("embed",)]
+    return [(("embed",), None), *((k, i) for i in range(num_layers) for k in layered), *rest]
 
 
 def save_hf_checkpoint(
@@ -617,19 +644,31 @@ def save_hf_checkpoint(
         )
     out_dtype = np.dtype(_DTYPES[dtype])
     # Plan the shards from shapes alone, then convert one shard at a time (peak host memory:
-    # one shard, not the model).
+    # one shard, not the model). A stacked per-layer parameter is split into its layers.
+    L = cfg.num_layers
+    units = _export_units(specs, L)
+
+    def unit_spec(key, i) -> _Spec:
+        return specs[key] if i is None else specs[key].sub(i, L)
+
+    def unit_shape(key, i) -> tuple[int, ...]:
+        shape = params[key].shape
+        return shape if i is None else shape[1:]
+
     sizes = {
-        key: len(spec.names) * math.prod(spec.stored_shape(params[key].shape)) * out_dtype.itemsize
-        for key, spec in specs.items()
+        u: len(unit_spec(*u).names)
+        * math.prod(unit_spec(*u).stored_shape(unit_shape(*u)))
+        * out_dtype.itemsize
+        for u in units
     }
     shards: list[list[tuple]] = [[]]
     used = 0
-    for key in specs:
-        if shards[-1] and used + sizes[key] > max_shard_bytes:
+    for u in units:
+        if shards[-1] and used + sizes[u] > max_shard_bytes:
             shards.append([])
             used = 0
-        shards[-1].append(key)
-        used += sizes[key]
+        shards[-1].append(u)
+        used += sizes[u]
     n = len(shards)
     files = [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
     if n == 1:
@@ -646,9 +685,9 @@ def save_hf_checkpoint(
     weight_map = {}
     for keys, fname in zip(shards, files, strict=True):
         tensors = {}
-        for key in keys:
-            x = _host_array(params[key])
-            for name, t in _hf_tensors(specs[key], x):
+        for key, i in keys:
+            x = _host_array(params[key] if i is None else params[key][i])
+            for name, t in _hf_tensors(unit_spec(key, i), x):
                 tensors[name] = t.astype(out_dtype)
                 weight_map[name] = fname
         if writer:

@@ -45,14 +45,14 @@ class CausalLM(Protocol):
         mask: jax.Array,
         *,
         token_mask: jax.Array | None = None,
-        cache: list[dict[str, jax.Array]] | None = None,
+        cache: Any = None,
         write_index: Any = None,
         routes: jax.Array | None = None,
         return_routes: bool = False,
     ) -> dict[str, Any]:
         """tokens [B, S] int32, positions [B, S] int32, mask [B, S, Sk] bool ->
-        dict(hidden [B, S, D] final-normed, aux_loss scalar f32, cache (per layer, written at
-        slot write_index) or None, routes [L, B, S, k] int32 if return_routes (MoE))."""
+        dict(hidden [B, S, D] final-normed, aux_loss scalar f32, cache (init_cache's pytree,
+        written at slot write_index) or None, routes [L, B, S, k] int32 if return_routes (MoE))."""
         ...
 
     def logits(self, hidden: jax.Array) -> jax.Array:
@@ -63,8 +63,9 @@ class CausalLM(Protocol):
         """[D, V] output projection; response_logprobs unembeds chunk by chunk with it."""
         ...
 
-    def init_cache(self, batch: int, length: int) -> list[dict[str, jax.Array]]:
-        """A zeroed KV cache of `length` slots for `batch` rows, one entry per layer."""
+    def init_cache(self, batch: int, length: int) -> Any:
+        """A zeroed KV cache of `length` slots for `batch` rows: a pytree whose leaves carry a
+        leading [L] layer axis (the per-layer caches, stacked)."""
         ...
 
     def __call__(

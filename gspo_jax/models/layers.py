@@ -78,11 +78,21 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
+def write_layer(stack: jax.Array, layer, value: jax.Array, index) -> jax.Array:
+    """stack [L, ...] with value written into layer `layer` at per-layer offsets `index`.
+
+    One dynamic_update_slice of the whole stack: XLA updates it in place, where writing into a
+    sliced-out layer and putting the layer back would copy the layer twice per call.
+    """
+    return jax.lax.dynamic_update_slice(stack, value[None].astype(stack.dtype), (layer, *index))
+
+
 class Attention(nnx.Module):
     """Grouped-query attention with per-head q/k RMSNorm (cfg.qk_norm), optional q/k/v biases
     (cfg.attention_bias) and an optional KV cache.
 
-    The cache is a dict {"k": [B, K, Dh, Sk], "v": [B, K, Sk, Dh]}; new keys/values go to slot
+    The cache is a dict {"k": [L, B, K, Dh, Sk], "v": [L, B, K, Sk, Dh]} (every layer's, see
+    Transformer.init_cache); this layer's new keys/values go to layer `layer`, slot
     `write_index` (one scalar for all rows: the sampler's layout puts every row's t-th generated
     token at the same slot Lp + t, so the write is a dynamic_update_slice, not a scatter).
     """
@@ -104,8 +114,11 @@ class Attention(nnx.Module):
             self.k_bias = make_param(None, (K, Dh), ("kv_heads", "head_dim"), cfg, init="zeros")
             self.v_bias = make_param(None, (K, Dh), ("kv_heads", "head_dim"), cfg, init="zeros")
 
-    def __call__(self, x, positions, mask, cache=None, write_index=None):
-        """x [B,S,D], positions [B,S], mask [B,S,Sk] bool -> (out [B,S,D], new cache or None)."""
+    def __call__(self, x, positions, mask, cache=None, write_index=None, layer=0):
+        """x [B,S,D], positions [B,S], mask [B,S,Sk] bool -> (out [B,S,D], new cache or None).
+
+        cache: every layer's cache, each leaf stacked on a leading [L] axis
+        (Transformer.init_cache); this block is layer `layer` of it."""
         cfg = self.cfg
         cdt = cfg.compute_dtype
         B, S, _ = x.shape
@@ -128,14 +141,12 @@ class Attention(nnx.Module):
         # matmul, and a [B, Sk, K, Dh] cache was transposed whole every step.
         k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
         new_cache = None
-        if cache is not None:
-            k = jax.lax.dynamic_update_slice(
-                cache["k"], k.astype(cache["k"].dtype), (0, 0, 0, write_index)
-            )
-            v = jax.lax.dynamic_update_slice(
-                cache["v"], v.astype(cache["v"].dtype), (0, 0, write_index, 0)
-            )
-            new_cache = {"k": k, "v": v}
+        if cache is not None:  # the layers' stacked cache: write and read this layer's part
+            new_cache = {
+                "k": write_layer(cache["k"], layer, k, (0, 0, 0, write_index)),
+                "v": write_layer(cache["v"], layer, v, (0, 0, write_index, 0)),
+            }
+            k, v = new_cache["k"][layer], new_cache["v"][layer]
         k = logical_constraint(k, ("batch", "kv_heads", "head_dim", "length"))
         v = logical_constraint(v, ("batch", "kv_heads", "length", "head_dim"))
         # Queries grouped by kv head: [B, K, Gq * S, Dh] (row = g * S + s).
@@ -259,9 +270,18 @@ class DecoderBlock(nnx.Module):
         self.mlp = MoE(cfg, rngs=rngs) if cfg.is_moe else MLP(cfg, rngs=rngs)
 
     def __call__(
-        self, x, positions, mask, *, token_mask=None, cache=None, write_index=None, routes=None
+        self,
+        x,
+        positions,
+        mask,
+        *,
+        token_mask=None,
+        cache=None,
+        write_index=None,
+        routes=None,
+        layer=0,
     ):
-        a, new_cache = self.attn(self.input_norm(x), positions, mask, cache, write_index)
+        a, new_cache = self.attn(self.input_norm(x), positions, mask, cache, write_index, layer)
         x = x + a
         if self.cfg.is_moe:
             m, aux, used = self.mlp(self.post_attn_norm(x), token_mask, routes)

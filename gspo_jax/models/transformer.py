@@ -18,13 +18,14 @@ experiment.py, warmstart.py, models/hf.py and the tests build models through it.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import chex
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gspo_jax.models.config import ModelConfig
+from gspo_jax.models.config import REMAT_POLICIES, ModelConfig
 from gspo_jax.models.layers import DecoderBlock, RMSNorm, make_param
 from gspo_jax.sharding import logical_constraint, state_shardings
 
@@ -83,12 +84,20 @@ class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.embed = make_param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), cfg)
-        self.layers = nnx.List([DecoderBlock(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        # The L blocks as one DecoderBlock whose parameters carry a leading [L] "layers" axis:
+        # forward scans over it, so the compiled program holds one layer's code, not L copies.
+        # The blocks are drawn one by one, as unstacked blocks would be, then stacked.
+        self.layers = stack_layers([DecoderBlock(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg)
         if not cfg.tie_embeddings:
             self.lm_head = make_param(
                 rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), cfg
             )
+
+    def layer(self, i: int) -> DecoderBlock:
+        """Block i as a module of its own (its slice of the stacked parameters; a copy)."""
+        graphdef, state = nnx.split(self.layers)
+        return nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state))
 
     def output_matrix(self) -> jax.Array:
         """[D, V] float32 output projection (the embedding transposed when tied)."""
@@ -98,14 +107,17 @@ class Transformer(nnx.Module):
         """hidden [..., D] (final-normed) -> float32 logits [..., V]."""
         return unembed(hidden, self.output_matrix(), self.cfg.compute_dtype)
 
-    def init_cache(self, batch: int, length: int) -> list[dict]:
-        """Zeroed KV cache: per layer {"k": [batch, K, Dh, length], "v": [batch, K, length, Dh]}
-        in the compute dtype (layouts chosen for the attention matmuls, see layers.Attention)."""
+    def init_cache(self, batch: int, length: int) -> dict:
+        """Zeroed KV cache: the per-layer cache dict of layers.Attention ({"k": [batch, K, Dh,
+        length], "v": [batch, K, length, Dh]} in the compute dtype) with every leaf stacked on a
+        leading [L] axis. forward's scan carries the stack; layer i writes and reads its part."""
         K, Dh, dt = self.cfg.num_kv_heads, self.cfg.head_dim, self.cfg.compute_dtype
-        return [
-            {"k": jnp.zeros((batch, K, Dh, length), dt), "v": jnp.zeros((batch, K, length, Dh), dt)}
-            for _ in self.layers
-        ]
+        layer_cache = {
+            "k": jnp.zeros((batch, K, Dh, length), dt),
+            "v": jnp.zeros((batch, K, length, Dh), dt),
+        }
+        L = self.cfg.num_layers
+        return jax.tree.map(lambda c: jnp.zeros((L, *c.shape), c.dtype), layer_cache)
 
     def forward(
         self,
@@ -123,12 +135,13 @@ class Transformer(nnx.Module):
 
         tokens [B, S] int32, positions [B, S] int32, mask [B, S, Sk] bool (Sk = S without a cache,
         the cache length with one), token_mask [B, S] (MoE aux loss counts only these tokens),
-        cache: list of per-layer {"k": [B, K, Dh, Sk], "v": [B, K, Sk, Dh]} written at slot
-        `write_index`,
+        cache: init_cache's pytree (each per-layer cache leaf stacked on a leading [L] axis),
+        written at slot `write_index`,
         routes [L, B, S, k] int32 (MoE Routing Replay) or None.
 
         Returns dict(hidden [B, S, D] final-normed, aux_loss scalar f32 (mean over layers; 0 for
-        dense), cache (list or None), routes [L, B, S, k] int32 if return_routes and MoE).
+        dense), cache (stacked like the input, or None), routes [L, B, S, k] int32 if
+        return_routes and MoE).
         """
         cfg = self.cfg
         chex.assert_rank([tokens, positions, mask], [2, 2, 3])
@@ -142,30 +155,41 @@ class Transformer(nnx.Module):
             chex.assert_shape(routes, (cfg.num_layers, *tokens.shape, cfg.experts_per_token))
         x = jnp.take(self.embed[...], tokens, axis=0).astype(cfg.compute_dtype)  # [B, S, D]
         x = logical_constraint(x, ("batch", "length", "act_embed"))
-        new_cache, used_routes = [], []
-        aux = jnp.zeros((), jnp.float32)
-        for i, layer in enumerate(self.layers):
-            x, c, a, r = layer(
+        layers_graphdef, layers_state = nnx.split(self.layers)
+
+        def body(carry, per_layer):  # one decoder layer; per_layer = its slice of the stacks
+            x, cache = carry
+            state, layer_routes, i = per_layer
+            layer = nnx.merge(layers_graphdef, state)
+            x, cache, a, r = layer(
                 x,
                 positions,
                 mask,
                 token_mask=token_mask,
-                cache=None if cache is None else cache[i],
+                cache=cache,
                 write_index=write_index,
-                routes=None if routes is None else routes[i],
+                routes=layer_routes,
+                layer=i,
             )
-            new_cache.append(c)
-            used_routes.append(r)
-            aux = aux + a
+            return (x, cache), (a, r)
+
+        # scan over the stacked [L, ...] parameters and routes (None is an empty pytree). The
+        # stacked cache rides in the carry and layer i writes its part of it in place
+        # (layers.write_layer): as scanned input and output, the scan would build a second
+        # [L, ...] cache every decode step, and slicing a layer out and back copies it.
+        layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
+        (x, new_cache), (aux, used_routes) = jax.lax.scan(
+            remat(body, cfg.remat), (x, cache), (layers_state, routes, layer_ids)
+        )
         out = {
             "hidden": self.final_norm(x),
-            "aux_loss": aux / cfg.num_layers,
-            "cache": new_cache if cache is not None else None,
+            "aux_loss": jnp.mean(aux),  # aux [L]
+            "cache": new_cache,
         }
         if return_routes:
             if not cfg.is_moe:
                 raise ValueError("return_routes=True needs an MoE model (num_experts > 0).")
-            out["routes"] = jnp.stack(used_routes)  # [L, B, S, k]
+            out["routes"] = used_routes  # [L, B, S, k]
         return out
 
     def __call__(self, tokens, positions=None, key_valid=None):
@@ -180,6 +204,65 @@ class Transformer(nnx.Module):
             key_valid = jnp.ones((B, S), bool)
         mask = attention_mask(key_valid, jnp.arange(S, dtype=jnp.int32))
         return self.logits(self.forward(tokens, positions, mask, token_mask=key_valid)["hidden"])
+
+
+def stack_layers(blocks: list[nnx.Module]) -> nnx.Module:
+    """One module of blocks' structure whose every variable holds the blocks' values stacked on a
+    leading axis, with the logical axis name "layers" prepended (sharding.RULES: replicated)."""
+    graphdef, _ = nnx.split(blocks[0])
+
+    def stack(*vs: nnx.Variable) -> nnx.Variable:
+        axes = vs[0].get_metadata().get("out_sharding")
+        value = jnp.stack([v.get_value() for v in vs])
+        if axes is None:
+            return vs[0].replace(value)
+        return vs[0].replace(value, out_sharding=("layers", *axes))
+
+    states = [nnx.state(b) for b in blocks]
+    return nnx.merge(
+        graphdef, jax.tree.map(stack, *states, is_leaf=lambda v: isinstance(v, nnx.Variable))
+    )
+
+
+def remat(fn, policy: str):
+    """fn under jax.checkpoint as ModelConfig.remat says: "none" (fn itself), "full" (save only
+    the inputs) or the named jax.checkpoint_policies policy (what else the backward may keep).
+
+    prevent_cse=False: scan already keeps the recomputation apart from the forward pass (the
+    jax.checkpoint docs' advice for checkpointed scan bodies); the extra barriers only cost.
+    """
+    if policy not in REMAT_POLICIES:
+        raise ValueError(f"remat={policy!r} is not a remat policy; valid: {REMAT_POLICIES}.")
+    if policy == "none":
+        return fn
+    named = None if policy == "full" else getattr(jax.checkpoint_policies, policy)
+    return jax.checkpoint(fn, policy=named, prevent_cse=False)
+
+
+def unstacked_layers_error(saved_tree: Any, where: str) -> str | None:
+    """The one-line error for a saved tree (an orbax checkpoint's metadata) that holds the
+    decoder layers one by one (layers/0/..., layers/1/...), as every checkpoint written before
+    the layers were stacked for the scan does; None for any other tree."""
+
+    def unstacked(node) -> bool:
+        if isinstance(node, dict):
+            layers = node.get("layers")
+            if isinstance(layers, dict) and any(str(k).isdigit() for k in layers):
+                return True
+            return any(unstacked(v) for v in node.values())
+        if isinstance(node, (list, tuple)):
+            return any(unstacked(v) for v in node)
+        return False
+
+    if not unstacked(saved_tree):
+        return None
+    return (
+        f"the checkpoint in {where} holds the decoder layers one by one (layers/0/...), the "
+        "layout before they were stacked on a leading axis ([L, ...]) for the scan; this "
+        "version cannot resume it. Resume it with the commit that wrote it, or export it with "
+        "that commit (experiments/export_hf.py) and start a run from the exported folder "
+        "(config.init.kind='hf', config.init.checkpoint=<folder>), or rerun with --start_fresh"
+    )
 
 
 def create_model(
