@@ -7,8 +7,8 @@ One MoE layer of a preset (router + experts + load-balance loss) at the config's
 on a mesh of simulated CPU devices, with a micro-batch of --rows rows of --slots slots (rows split
 over data x fsdp x expert as the trainer splits them). Each program (value and gradient of
 Σ y·probe + aux with respect to the layer's parameters and its input) is lowered and compiled
-for that mesh, and its dots are read from the compiled, SPMD-partitioned HLO: per device,
-FLOPs = 2 · (output elements) · (contracted elements) summed over every dot instruction.
+for that mesh, and its dots are read from the compiled, SPMD-partitioned HLO (gspo_jax/hlo_cost.py):
+per device, FLOPs = 2 · (output elements) · (contracted elements) summed over every dot.
 
 The CPU lowers jax.lax.ragged_dot as a masked dense matmul over all of a device's experts, so the
 compiled CPU program would count the sparse dispatch's grouped matmuls E_local times over. The
@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import sys
 
 _p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -44,7 +43,6 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import dataclasses  # noqa: E402
-import math  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
@@ -54,31 +52,9 @@ from flax import nnx  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from gspo_jax import models, sharding  # noqa: E402
+from gspo_jax import hlo_cost, models, sharding  # noqa: E402
 from gspo_jax.models import moe_dispatch  # noqa: E402
 from gspo_jax.models.layers import MoE  # noqa: E402
-
-_DOT = re.compile(r"= (\w+)\[([\d,]*)\][^ ]* dot\(([^)]*)\)(.*)")
-_SHAPE = re.compile(r"%(\S+) = \w+\[([\d,]*)\]")
-
-
-def dot_flops(hlo: str) -> float:
-    """Σ 2 · output elements · contracted elements over the dot instructions of an HLO module."""
-    shapes = {
-        m.group(1): [int(d) for d in m.group(2).split(",") if d] for m in _SHAPE.finditer(hlo)
-    }
-    total = 0.0
-    for line in hlo.splitlines():
-        m = _DOT.search(line)
-        if not m:
-            continue
-        out = [int(d) for d in m.group(2).split(",") if d]
-        lhs = m.group(3).split(",")[0].strip().lstrip("%")
-        contracting = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", m.group(4))
-        dims = [int(d) for d in contracting.group(1).split(",") if d] if contracting else []
-        k = math.prod(shapes[lhs][d] for d in dims) if lhs in shapes else 1
-        total += 2.0 * math.prod(out) * k
-    return total
 
 
 def dense_proxy(lhs, rhs, group_sizes, kernel):
@@ -146,7 +122,7 @@ def main():
             rule = ("data", "fsdp") if c is None else dict(sharding.RULES)["batch"]
             with rows_over(rule):
                 compiled, secs = layer_program(cfg, mesh)
-            flops = dot_flops(compiled.as_text())
+            flops = hlo_cost.hlo_text_cost(compiled.as_text())[0]
             if c is None:
                 buffer = "-"
             elif c:
