@@ -68,10 +68,14 @@ def resolve_kernel(kernel: str) -> str:
     return "megablox" if jax.devices()[0].platform == "tpu" else "tiled"
 
 
-def tile_rows(assignments: int, groups: int) -> int:
-    """Rows per tile of the "tiled" kernel: about a quarter of a group's expected rows (so
-    padding each group to whole tiles wastes little), a power of two in [8, 128]."""
-    target = max(assignments // (4 * max(groups, 1)), 1)
+def tile_rows(assignments: int, groups: int, k_dim: int, n_dim: int) -> int:
+    """Rows per block of the "tiled" kernel, a power of two in [8, 128]: about a quarter of a
+    group's expected rows (so padding each group to whole blocks wastes little), but no fewer
+    than a quarter of K·N / (K + N), since each block reads its [K, N] weights once and that
+    traffic is worth K·N / (K + N) rows."""
+    quarter_group = assignments // (4 * max(groups, 1))
+    weight_rows = k_dim * n_dim // (4 * (k_dim + n_dim))
+    target = max(quarter_group, weight_rows, 1)
     return int(min(128, max(8, 2 ** round(math.log2(target)))))
 
 
@@ -156,7 +160,7 @@ def local_experts(x, top_idx, top_w, gate, up, down, *, first_expert, capacity, 
     keep = is_local if capacity is None else is_local & (rank < capacity)
     # Buffer layout: groups one after another, each starting at a multiple of `tile` rows (the
     # tiled kernel's blocks; 1 for the others); M covers the most rows the groups can need.
-    tile = tile_rows(A, El) if kernel == "tiled" else 1
+    tile = tile_rows(A, El, D, gate.shape[-1]) if kernel == "tiled" else 1
     if capacity is None:
         M = -(-(A + El * (tile - 1)) // tile) * tile
     else:
