@@ -230,6 +230,20 @@ def test_collapse_warns_once_per_stretch_and_can_stop_the_run(shared, monkeypatc
     assert "2" in os.listdir(os.path.join(wd, "checkpoints"))
 
 
+def test_collapse_count_survives_a_resume(shared, monkeypatch):
+    """The count is run state (in the checkpoint): crashed after step 2 of a collapse and resumed,
+    the run stops at step 3, as an uninterrupted one does (a fresh count would wait to step 5)."""
+    from gspo_jax import metrics as metrics_lib
+
+    edit_step_metrics(monkeypatch, lambda step, m: m.update({"rollout/frac_zero_std_groups": 1.0}))
+    cfg = make_config(shared, num_devices=1)
+    cfg.rl.collapse_patience, cfg.rl.stop_on_collapse = 3, True
+    wd = os.path.join(shared["root"], "collapse_resume")
+    assert trainer.train(cfg, wd, stop_after=2) is None  # "crash" right after the step-2 save
+    with pytest.raises(metrics_lib.CollapseError, match=r"stopped at step 3 .*steps 1-3"):
+        trainer.train(cfg, wd)
+
+
 def test_a_longer_run_is_a_safe_change_only_with_a_constant_learning_rate(shared):
     from gspo_jax import rundir
 
