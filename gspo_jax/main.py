@@ -96,6 +96,9 @@ def main(argv: list[str]) -> None:
         allow_config_change=_ALLOW_CONFIG_CHANGE.value,
         start_fresh=_START_FRESH.value,
     )
+    from gspo_jax import pod
+
+    pod.finished()  # a pod run: the others stop watching this process's heartbeat
 
 
 def _dry_run(config) -> None:

@@ -35,7 +35,8 @@ import jax
 DEFAULT_TIMEOUT_S = 120.0  # well under orbax's 1,200 s save barrier and the coordinator's 300 s
 
 _settings = {"timeout_s": DEFAULT_TIMEOUT_S}
-_state = {"seq": 0, "own_key": None, "phase": "starting", "kept": None}
+_state = {"seq": 0, "own_key": None, "phase": "starting", "kept": None, "done": False}
+_DONE = "done"  # the last heartbeat of a process that finished its work without error
 _last_beat: dict[int, float] = {}  # peer -> monotonic time its heartbeat last changed
 
 
@@ -207,6 +208,8 @@ def _watch(interval_s: float) -> None:
     while True:
         beat += 1
         now = time.monotonic()
+        if _state["done"]:
+            return
         try:
             client.key_value_set(f"gspo_jax/beat/{me}", str(beat), allow_overwrite=True)
             for p in seen:
@@ -221,8 +224,8 @@ def _watch(interval_s: float) -> None:
         except Exception:  # noqa: BLE001 (the coordinator, process 0, is unreachable)
             if now - reachable > timeout_s():
                 _exit_lost(0, f"(the coordinator) has been unreachable for {timeout_s():g} s")
-        for p, (_, since) in seen.items():
-            if now - since > timeout_s():
+        for p, (last, since) in seen.items():
+            if last != _DONE and now - since > timeout_s():
                 _exit_lost(p, f"sent no heartbeat for {timeout_s():g} s")
         time.sleep(interval_s)
 
@@ -252,6 +255,15 @@ def wait_for_peers() -> None:
         time.sleep(0.1)
 
 
+def finished() -> None:
+    """This process finished without error: its heartbeat stops, and the others no longer watch
+    it (they may still be writing their last files when it exits)."""
+    if jax.process_count() == 1 or _state["done"]:
+        return
+    _state["done"] = True
+    _client().key_value_set(f"gspo_jax/beat/{jax.process_index()}", _DONE, allow_overwrite=True)
+
+
 def exit_together(code: int) -> None:
     """Ends a failed multi-process run: shuts the distributed client down (every process does,
     bounded by timeout_s) and exits with ``code`` without joining other threads (an orbax thread
@@ -269,11 +281,9 @@ def exit_together(code: int) -> None:
 # ------------------------------------------------------------------------------ same run everywhere
 
 
-def check_same_run(config, workdir: str) -> None:
-    """ConfigError on every process, before any work, unless all run the same config in the same
-    (shared) workdir: the configs are compared field by field, and the workdir by a probe file that
-    process 0 writes and every other process must see (a path string would accept host-local
-    disks, which cannot hold one checkpoint, and refuse one shared disk mounted elsewhere)."""
+def check_same_config(config) -> None:
+    """ConfigError on every process, before any work, unless all run the same config (compared
+    field by field; the message names every differing field and each process's value)."""
     if jax.process_count() == 1:
         return
     from gspo_jax import config as config_lib
@@ -294,6 +304,17 @@ def check_same_run(config, workdir: str) -> None:
             f"the processes run different configs: {'; '.join(diffs)}. Every process of a pod run "
             "must run the same command"
         )
+
+
+def check_same_workdir(workdir: str) -> None:
+    """ConfigError on every process, before any work, unless all share ``workdir``: process 0
+    writes a probe file there that every other process must see (comparing path strings would
+    accept host-local disks, which cannot hold one checkpoint, and refuse one shared disk mounted
+    at another path)."""
+    if jax.process_count() == 1:
+        return
+    from gspo_jax.config import ConfigError
+
     workdir = os.path.abspath(workdir)
     probe = None
     if jax.process_index() == 0:

@@ -194,8 +194,9 @@ def train(
     t_start = time.time()
     pod.configure(pod.timeout_of(config))
     pod.set_phase("checking the config")
+    pod.check_same_config(config)  # every host runs the same config,
     run = pod.together("checking the config", lambda: exp.build_run(config, workdir))
-    pod.check_same_run(config, workdir)  # every host: the same config, the same shared workdir
+    pod.check_same_workdir(workdir)  # in the same shared workdir
     config, rl, workdir = run.config, run.config.rl, run.workdir
     ckpt_dir = os.path.join(workdir, "checkpoints")
     checkpoint_lib.check_directory(ckpt_dir)  # a file in its place: an error before any work

@@ -70,6 +70,9 @@ def two_process(shared, single):  # single: the warm-start cache a pod run only 
         XLA_FLAGS="--xla_force_host_platform_device_count=4",
         JAX_PLATFORMS="cpu",
         JAX_COMPILATION_CACHE_DIR=shared["xla"],
+        # every program, however fast to compile: test_pod_faults.py's processes reuse them all
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
     )
     flags = [f"--config.{k}={v}" for k, v in runs.overrides(shared).items()]
     procs = []

@@ -39,6 +39,10 @@ distributed.init_distributed(f"127.0.0.1:{port}", 2, pid, timeout_s=TIMEOUT_S)
 os.makedirs(root, exist_ok=True)
 
 import jax  # noqa: E402
+
+# Every program the shared 2-process run compiled is in the persistent cache (see conftest.py).
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 import orbax.checkpoint as ocp  # noqa: E402
 import trainer_runs as runs  # noqa: E402
 
@@ -61,7 +65,7 @@ def config(**extra):
 
 
 def result(name, **fields):
-    print(f"RESULT {name} {json.dumps(fields)}", flush=True)
+    print(f"RESULT {name} {json.dumps(fields)}", file=sys.__stdout__, flush=True)
 
 
 def attempt(name, cfg, wd):
