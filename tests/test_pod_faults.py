@@ -22,6 +22,10 @@ from trainer_runs import REPO, STEPS, assert_records, assert_trees, final_params
 
 from gspo_jax import trainer
 
+# One launch takes ~2.5 min on the shared 2-core CPU (docs/resilience.md), over this file's share of
+# the suite's time: slow (still run in CI).
+pytestmark = pytest.mark.slow
+
 TIMEOUT_S = 8.0  # the worker's config.multihost.timeout_s
 LAUNCH_S = 400  # the subprocess timeout of the launch (JAX start, every scenario)
 
