@@ -38,6 +38,7 @@ _settings = {"timeout_s": DEFAULT_TIMEOUT_S}
 _state = {"seq": 0, "own_key": None, "phase": "starting", "kept": None, "done": False}
 _DONE = "done"  # the last heartbeat of a process that finished its work without error
 _last_beat: dict[int, float] = {}  # peer -> monotonic time its heartbeat last changed
+_beat_lock = threading.Lock()  # a beat never overwrites the last one, _DONE
 
 
 class PeerError(RuntimeError):
@@ -208,10 +209,11 @@ def _watch(interval_s: float) -> None:
     while True:
         beat += 1
         now = time.monotonic()
-        if _state["done"]:
-            return
         try:
-            client.key_value_set(f"gspo_jax/beat/{me}", str(beat), allow_overwrite=True)
+            with _beat_lock:
+                if _state["done"]:
+                    return
+                client.key_value_set(f"gspo_jax/beat/{me}", str(beat), allow_overwrite=True)
             for p in seen:
                 try:
                     v = client.key_value_try_get(f"gspo_jax/beat/{p}")
@@ -258,10 +260,11 @@ def wait_for_peers() -> None:
 def finished() -> None:
     """This process finished without error: its heartbeat stops, and the others no longer watch
     it (they may still be writing their last files when it exits)."""
-    if jax.process_count() == 1 or _state["done"]:
+    if jax.process_count() == 1:
         return
-    _state["done"] = True
-    _client().key_value_set(f"gspo_jax/beat/{jax.process_index()}", _DONE, allow_overwrite=True)
+    with _beat_lock:
+        _state["done"] = True
+        _client().key_value_set(f"gspo_jax/beat/{jax.process_index()}", _DONE, allow_overwrite=True)
 
 
 def exit_together(code: int) -> None:
