@@ -40,7 +40,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from gspo_jax import config as config_lib
-from gspo_jax import objectives
+from gspo_jax import objectives, pod
 
 OBJECTIVES = objectives.PRESET_NAMES
 
@@ -167,6 +167,12 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     c.checkpoint.every = 40
     c.checkpoint.max_to_keep = 2
     c.checkpoint.async_save = True
+
+    # A pod run (several processes): the longest any process waits for another at an agreement
+    # (checkpoint restore/save, stop signals) before it stops with a one-line error naming the
+    # peer; the watchdog's heartbeat timeout too (docs/resilience.md).
+    c.multihost = ml_collections.ConfigDict()
+    c.multihost.timeout_s = pod.DEFAULT_TIMEOUT_S  # seconds
 
     # Mesh axis sizes (-1 fills the remaining devices); a TPU pod slice might use data=-1, fsdp=4.
     c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))

@@ -28,6 +28,13 @@ What can go wrong, and what this module does about it (each reported in one line
   raises CheckpointError naming the folder and the two ways on.
 - A file where the checkpoint folder should be: CheckpointError before anything is written.
 
+On a pod run (several processes) each of these may happen on one host only: each process reads
+its own shards and writes its own files. So every process tries alone and then the processes agree
+(pod.gather, bounded by config.multihost.timeout_s) before anyone acts: a restore is read without
+orbax's cross-process barriers (nobody waits inside orbax for a peer whose read failed), a step
+unreadable on any host is unreadable on all, and a save that failed on any host fails on all,
+at once, without waiting for the other hosts' part of it (it can never commit).
+
 No array dimensions here; the state is whatever pytree the trainer passes.
 """
 
@@ -46,6 +53,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+
+from gspo_jax import pod
 
 
 class CheckpointError(RuntimeError):
@@ -109,7 +118,10 @@ class DataIteratorHandler(ocp.CheckpointHandler):
                     "config.data.process_sharding='slice' (the same stream on every process)"
                 )
             raise FileNotFoundError(f"missing file {filename}")
-        state = _iterator_state_from_json(filename.read_text())
+        try:
+            state = _iterator_state_from_json(filename.read_text())
+        except ValueError as e:
+            raise ValueError(f"{filename} is not an iterator state ({e})") from e
         if args is not None and args.iterator is not None:
             args.iterator.set_state(state)
         return state
@@ -163,6 +175,11 @@ def _one_line(e: BaseException, limit: int = 240) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
+def _is_timeout(one_line: str) -> bool:
+    """A wait for another process that ran out (orbax's barriers): a symptom, not a cause."""
+    return any(m in one_line for m in ("DEADLINE_EXCEEDED", "TimeoutError", "Barrier timed out"))
+
+
 def _file_in(e: BaseException, root: str) -> str | None:
     """The most specific path under ``root`` named anywhere in the exception chain, if any."""
     seen, found = set(), []
@@ -181,10 +198,17 @@ class Checkpointer:
       save_every: save when step % save_every == 0 (and always when ``force=True``).
       max_to_keep: how many recent checkpoints to keep.
       async_save: write in a background thread (orbax's async checkpointing).
+      timeout_s: how long orbax's background save waits for the other processes (pod runs).
     """
 
     def __init__(
-        self, directory: str, *, save_every: int, max_to_keep: int = 2, async_save: bool = True
+        self,
+        directory: str,
+        *,
+        save_every: int,
+        max_to_keep: int = 2,
+        async_save: bool = True,
+        timeout_s: float = pod.DEFAULT_TIMEOUT_S,
     ):
         if save_every < 1:
             raise ValueError(f"save_every must be >= 1, got {save_every}")
@@ -198,6 +222,7 @@ class Checkpointer:
             save_interval_steps=1,  # the trainer decides when; see should_save()
             create=True,
             enable_async_checkpointing=async_save,
+            async_options=ocp.AsyncOptions(timeout_secs=max(1, int(timeout_s))),
         )
         self._manager = ocp.CheckpointManager(
             self.directory,
@@ -269,7 +294,8 @@ class Checkpointer:
         """Raises CheckpointSaveError if the last asynchronous save has failed (a no-op while it is
         still being written, unless ``wait``, and after it committed). Cheap: call it after every
         step. On a multi-host run every process calls it at the same steps and they agree (one
-        all-gather): a save that failed on any process fails on all of them, at the same step."""
+        pod.gather): a save that failed on any process fails on all of them, at the same step,
+        without waiting for this process's part (orbax would wait for the failed host)."""
         multi = jax.process_count() > 1
         if self._pending is None and not multi:
             return
@@ -279,12 +305,20 @@ class Checkpointer:
             if done:
                 error = self._finish()
         if multi:
-            flags = _gather([error is not None, done])
-            if flags[:, 0].any():
-                if error is None and self._pending is not None:
-                    error = self._finish() or RuntimeError("the save failed on another process")
+            mine = json.dumps([_one_line(error) if error is not None else "", done])
+            states = [json.loads(v) for v in pod.gather("the checkpoint save check", mine)]
+            failed = [(p, why) for p, (why, _) in enumerate(states) if why]
+            # A process that waited for a failed peer reports a timeout: name the peer's cause.
+            causes = [(p, why) for p, why in failed if not _is_timeout(why)] or failed
+            peer, why = causes[0] if causes else (None, "")
+            own = error is not None and (
+                peer in (None, jax.process_index()) or not _is_timeout(_one_line(error))
+            )
+            if failed and not own and self._pending is not None:
+                error = RuntimeError(f"it failed on process {peer}: {why}")
+            if failed:
                 done = True
-            elif not flags[:, 1].all():
+            elif not all(d for _, d in states):
                 return
         if not done or self._pending is None:
             return
@@ -293,14 +327,20 @@ class Checkpointer:
             raise self._save_error(step, error) from error
 
     def _finish(self) -> BaseException | None:
-        """Waits for the save in flight; its exception, if it failed."""
+        """Waits for the save in flight; its exception (the cause, not a barrier timeout that
+        orbax raised on top of it), if it failed."""
         try:
             self._manager.wait_until_finished()
             self._manager.check_for_errors()
             if self._pending not in self._manager.all_steps():
                 raise RuntimeError("the step folder was not committed")
         except Exception as e:  # noqa: BLE001 (reported by the caller, in one line)
-            return e
+            chain, seen = [], set()
+            while e is not None and id(e) not in seen:
+                seen.add(id(e))
+                chain.append(e)
+                e = e.__cause__ or e.__context__
+            return next((c for c in chain if not _is_timeout(_one_line(c))), chain[0])
         return None
 
     def restore(
@@ -314,9 +354,16 @@ class Checkpointer:
         """
         self._check_items(step)
         self._check_layout(step)
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
+        # The items' handlers, not the manager: the manager's restore ends in a barrier across
+        # processes, where a process whose read succeeded would wait for one whose read failed.
+        handler = ocp.CompositeCheckpointHandler(
+            state=ocp.StandardCheckpointHandler(),
+            data_iter=DataIteratorHandler(),
+            meta=ocp.JsonCheckpointHandler(),
+        )
+        restored = handler.restore(
+            epath.Path(self._step_dir(step)),
+            ocp.args.Composite(
                 state=ocp.args.StandardRestore(abstract_state),
                 data_iter=DataIteratorRestore(data_iterator, any_process_count),
                 meta=ocp.args.JsonRestore(),
@@ -338,9 +385,10 @@ class Checkpointer:
             )
 
     def read_meta(self, step: int) -> dict:
-        """The small meta dict of a checkpoint (step, wall time, config), without the arrays."""
-        restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        return dict(restored["meta"])
+        """The small meta dict of a checkpoint (step, wall time, config), without the arrays (read
+        by this process alone: no cross-process barrier)."""
+        meta_dir = epath.Path(self._step_dir(step)) / "meta"
+        return dict(ocp.JsonCheckpointHandler().restore(meta_dir, ocp.args.JsonRestore()))
 
     def restore_latest(
         self,
@@ -357,7 +405,7 @@ class Checkpointer:
         moved aside to ``<step>.unreadable-<time>``. The same target restored the older step, so
         their failure is the files', not a changed config, process count or memory. If no step
         restores, nothing is moved and CheckpointError gives every step's reason. On a multi-host
-        run the processes agree on each attempt (one all-gather), so all of them fall back alike.
+        run the processes agree on each attempt (one pod.gather), so all of them fall back alike.
         """
         steps = sorted(self.all_steps(), reverse=True)
         if not steps:
@@ -372,11 +420,15 @@ class Checkpointer:
                 )
             except Exception as e:  # noqa: BLE001 (judged below, against the older steps)
                 error = e
-            if _gather([error is not None]).any():
-                where, why = self._step_dir(step), "failed on another process"
-                if error is not None:
-                    where, why = _file_in(error, where) or where, _one_line(error)
-                failed.append((step, f"{where}: {why}"))
+            where = self._step_dir(step)
+            if error is not None:
+                where = _file_in(error, where) or where
+            mine = f"{where}: {_one_line(error)}" if error is not None else ""
+            statuses = pod.gather(f"restoring checkpoint step {step}", mine)
+            if any(statuses):
+                peer = next(p for p, why in enumerate(statuses) if why)
+                own = error is not None
+                failed.append((step, mine if own else f"on process {peer}, {statuses[peer]}"))
                 continue
             for bad, reason in failed:
                 report(
@@ -412,7 +464,7 @@ class Checkpointer:
         if jax.process_index() == 0:
             src = self._step_dir(step)
             os.replace(src, f"{src}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
-        _sync_processes(f"gspo_jax_ckpt_aside_{step}")
+        pod.barrier(f"moving checkpoint step {step} aside")
 
     def restore_arrays(self, step: int) -> Any:
         """The saved train-state pytree as host numpy arrays, without a target (for comparisons
@@ -460,25 +512,5 @@ def move_aside(directory: str) -> str | None:
         new = f"{directory}.moved-{time.strftime('%Y%m%d-%H%M%S')}"
         if jax.process_index() == 0:
             os.replace(directory, new)
-    _sync_processes("gspo_jax_ckpt_move_aside")
+    pod.barrier("moving the checkpoint folder aside")
     return new
-
-
-def _gather(flags: list[bool]) -> np.ndarray:
-    """[processes, len(flags)] booleans: every process's ``flags`` (one all-gather; called by
-    every process at the same point, so all take the same decision)."""
-    local = np.asarray([flags], bool)
-    if jax.process_count() == 1:
-        return local
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(local.astype(np.int32)), bool).reshape(
-        -1, len(flags)
-    )
-
-
-def _sync_processes(name: str) -> None:
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)

@@ -18,19 +18,25 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from gspo_jax import sharding
+from gspo_jax import pod, sharding
 
 
 def init_distributed(
     coordinator_address: str | None = None,
     num_processes: int | None = None,
     process_id: int | None = None,
+    timeout_s: float = pod.DEFAULT_TIMEOUT_S,
 ) -> None:
-    """jax.distributed.initialize, with gloo collectives when the platform is the CPU.
+    """jax.distributed.initialize, with gloo collectives when the platform is the CPU, and this
+    process's heartbeat watchdog (pod.py).
 
     Must run before any JAX computation. On a TPU pod all three arguments can be None (JAX reads
-    them from the environment); on CPUs they are required.
+    them from the environment); on CPUs they are required. ``timeout_s`` (config.multihost
+    .timeout_s) bounds every wait for another process: pod.py's agreements and watchdog use it,
+    the coordinator's own heartbeat timeout is twice it (so that the watchdog's one-line report
+    comes first, not the coordinator's abort) and its shutdown barrier waits at most this long.
     """
+    pod.configure(timeout_s)
     platforms = str(jax.config.jax_platforms or "")
     if platforms in ("", "cpu") or "cpu" in platforms:
         # Cross-process collectives on CPU devices go through gloo (TCP); without it a
@@ -40,7 +46,10 @@ def init_distributed(
         coordinator_address=coordinator_address,
         num_processes=num_processes,
         process_id=process_id,
+        heartbeat_timeout_seconds=max(2, int(2 * timeout_s)),
+        shutdown_timeout_seconds=max(1, int(timeout_s)),
     )
+    pod.start_watchdog()
 
 
 def to_global(local: np.ndarray, mesh) -> jax.Array:

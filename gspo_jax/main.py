@@ -75,9 +75,14 @@ def main(argv: list[str]) -> None:
         _dry_run(_CONFIG.value)
         return
     if _MULTIHOST.value or _COORDINATOR.value:
-        from gspo_jax import distributed
+        from gspo_jax import distributed, pod
 
-        distributed.init_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+        distributed.init_distributed(
+            _COORDINATOR.value,
+            _NUM_PROCESSES.value,
+            _PROCESS_ID.value,
+            timeout_s=pod.timeout_of(_CONFIG.value),
+        )
     from gspo_jax import trainer  # after distributed init: importing models may touch devices
 
     if _PREPARE_ONLY.value:
@@ -91,6 +96,9 @@ def main(argv: list[str]) -> None:
         allow_config_change=_ALLOW_CONFIG_CHANGE.value,
         start_fresh=_START_FRESH.value,
     )
+    from gspo_jax import pod
+
+    pod.finished()  # a pod run: the others stop watching this process's heartbeat
 
 
 def _dry_run(config) -> None:
@@ -129,9 +137,12 @@ def _config_spec(argv: list[str]) -> str | None:
 def run() -> None:
     """Console-script entry point (``gspo-train``).
 
-    Exit codes: 0 done; 2 a configuration problem (or a dataset file to fix); 1 a run-time stop
-    with one ``error: ...`` line (an unreadable checkpoint folder, a failed save, a diverged loss,
-    a collapse stop); 128 + the signal after SIGTERM / SIGINT saved the current step (143, 130).
+    Exit codes: 0 done; 2 a configuration problem (or a dataset file to fix; on a pod run: also
+    configs or workdirs that differ between processes); 1 a run-time stop with one ``error: ...``
+    line (an unreadable checkpoint folder, a failed save, a diverged loss, a collapse stop,
+    another process of a pod run that died, hung or failed); 128 + the signal after SIGTERM /
+    SIGINT saved the current step (143, 130). A pod run's processes exit without waiting for
+    threads that wait on a peer.
 
     A configuration problem prints one ``error: ...`` line and exits with code 2, before any work:
     the config file's arguments are checked here (load_config_file turns get_config's ValueError
@@ -145,7 +156,7 @@ def run() -> None:
         app.run(main)
     except ConfigError as e:  # configuration errors: one clear line, no traceback wall
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        _exit(2)
     except KeyboardInterrupt:  # Ctrl-C before the RL loop (which handles it itself)
         print(
             "interrupted before the first RL step; nothing was lost (rerun the same command)",
@@ -155,14 +166,38 @@ def run() -> None:
     except Exception as e:
         code = _exit_code(e)
         if code is None:
+            _unless_a_peer_is_lost()
             raise
-        sys.exit(code)
+        _exit(code)
+
+
+def _pod_run() -> bool:
+    """Whether jax.distributed is up (without importing JAX for a config error)."""
+    jax = sys.modules.get("jax")
+    return jax is not None and jax._src.distributed.global_state.client is not None
+
+
+def _exit(code: int) -> None:
+    if _pod_run():
+        from gspo_jax import pod
+
+        pod.exit_together(code)
+    sys.exit(code)
+
+
+def _unless_a_peer_is_lost() -> None:
+    """An unexpected error on a pod run is often a peer's death seen by a collective: give the
+    watchdog its time to say so in one line (it exits the process) before the traceback."""
+    if _pod_run():
+        from gspo_jax import pod
+
+        pod.wait_for_peers()
 
 
 def _exit_code(e: Exception) -> int | None:
     """Prints the one line of a run-time stop the user acts on and returns its exit code; None for
     an unexpected error (its traceback is the useful report then)."""
-    from gspo_jax import checkpoint, data_files, metrics, trainer
+    from gspo_jax import checkpoint, data_files, metrics, pod, trainer
 
     if isinstance(e, data_files.DataFileError):  # a dataset file to fix: nothing ran yet
         print(f"error: {e}", file=sys.stderr, flush=True)
@@ -170,7 +205,10 @@ def _exit_code(e: Exception) -> int | None:
     if isinstance(e, trainer.Preempted):
         print(str(e), file=sys.stderr, flush=True)
         return e.exit_code
-    if isinstance(e, checkpoint.CheckpointError | metrics.NonFiniteError | metrics.CollapseError):
+    if isinstance(
+        e,
+        checkpoint.CheckpointError | metrics.NonFiniteError | metrics.CollapseError | pod.PeerError,
+    ):
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     return None

@@ -120,13 +120,23 @@ class CollapseWatch:
     """Counts consecutive steps whose every group has zero reward variance (no learning signal).
 
     ``update`` returns a warning once per stretch, when the stretch reaches ``patience`` steps
-    (patience 0: never). The run decides whether to stop (config.rl.stop_on_collapse).
+    (patience 0: never). The run decides whether to stop (config.rl.stop_on_collapse). The count
+    is run state: ``state()`` goes into every checkpoint and ``load`` restores it, so a resumed
+    run warns (or stops) at the same step as an uninterrupted one.
     """
 
     def __init__(self, patience: int):
         self.patience = patience
         self.stretch = 0
         self.since = 0
+
+    def state(self) -> dict[str, int]:
+        return {"stretch": self.stretch, "since": self.since}
+
+    def load(self, state: Mapping[str, int] | None) -> None:
+        """Restores ``state()`` (None: a checkpoint from before the count was saved)."""
+        state = state or {}
+        self.stretch, self.since = int(state.get("stretch", 0)), int(state.get("since", 0))
 
     def update(self, step: int, metrics: Mapping[str, float]) -> str | None:
         frac = metrics.get("rollout/frac_zero_std_groups")

@@ -14,11 +14,11 @@ leaves the record of what ran untouched.
 Fields safe to change on resume (they change when, where or how often, not what is trained):
 the step budget (rl.num_steps, with a constant learning rate: a decaying schedule is stretched to
 the new length, so there it is a change), evaluation settings (eval.*), logging (log.*),
-checkpoint cadence (checkpoint.*), the device layout (mesh.*, num_devices, slice: a run may
-resume on another device count), micro-batching (rl.num_microbatches: the same gradient, summed
-in another order), the MoE route-change metric (rl.log_route_change: one extra forward pass
-after the update, which changes nothing it updates) and the locations of the data and
-warm-start caches (data.data_dir, init.cache_dir).
+checkpoint cadence (checkpoint.*), pod timeouts (multihost.*), the device layout (mesh.*,
+num_devices, slice: a run may resume on another device count), micro-batching
+(rl.num_microbatches: the same gradient, summed in another order), the MoE route-change metric
+(rl.log_route_change: one extra forward pass after the update, which changes nothing it updates)
+and the locations of the data and warm-start caches (data.data_dir, init.cache_dir).
 
 No array dimensions here.
 """
@@ -38,6 +38,7 @@ SAFE_TO_CHANGE = (
     "eval.",
     "log.",
     "checkpoint.",
+    "multihost.",
     "mesh.",
     "num_devices",
     "slice",

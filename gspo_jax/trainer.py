@@ -34,7 +34,10 @@ Multi-host: every process runs this same loop (SPMD) on its share of the prompts
 distributed.py: by default every host reads the global batch and keeps its rows, so results do not
 depend on the process count); jax.make_array_from_process_local_data assembles the global batch,
 and each process scores the response rows of its own prompts. Only process 0 writes metrics,
-config.json and summary.json; orbax writes checkpoint shards from every process.
+config.json and summary.json; orbax writes checkpoint shards from every process. Every decision one
+host could take alone (the config check, the restore and its fallback, the warm-start load, a
+failed save, a stop signal) is agreed first (pod.py), within config.multihost.timeout_s, and
+before any work every process checks that all run the same config in the same shared workdir.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ import numpy as np
 from flax import nnx
 
 from gspo_jax import checkpoint as checkpoint_lib
-from gspo_jax import distributed, rundir, sharding
+from gspo_jax import distributed, pod, rundir, sharding
 from gspo_jax import experiment as exp
 from gspo_jax import metrics as metrics_lib
 from gspo_jax import train_step as ts
@@ -121,7 +124,7 @@ class StopSignals:
 
     The first signal only sets a flag: the current step finishes, the loop saves it, waits for
     every save in flight and raises Preempted. A second Ctrl-C exits at once. On a multi-host run
-    the processes agree after every step (one tiny all-gather), so all of them stop at, and save,
+    the processes agree after every step (pod.gather), so all of them stop at, and save,
     the same step even when the signal reached them at different times.
     """
 
@@ -158,12 +161,7 @@ class StopSignals:
 
     def agreed(self) -> int:
         """The signal number every process stops for (0: go on)."""
-        if jax.process_count() == 1:
-            return self.signum
-        from jax.experimental import multihost_utils
-
-        flags = multihost_utils.process_allgather(np.asarray([self.signum], np.int32))
-        return int(np.max(flags))
+        return max(int(s) for s in pod.gather("the stop-signal check", str(self.signum)))
 
 
 def _saved_config(ckpt: checkpoint_lib.Checkpointer, step: int, workdir: str) -> dict | None:
@@ -194,7 +192,11 @@ def train(
     current step and raise Preempted.
     """
     t_start = time.time()
-    run = exp.build_run(config, workdir)
+    pod.configure(pod.timeout_of(config))
+    pod.set_phase("checking the config")
+    pod.check_same_config(config)  # every host runs the same config,
+    run = pod.together("checking the config", lambda: exp.build_run(config, workdir))
+    pod.check_same_workdir(workdir)  # in the same shared workdir
     config, rl, workdir = run.config, run.config.rl, run.workdir
     ckpt_dir = os.path.join(workdir, "checkpoints")
     checkpoint_lib.check_directory(ckpt_dir)  # a file in its place: an error before any work
@@ -215,16 +217,26 @@ def train(
         save_every=config.checkpoint.every,
         max_to_keep=config.checkpoint.max_to_keep,
         async_save=config.checkpoint.async_save,
+        timeout_s=pod.timeout_of(config),
     )
+    pod.describe_kept(ckpt.describe)
     latest = ckpt.latest_step()
     if latest is not None:
-        notes += rundir.check_resume_config(
-            _saved_config(ckpt, latest, workdir), config, latest, allow_change=allow_config_change
+        notes += pod.together(
+            "comparing the config with the checkpoint's",
+            lambda: rundir.check_resume_config(
+                _saved_config(ckpt, latest, workdir),
+                config,
+                latest,
+                allow_change=allow_config_change,
+            ),
         )
+    pod.set_phase("restoring the newest checkpoint")
     restored = ckpt.restore_latest(
         exp.abstract_state(run, run.abs_params),
         data_iter,
-        report=notes.append,
+        # every host says it in its own log (a fault may be one host's alone)
+        report=notes.append if metrics_lib.is_writer_process() else lambda s: print(s, flush=True),
         any_process_count=config.data.process_sharding == "slice",
     )
     resumed_step = restored[0] if restored is not None else None
@@ -245,19 +257,26 @@ def train(
     cache_dir = exp.cache_dir_of(config)
     base_eval, warm_s, prior_wall, ref_params = None, 0.0, 0.0, None
     base_eval_path = os.path.join(workdir, "base_eval.json")
+    pod.set_phase("loading the warm start")
+    collapse = metrics_lib.CollapseWatch(rl.collapse_patience)
     if restored is not None:
         _, state, meta = restored
         prior_wall = float(meta.get("wall_s", 0.0))
+        collapse.load(meta.get("collapse"))
         notes.append(f"resumed from step {resumed_step} in {workdir}")
         if os.path.exists(base_eval_path):
             with open(base_eval_path) as f:
                 base_eval = json.load(f)
         if run.objective.kl_coef > 0:
-            ref_params, _ = exp.base_params(run, cache_dir)
+            ref_params, _ = pod.together(
+                "loading the warm start", lambda: exp.base_params(run, cache_dir)
+            )
     else:
         if latest is None and writer.metrics_aside:
             notes.append(f"no checkpoint in {ckpt_dir}: starting from step 0")
-        params, warm_s = exp.base_params(run, cache_dir)
+        params, warm_s = pod.together(
+            "loading the warm start", lambda: exp.base_params(run, cache_dir)
+        )
         if run.objective.kl_coef > 0:
             ref_params = jax.tree.map(jnp.copy, params)
         state = exp.initial_state(run, params)
@@ -283,10 +302,14 @@ def train(
     start = int(jax.device_get(state.step))
     last_eval = None
     t_loop = time.time()
-    collapse = metrics_lib.CollapseWatch(rl.collapse_patience)
 
     def save(done: int, force: bool) -> None:
-        meta = {"wall_s": prior_wall + time.time() - t_start, **meta_config}
+        meta = {
+            "wall_s": prior_wall + time.time() - t_start,
+            "collapse": collapse.state(),
+            **meta_config,
+        }
+        pod.set_phase(f"saving step {done}")
         ckpt.save(done, state, data_iter, meta, force=force)
 
     try:
@@ -294,6 +317,7 @@ def train(
             for step in range(start, rl.num_steps):
                 if stop_after is not None and step - start >= stop_after:
                     break
+                pod.set_phase(f"in RL step {step + 1}")
                 state, m = ts.rl_step(
                     run,
                     phases,
@@ -320,9 +344,9 @@ def train(
                     m["time/eval_s"] = time.time() - te
                     log.write(f"step {done:4d} " + _fmt_eval(last_eval))
                 writer.write(done, m)
+                warning = collapse.update(done, m)  # before the save: the count is run state
                 save(done, force=done == rl.num_steps)
                 log.update(m)
-                warning = collapse.update(done, m)
                 if warning:
                     log.write(warning)
                     if rl.stop_on_collapse:

@@ -309,3 +309,11 @@ def test_token_advantages_need_a_per_token_ratio():
     with c.unlocked():
         c.objective.name = "gspo_token"
     config_lib.validate(c, None)
+
+
+def test_pod_timeout_must_be_positive():
+    from gspo_jax import pod
+
+    with pytest.raises(config_lib.ConfigError, match=r"multihost.timeout_s must be > 0 seconds"):
+        pod.configure(0)
+    assert pod.timeout_of(ml_collections.ConfigDict()) == pod.DEFAULT_TIMEOUT_S  # an older config

@@ -16,14 +16,10 @@ import json
 import math
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import trainer_runs as runs
 from trainer_runs import (
-    ARITH,
-    REPO,
     STEPS,
     assert_records,
     assert_trees,
@@ -31,7 +27,6 @@ from trainer_runs import (
     make_config,
     records,
 )
-from trainer_runs import overrides as run_overrides
 
 from gspo_jax import metrics as metrics_lib
 from gspo_jax import trainer
@@ -97,42 +92,6 @@ def test_interrupted_run_resumes_exactly(shared, single):
 def test_eight_devices_equal_one(single, sharded):
     assert_trees(final_params(sharded), final_params(single[0]), rtol=2e-5, atol=2e-6)
     assert_records(records(sharded), records(single[0]), rtol=1e-4, atol=1e-5)
-
-
-@pytest.fixture(scope="module")
-def two_process(shared):
-    """The runlocal run as 2 processes x 4 simulated devices: (workdir, outputs of both)."""
-    wd = os.path.join(shared["root"], "multi")
-    port = runs.free_port()
-    env = dict(os.environ)
-    env.update(
-        PYTHONPATH=REPO,
-        XLA_FLAGS="--xla_force_host_platform_device_count=4",
-        JAX_PLATFORMS="cpu",
-        JAX_COMPILATION_CACHE_DIR=shared["xla"],
-    )
-    flags = [f"--config.{k}={v}" for k, v in run_overrides(shared).items()]
-    procs = []
-    for i in range(2):
-        cmd = [
-            sys.executable,
-            "-m",
-            "gspo_jax.main",
-            f"--config={ARITH}:runlocal",
-            f"--workdir={wd}",
-            f"--coordinator_address=127.0.0.1:{port}",
-            "--num_processes=2",
-            f"--process_id={i}",
-            *flags,
-        ]
-        procs.append(
-            subprocess.Popen(
-                cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-        )
-    outs = runs.wait_all(procs, timeout=600)
-    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
-    return wd, outs
 
 
 @pytest.mark.slow
