@@ -108,7 +108,9 @@ def tiled_matmul(lhs, rhs, group_sizes, tile: int):
         return block @ rhs[g]
 
     per_chunk = max(1, min(tiles, _CHUNK_WEIGHTS // (K * N)))
-    out = jax.lax.map(lambda a: chunk(*a), (blocks, owner), batch_size=per_chunk)
+    # One block per step reads its weights with a dynamic slice; several gather them.
+    batch = {"batch_size": per_chunk} if per_chunk > 1 else {}
+    out = jax.lax.map(lambda a: chunk(*a), (blocks, owner), **batch)
     return out.reshape(M, N)
 
 
