@@ -13,7 +13,11 @@ HLO text instead and counts, the way XLA's cost analysis does:
     bytes   operands read and results written by every top-level instruction (a fusion is one
             instruction: its intermediates stay on chip); a dynamic-slice, and a fusion operand
             used only through dynamic-slices, counts the slice it reads; an in-place
-            dynamic-update-slice counts the update it writes
+            dynamic-update-slice counts the update it writes. Inside a fusion, dtype converts
+            and views are looked through, and a fusion that only slices / converts an operand
+            counts nothing (its consumer's read counts): XLA:CPU wraps bf16 slices and updates
+            in f32 converts, which a TPU does not do. Reads of such f32 copies still count
+            at f32 width, so bf16 programs read high.
 
 each multiplied by the trip counts of the loops around it (XLA's ``known_trip_count``; a loop
 whose count is data-dependent, such as the sampler's stop-at-EOS decode loop, counts
@@ -75,6 +79,12 @@ _FREE = {
 }
 
 
+_VIEWS = {"convert", "bitcast", "reshape", "copy"}  # looked through inside a fusion
+# A fusion of only these ops slices or retypes one operand for its consumer (the CPU's bf16 ->
+# f32 upcast of a cache layer before a matmul); a TPU fuses that into the consumer's read.
+_MOVES = _VIEWS | {"parameter", "constant", "dynamic-slice", "slice"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Cost:
     flops: float  # dot FLOPs per device (ragged_dot excluded, see ragged_flops)
@@ -117,6 +127,7 @@ class _Instr:
     opcode: str
     operands: list[str]
     attrs: str
+    root: bool = False
 
 
 def _split_top(text: str) -> list[str]:
@@ -150,7 +161,8 @@ def _close(text: str, start: int) -> int:
 
 def _parse_instr(line: str) -> _Instr | None:
     line = line.strip()
-    if line.startswith("ROOT "):
+    root = line.startswith("ROOT ")
+    if root:
         line = line[5:]
     if not line.startswith("%") or " = " not in line:
         return None
@@ -163,7 +175,8 @@ def _parse_instr(line: str) -> _Instr | None:
     opcode, _, rest = rest.partition("(")
     i = _close("(" + rest, 0)  # rest[i - 1] closes the operand list
     operands = [o.split()[-1] for o in _split_top(rest[: i - 1]) if o.split()]
-    return _Instr(name.lstrip("%"), shape, opcode, [o.lstrip("%") for o in operands], rest[i:])
+    operands = [o.lstrip("%") for o in operands]
+    return _Instr(name.lstrip("%"), shape, opcode, operands, rest[i:], root)
 
 
 def _computations(text: str) -> tuple[dict[str, list[_Instr]], str]:
@@ -220,22 +233,54 @@ class _Walker:
                 total += self.fused_flops(_attr(ins.attrs, "calls") or "")
         return total
 
-    def fusion_operand_bytes(self, ins: _Instr) -> float:
-        """Operand bytes of a fusion; an operand the fused code only dynamic-slices counts the
-        slices (a scan body reading layer l of the stacked [L, ...] weights reads one layer)."""
+    def fusion_bytes(self, ins: _Instr) -> float:
+        """Bytes a fusion reads and writes. Looking through dtype converts and views (which the
+        CPU compiler adds around bf16 ops a TPU runs natively): an operand the fused code only
+        slices counts the slices, the buffer of an in-place dynamic-update-slice counts nothing,
+        and a result that is that buffer counts the update written into it."""
         body = self.comps.get(_attr(ins.attrs, "calls") or "", [])
-        param_of = {int(b.operands[0]): b.name for b in body if b.opcode == "parameter"}
+        if all(b.opcode in _MOVES for b in body):
+            return 0.0  # a slice / dtype change of an operand only: fused into its consumer
+        by_name = {b.name: b for b in body}
         users: dict[str, list[_Instr]] = {}
         for b in body:
             for o in b.operands:
                 users.setdefault(o, []).append(b)
+
+        def sinks(name: str) -> list[tuple[_Instr, str]]:  # (consumer, operand) past views
+            out = []
+            for u in users.get(name, []):
+                out += sinks(u.name) if u.opcode in _VIEWS else [(u, name)]
+            return out
+
+        def source(name: str) -> _Instr | None:  # the op under a chain of views
+            b = by_name.get(name)
+            while b is not None and b.opcode in _VIEWS:
+                b = by_name.get(b.operands[0])
+            return b
+
         total = 0.0
+        params = {int(b.operands[0]): b for b in body if b.opcode == "parameter"}
         for j, operand in enumerate(ins.operands):
-            us = users.get(param_of.get(j, ""), [])
-            if us and all(u.opcode in ("dynamic-slice", "slice") for u in us):
-                total += sum(_shape_bytes(u.shape) for u in us)
+            p = params.get(j)
+            full = _shape_bytes(self.shapes.get(operand, ""))
+            used = sinks(p.name) if p is not None else []
+            itemsize = full / max(math.prod(_dims(self.shapes.get(operand, ""))), 1)
+            if used and all(u.opcode in ("dynamic-slice", "slice") for u, _ in used):
+                total += sum(math.prod(_dims(u.shape)) * itemsize for u, _ in used)
+            elif used and all(
+                u.opcode == "dynamic-update-slice" and u.operands[0] == o for u, o in used
+            ):
+                pass  # updated in place
             else:
-                total += _shape_bytes(self.shapes.get(operand, ""))
+                total += full
+        root = next((b for b in body if b.root), None)
+        dus = source(root.name) if root is not None else None
+        if dus is not None and dus.opcode == "dynamic-update-slice":
+            out_item = _shape_bytes(ins.shape) / max(math.prod(_dims(ins.shape)), 1)
+            total += math.prod(_dims(by_name[dus.operands[1]].shape)) * out_item
+        else:
+            total += _shape_bytes(ins.shape)
         return total
 
     def cost(self, comp: str) -> tuple[float, float]:
@@ -267,12 +312,7 @@ class _Walker:
                 nbytes += 2 * _shape_bytes(self.shapes.get(ins.operands[1], ""))
             elif op == "fusion":
                 flops += self.fused_flops(_attr(ins.attrs, "calls") or "")
-                if "dynamic-update-slice" in ins.name or "dynamic_update_slice" in ins.attrs:
-                    # in place: reads and writes the update, not the whole buffer
-                    small = [_shape_bytes(self.shapes.get(o, "")) for o in ins.operands[1:]]
-                    nbytes += 2 * sum(small)
-                else:
-                    nbytes += self.fusion_operand_bytes(ins) + _shape_bytes(ins.shape)
+                nbytes += self.fusion_bytes(ins)
             else:
                 if op == "dot":
                     flops += self.dot_flops(ins)

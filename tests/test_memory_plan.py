@@ -82,10 +82,11 @@ def test_program_cost_counts_every_trip_of_a_loop():
     grad = jax.jit(jax.grad(lambda w, x: _scan_of_matmuls(w, x).sum())).lower(w, x).compile()
     assert hlo_cost.program_cost(grad).flops == 3 * L * 2 * M * D * D  # forward + two backward
 
-    def unrolled(w, x):
-        return jnp.tanh(jnp.tanh(x @ w[0]) @ w[1])
+    def unrolled(w0, w1, x):
+        return jnp.tanh(jnp.tanh(x @ w0) @ w1)
 
-    flat = jax.jit(unrolled).lower(w, x).compile()
+    wl = jax.ShapeDtypeStruct((D, D), jnp.float32)
+    flat = jax.jit(unrolled).lower(wl, wl, x).compile()
     xla = flat.cost_analysis()
     assert hlo_cost.program_cost(flat).flops == 2 * 2 * M * D * D
     assert hlo_cost.program_cost(flat).bytes == xla["bytes accessed"]

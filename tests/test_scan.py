@@ -92,10 +92,11 @@ def _scanned_grads(preset: str, policy: str = "none"):
     return _loss_and_grads(model, _scanned, *_inputs(model.cfg))
 
 
-@pytest.mark.parametrize("preset", ["tiny", "tiny_moe"])
-def test_scanned_layers_equal_the_per_layer_application(preset):
+def test_scanned_layers_equal_the_per_layer_application():
     """forward's scan gives the values and gradients of applying each layer's slice of the
-    stacked weights in turn (MoE: the same routes, aux loss and Routing Replay)."""
+    stacked weights in turn, with the MoE's routes, aux loss and Routing Replay. (MoE covers the
+    scan's every part; the dense MLP runs scanned in the HF tests' numpy comparison.)"""
+    preset = "tiny_moe"
     model = _model(preset)
     cfg = model.cfg
     tokens, positions, mask, valid = _inputs(cfg)
@@ -112,7 +113,7 @@ def test_scanned_layers_equal_the_per_layer_application(preset):
         np.testing.assert_allclose(replay["hidden"], out["hidden"], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("policy", ["full", "dots_saveable", "dots_with_no_batch_dims_saveable"])
+@pytest.mark.parametrize("policy", ["full", "dots_with_no_batch_dims_saveable"])
 def test_remat_policies_give_the_same_gradients(policy):
     """A remat policy changes what the backward pass stores, not the gradients: they equal
     remat="none"'s, and the layer really runs under jax.checkpoint."""

@@ -58,6 +58,7 @@ def main(argv=None) -> int:
     depths = [int(d) for d in args.depths.split(",")]
     print(f"compile_bench: small model, remat {args.remat}, {jax.default_backend()}")
     print(f"{'layers':>7}{'wall s':>9}{'cpu s':>9}{'wall / first':>14}")
+    compile_seconds(depths[0], args.remat, args.rows, args.prompt_len, args.response_len)  # warm-up
     first = None
     for L in depths:
         wall, cpu = compile_seconds(L, args.remat, args.rows, args.prompt_len, args.response_len)
