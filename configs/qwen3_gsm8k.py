@@ -30,11 +30,10 @@ under GSPO_JAX_DATA_DIR), objective, seed, steps, prompts (per step), group, max
 float32 steps on one CPU device; without: the tiny preset on 8 simulated devices, the dry run in
 seconds).
 
-Suggested slices and meshes (rows of the README's dry-run table): qwen3_0_6b on v5p-8 (4 chips,
-fsdp=4, 16 micro-batches), qwen3_1_7b on v5p-8 (fsdp=4, 16), qwen3_30b_a3b on v5p-128 (64 chips,
-fsdp=4 x expert=16, 32 micro-batches).
-Expected runtime and accuracy: not measured here (no accelerator); the dry-run figures are in the
-README.
+Suggested slices and meshes (SUGGESTED below; the dry-run figures are in docs/pods.md and
+docs/moe.md): qwen3_0_6b and qwen3_1_7b on v5p-8 (4 chips, fsdp=4, 4 micro-batches),
+qwen3_30b_a3b on v5p-16 (8 chips, fsdp=4 x expert=2, 16 micro-batches), all with remat "full".
+Expected runtime and accuracy: not measured here (no accelerator).
 """
 
 from __future__ import annotations
@@ -44,17 +43,18 @@ from ml_collections import config_dict
 
 from gspo_jax import config as config_lib
 
-# model -> (suggested slice, mesh axes on it, micro-batches per minibatch). A minibatch is 128
-# rows of 1,280 slots: its activations for the backward pass do not fit in one go (the dry run
-# measures 374 GiB per device for qwen3_1_7b on v5p-8 without micro-batches), so each minibatch's
-# gradient is accumulated over micro-batches (global normalisation keeps it the same gradient).
+# model -> (suggested slice, mesh axes on it, micro-batches per minibatch): the fitting rows of the
+# dry-run tables (docs/pods.md, docs/moe.md). A minibatch is 128 rows of 1,280 slots; each
+# minibatch's gradient is accumulated over micro-batches (global normalisation keeps it the same
+# gradient), and the layers are rematerialised (model.remat "full": each layer keeps only its
+# input for the backward pass), so the activations of a micro-batch are about one layer's.
 SUGGESTED = {
-    "qwen3_0_6b": ("v5p-8", dict(data=1, fsdp=4, tensor=1, expert=1), 16),
-    "qwen3_1_7b": ("v5p-8", dict(data=1, fsdp=4, tensor=1, expert=1), 16),
-    # The MoE layer runs every token through its device's experts (a dense dispatch), so the
-    # update's activations scale with experts per device: expert=16 on v5p-128 (64 chips) fits,
-    # v5p-32 (expert=4) and v5p-64 (expert=8) do not (README dry-run table).
-    "qwen3_30b_a3b": ("v5p-128", dict(data=1, fsdp=4, tensor=1, expert=16), 32),
+    "qwen3_0_6b": ("v5p-8", dict(data=1, fsdp=4, tensor=1, expert=1), 4),
+    "qwen3_1_7b": ("v5p-8", dict(data=1, fsdp=4, tensor=1, expert=1), 4),
+    # Sparse MoE dispatch with expert parallelism (docs/moe.md): 8 chips hold the 30B's float32
+    # weights and Adam moments; fsdp 4 shards the dense weights further than fsdp 2 x expert 4.
+    # Micro-batches of 8 rows (one per device).
+    "qwen3_30b_a3b": ("v5p-16", dict(data=1, fsdp=4, tensor=1, expert=2), 16),
     "tiny": ("v6e-8", dict(data=2, fsdp=4, tensor=1, expert=1), 1),
 }
 VOCAB = 151_936  # Qwen3's embedding rows (its tokenizer has 151,669 ids; the rest is padding)
@@ -99,6 +99,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     )
     c.model.preset = model
     c.model.dtype = "bfloat16"  # compute; parameters (master weights) stay float32
+    c.model.remat = "none" if model == "tiny" else "full"
     c.model.vocab_size = VOCAB if model != "tiny" else config_dict.placeholder(int)
     c.init.kind = "hf" if a.checkpoint else "random"
     c.init.checkpoint = a.checkpoint
