@@ -105,6 +105,11 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     c.rl.advantage_estimator = config_dict.placeholder(str)  # None = the objective's pairing
     c.rl.adv_eps = 1e-6
     c.rl.adv_std_ddof = 0
+    # grpo's std: "group" (per group), "batch" (all B rewards, LitePPO), "none" (= dr_grpo)
+    c.rl.scale_rewards = "group"
+    # True: the objective's kl_coef · (old_logp − ref_logp) is subtracted from the token rewards
+    # (verl's use_kl_in_reward) instead of entering the loss
+    c.rl.kl_in_reward = False
     c.rl.recompute_old_logp = False  # True: old_logp from a trainer forward instead of the sampler
     c.rl.routing_replay = False  # MoE: replay the old policy's expert routes in the update
     # True: every token gets its response's advantage ([B, T] instead of [B]): the objective's

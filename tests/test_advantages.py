@@ -35,7 +35,7 @@ def test_grpo_is_invariant_to_affine_reward_changes():
     np.testing.assert_allclose(dr_small * 10, -dr_only, rtol=1e-4)  # Dr. GRPO keeps the scale
 
 
-@pytest.mark.parametrize("estimator", advantages.ESTIMATORS)
+@pytest.mark.parametrize("estimator", advantages.GROUP_ESTIMATORS)
 def test_flat_groups_get_exactly_zero_and_are_counted(estimator):
     # 0.1 and 0.7 are not exact in float32: r − mean(r) would leave rounding residue.
     rewards = [0.1] * 4 + [0.7] * 4 + [0.0, 1.0, 0.0, 0.5] + [1.0] * 4
