@@ -262,13 +262,19 @@ def masked_quantile(x: jax.Array, mask: jax.Array, q: float) -> jax.Array:
     return jnp.where(n > 0, value, 0.0)
 
 
-def top_k_mask(score: jax.Array, candidates: jax.Array, k: jax.Array) -> jax.Array:
-    """bool [B, T]: the k candidates with the largest score (ties: the lower flat index first).
-    k may be traced (e.g. a fraction of the valid tokens); fewer candidates than k: all of them."""
+def top_k_mask(score: jax.Array, candidates: jax.Array, fraction: float, mask: jax.Array):
+    """bool [B, T]: the k = max(⌊fraction·N⌋, 1) candidates with the largest score, N = Σ mask
+    (the response tokens; ties: the lower flat index first); fewer candidates than k: all.
+
+    k is dynamic (N is), so one lax.top_k of its static bound max(⌊fraction·B·T⌋, 1) runs and its
+    first k are kept: for verl's 2e-4 a small partial selection, not a sort of all B·T entries.
+    """
     flat = jnp.where(candidates, jax.lax.stop_gradient(score), -jnp.inf).reshape(-1)
-    order = jnp.argsort(-flat, stable=True)  # descending score
-    rank = jnp.zeros_like(order).at[order].set(jnp.arange(order.size, dtype=order.dtype))
-    return (rank.reshape(score.shape) < k) & candidates
+    k = jnp.maximum(jnp.floor(fraction * mask.sum()), 1.0)  # dynamic
+    k_max = max(1, min(math.floor(fraction * flat.size), flat.size))  # static bound
+    _, idx = jax.lax.top_k(flat, k_max)  # [k_max], largest first, ties by lower index
+    chosen = jnp.zeros(flat.shape, bool).at[idx].set(jnp.arange(k_max) < k)
+    return chosen.reshape(score.shape) & candidates
 
 
 def token_covariance(adv: jax.Array, logp: jax.Array, mask: jax.Array) -> jax.Array:
@@ -281,11 +287,6 @@ def token_covariance(adv: jax.Array, logp: jax.Array, mask: jax.Array) -> jax.Ar
     lp = jnp.where(valid, jax.lax.stop_gradient(logp), 0.0)  # [B, T]
     cov = (a - a.sum() / n) * (lp - lp.sum() / n)
     return jnp.where(valid, cov, 0.0)
-
-
-def count_of_fraction(fraction: float, mask: jax.Array) -> jax.Array:
-    """max(⌊fraction · Σ mask⌋, 1): verl's number of tokens a covariance rule acts on."""
-    return jnp.maximum(jnp.floor(fraction * mask.sum()), 1.0)
 
 
 def dppo_keep(logp, old_logp, adv, eps_low: float, eps_high: float, divergence: str):
@@ -767,7 +768,7 @@ def _clip_cov_surrogate(obj, r, A, tok):
     cov = token_covariance(A, tok.logp, tok.mask)  # [B, T]
     candidates = (tok.mask > 0) & ~(base.clip_low | base.clip_high)
     candidates &= (cov > obj.clip_cov_lb) & (cov < obj.clip_cov_ub)
-    selected = top_k_mask(cov, candidates, count_of_fraction(obj.clip_cov_ratio, tok.mask))
+    selected = top_k_mask(cov, candidates, obj.clip_cov_ratio, tok.mask)
     return base._replace(loss=jnp.where(selected, 0.0, base.loss), selected=selected)
 
 
@@ -776,7 +777,7 @@ def _kl_cov_surrogate(obj, r, A, tok):
     on the ⌊kl_cov_ratio·N⌋ (at least 1) tokens of largest Cov_{i,t} among the N response
     tokens of this call."""
     cov = token_covariance(A, tok.logp, tok.mask)  # [B, T]
-    selected = top_k_mask(cov, tok.mask > 0, count_of_fraction(obj.kl_cov_ratio, tok.mask))
+    selected = top_k_mask(cov, tok.mask > 0, obj.kl_cov_ratio, tok.mask)
     penalty = obj.ppo_kl_coef * jnp.abs(tok.logp - tok.old_logp)  # [B, T]
     loss = -r.rho * A + jnp.where(selected, penalty, 0.0)
     return _Surrogate(loss, None, None, by_adv_sign=False, selected=selected)
