@@ -229,9 +229,11 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     eps_low = eps_high). grpo at 0.2 is the grpo preset itself and is not repeated; gspo at a
     symmetric 3e-4 differs from the preset's 3e-4 / 4e-4 and is kept. Arguments: seeds (int),
     study (str: "eps", the default, is this sweep; "token_adv" is gspo_token with every token
-    given its response's advantage, rl.token_advantages).
+    given its response's advantage, rl.token_advantages; "family" is family_sweep).
     """
     a = config_lib.parse_arg(arg, seeds=1, study="eps")
+    if a.study == "family":
+        return family_sweep(a.seeds)
     if a.study == "token_adv":  # notebooks/gspo_token_equals_gspo.ipynb
         return [
             dict(
@@ -245,7 +247,7 @@ def get_sweep(arg: str | None = None) -> list[dict]:
             for seed in range(a.seeds)
         ]
     if a.study != "eps":
-        raise ValueError(f"study must be 'eps' or 'token_adv', got {a.study!r}")
+        raise ValueError(f"study must be 'eps', 'token_adv' or 'family', got {a.study!r}")
     runs = []
     for seed in range(a.seeds):
         for name in OBJECTIVES:
@@ -262,6 +264,36 @@ def get_sweep(arg: str | None = None) -> list[dict]:
                         "objective.eps_high": eps,
                         "seed": seed,
                     },
+                )
+            )
+    return runs
+
+
+# The rest of the objective family against grpo: the covariance and divergence presets, and the
+# advantage estimators under the grpo objective (docs/results.md has the table).
+FAMILY_PRESETS = ("grpo", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl")
+FAMILY_ADVANTAGES = (
+    ("rloo", {"rl.advantage_estimator": "rloo"}),
+    ("reinforce_pp", {"rl.advantage_estimator": "reinforce_pp"}),
+    ("reinforce_pp_baseline", {"rl.advantage_estimator": "reinforce_pp_baseline"}),
+    ("scale_batch", {"rl.advantage_estimator": "grpo", "rl.scale_rewards": "batch"}),
+)
+
+
+def family_sweep(seeds: int) -> list[dict]:
+    """grpo and the family's presets, then grpo under each advantage variant, seed by seed (so
+    that a sweep cut short still has every variant at the first seeds)."""
+    runs = []
+    for seed in range(seeds):
+        for name in FAMILY_PRESETS:
+            runs.append(
+                dict(name=f"{name}_s{seed}", overrides={"objective.name": name, "seed": seed})
+            )
+        for label, overrides in FAMILY_ADVANTAGES:
+            runs.append(
+                dict(
+                    name=f"grpo_{label}_s{seed}",
+                    overrides={"objective.name": "grpo", **overrides, "seed": seed},
                 )
             )
     return runs

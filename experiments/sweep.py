@@ -22,7 +22,8 @@ each run prepares for itself and reports the error in its own log.
 
 When every run has ended, the table of final figures is written to <root>/results.csv and
 <root>/results.md (and printed): per run its overrides, base and final held-out greedy accuracy,
-mean response length, the last step's reward and the mean clip fraction over the run.
+mean response length, the last step's reward and policy entropy, and the mean clip fraction and
+entropy over the run.
 
 This file holds launcher logic only; no library code (docs/design.md "Layout").
 """
@@ -44,7 +45,12 @@ from collections.abc import Sequence
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Figures averaged over all steps of a run (the rest are read from summary.json / the last step).
-MEAN_OVER_RUN = ("train/clip_frac", "train/seq_clip_frac", "rollout/response_len_mean")
+MEAN_OVER_RUN = (
+    "train/clip_frac",
+    "train/seq_clip_frac",
+    "rollout/response_len_mean",
+    "train/entropy",
+)
 # The same, for figures only some runs log (rollout correction, off-policy masking, a rollout in
 # another dtype, dynamic sampling): a column appears only when some run of the sweep has it.
 MEAN_IF_LOGGED = (
@@ -53,6 +59,8 @@ MEAN_IF_LOGGED = (
     "train/rollout_is_mean",
     "train/rollout_is_masked_frac",
     "train/opsm_drop_frac",
+    "train/cov_frac",
+    "train/entropy_kept_frac",
     "rollout/ds_gen_batches",
     "rollout/ds_groups_filtered_frac",
     "time/step_s",
@@ -253,6 +261,7 @@ def collect(runs: list[dict], root: str) -> list[dict]:
         row["final_len"] = _num(final.get("mean_response_length"))
         last = records[-1] if records else {}
         row["last_reward"] = _num(last.get("rollout/reward"))
+        row["last_entropy"] = _num(last.get("train/entropy"))
         for k in MEAN_OVER_RUN + MEAN_IF_LOGGED:
             vals = [_num(r[k]) for r in records if k in r]
             if vals or k in MEAN_OVER_RUN:
