@@ -289,19 +289,19 @@ def token_covariance(adv: jax.Array, logp: jax.Array, mask: jax.Array) -> jax.Ar
     return jnp.where(valid, cov, 0.0)
 
 
-def dppo_keep(logp, old_logp, adv, eps_low: float, eps_high: float, divergence: str):
-    """DPPO's trust region (binary TV or binary KL between the token's probabilities p and p_old,
-    both detached): keep = [p − p_old ≤ eps_high] where A > 0, [p − p_old ≥ −eps_low] elsewhere
-    (tv); keep = [D ≤ eps_high or p ≤ p_old] where A > 0, [D ≤ eps_low or p ≥ p_old] elsewhere,
-    D = p_old·log(p_old/p) + (1 − p_old)·log((1 − p_old + 1e-8)/(1 − p + 1e-8)) (kl).
-    logp, old_logp [B, T]; adv broadcasts. Returns bool [B, T]."""
-    sg = jax.lax.stop_gradient
-    lp, old = sg(logp), sg(old_logp)
-    p, p_old = jnp.exp(lp), jnp.exp(old)
+def dppo_keep(rho, old_logp, adv, eps_low: float, eps_high: float, divergence: str):
+    """DPPO's trust region, from the token's probabilities p_old = exp(old_logp) and p = p_old·ρ
+    (detached): binary TV keeps p − p_old ≤ eps_high where A > 0 and p − p_old ≥ −eps_low
+    elsewhere; binary KL D = p_old·log(p_old/p) + (1 − p_old)·log((1 − p_old + 1e-8)/(1 − p +
+    1e-8)) keeps D ≤ eps_high or p ≤ p_old where A > 0, D ≤ eps_low or p ≥ p_old elsewhere.
+    rho (the token ratio), old_logp [B, T]; adv broadcasts. Returns bool [B, T]."""
+    rho = jax.lax.stop_gradient(rho)
+    p_old = jnp.exp(old_logp)
+    p = p_old * rho  # exp(logp) from the ratio already computed: one exp fewer
     if divergence == "tv":
         return jnp.where(adv > 0, p - p_old <= eps_high, p - p_old >= -eps_low)
-    d = p_old * (old - lp) + (1.0 - p_old) * jnp.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
-    return jnp.where(adv > 0, (d <= eps_high) | (p <= p_old), (d <= eps_low) | (p >= p_old))
+    d = -p_old * jnp.log(rho) + (1.0 - p_old) * jnp.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
+    return jnp.where(adv > 0, (d <= eps_high) | (rho <= 1.0), (d <= eps_low) | (rho >= 1.0))
 
 
 def _per_token(x: jax.Array) -> jax.Array:
@@ -788,7 +788,7 @@ def _dppo_surrogate(obj, r, A, tok, divergence: str):
     tokens dppo_keep keeps, 0 elsewhere; eps_low / eps_high are the divergence thresholds.
     Clipped: the tokens outside the trust region (by the sign of A). Like cispo, only its
     gradient is meaningful."""
-    keep = dppo_keep(tok.logp, tok.old_logp, A, obj.eps_low, obj.eps_high, divergence)  # [B, T]
+    keep = dppo_keep(r.rho, tok.old_logp, A, obj.eps_low, obj.eps_high, divergence)  # [B, T]
     weight = jax.lax.stop_gradient(jnp.minimum(r.rho, obj.clip_ratio_c))  # [B, T]
     loss = jnp.where(keep, -A * weight * tok.logp, 0.0)
     return _Surrogate(loss, ~keep & (A < 0), ~keep & (A > 0), by_adv_sign=True)

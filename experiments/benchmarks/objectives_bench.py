@@ -109,6 +109,7 @@ def main(argv=None):
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=41)
     parser.add_argument("--out", type=str, default=None, help="write the JSON result here")
+    parser.add_argument("--only", type=str, default="", help="comma-separated case labels")
     args = parser.parse_args(argv)
 
     inputs = make_inputs(args.batch, args.length)
@@ -156,6 +157,8 @@ def main(argv=None):
             base + (entropy,),
         ),
     ]
+    if args.only:
+        cases = [c for c in cases if c[0] in args.only.split(",")]
     figures = {"floor_ms": floor_s * 1e3}
     targets = {}
     rows = []
