@@ -1,5 +1,6 @@
 """Policy objectives of the GRPO family: grpo, dapo, dr_grpo, gspo, gspo_token, luspo, gmpo, cispo,
-sapo; with optional rollout correction and off-policy sequence masking for any of them.
+sapo, clip_cov, kl_cov, dppo_tv, dppo_kl; with optional rollout correction, off-policy sequence
+masking, a two-sided clip, high-entropy token selection, an entropy bonus and an unbiased KL.
 
 Dimension legend: B response rows (P prompts x G samples, group-contiguous), T padded response
 length. Inputs are [B, T] float32 (bf16 is upcast; float64 stays float64 under jax_enable_x64),
@@ -8,8 +9,11 @@ length. Inputs are [B, T] float32 (bf16 is upcast; float64 stays float64 under j
 token or sequence_token).
 
     obj = get_objective("gspo", eps_low=0.2, eps_high=0.2)   # preset + any OVERRIDABLE_FIELDS
-    loss, metrics = obj(logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None)
-    num, den, metric_sums = obj.sums(logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None)
+    loss, metrics = obj(logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None, entropy=None)
+    num, den, metric_sums = obj.sums(logp, old_logp, adv, mask, ref_logp, rollout_logp, entropy)
+
+`entropy` [B, T] is the policy's per-token entropy (differentiable), needed only when a term reads
+it (obj.needs_entropy: entropy_coef > 0 or top_entropy_quantile < 1).
 
 Every objective is assembled from orthogonal parts (docs/objectives.md), with
 δ_{i,t} = logp − old_logp, |y_i| = Σ_t mask_{i,t} and sg the stop-gradient:
@@ -24,11 +28,20 @@ Every objective is assembled from orthogonal parts (docs/objectives.md), with
               ℓ = min(ℓ, −c·A) where A < 0 (the geometric ratio is clipped already: ℓ = −ρ·A)
      "cispo"  ℓ_{i,t} = −sg[clip(ρ, 1 − eps_low, 1 + eps_high)]·A·logp_{i,t}   (always per token)
      "sapo"   ℓ = −(4/τ)·σ(τ·(ρ − 1))·A,  τ = tau_pos where A > 0, else tau_neg
-  weight       (only when asked for; needs rollout_logp) ℓ ← c·m·ℓ, both detached:
+     "clip_cov"  clip's ℓ, and ℓ = 0 on the ⌊clip_cov_ratio·N⌋ unclipped tokens of largest
+              Cov = (A − mean A)(logp − mean logp) inside (clip_cov_lb, clip_cov_ub)
+     "kl_cov"    ℓ = −ρ·A, + ppo_kl_coef·|δ| on the ⌊kl_cov_ratio·N⌋ tokens of largest Cov
+     "dppo_tv" / "dppo_kl"  ℓ = −A·sg[min(ρ, clip_ratio_c)]·logp_{i,t} on the tokens inside
+              DPPO's binary-TV / binary-KL trust region (eps_low / eps_high), 0 outside
+     (the last three per token only; N = the call's response tokens, at least 1 token)
+     delta δ  (clip, clip_cov) the unclipped branch takes min(ρ, δ): a two-sided clip
+  weight       (only when asked for; needs rollout_logp, or entropy) ℓ ← c·m·ℓ, all detached:
      rollout_correction  c from exp(Δ), Δ = old_logp − rollout_logp, per token (token_tis /
                          token_mis) or exp(Σ_t Δ_{i,t}) per response (seq_tis / seq_mis): *_tis
                          clips it to [rollout_is_min, rollout_is_max], *_mis zeroes it outside
+                         geo_rs: c_i = 1 if exp(mean_t Δ_{i,t}) is inside the bounds, else 0
      off_policy_mask δ   m = 0 where A < 0 and mean_t(rollout_logp − sg[logp]) > δ, else 1
+     top_entropy_quantile q  m = 0 on tokens whose entropy is below the call's (1 − q)-quantile
   aggregation  per-token losses ℓ_{i,t} (a response-level L_i counts on each of its tokens):
                seq-mean-token-mean      (1/R) Σ_i (1/|y_i|) Σ_t ℓ_{i,t}
                token-mean               Σ_{i,t} ℓ_{i,t} / Σ_i |y_i|
@@ -37,7 +50,10 @@ Every objective is assembled from orthogonal parts (docs/objectives.md), with
   KL           + kl_coef · KL[π_θ ‖ π_ref], per-token k1 | k2 | k3 of x = ref_logp − logp,
                aggregated like the policy loss (not weighted by c·m; only when ref_logp is given:
                grpo's β = 0.04 applies only then; the other presets have kl_coef 0, kl_ref is still
-               reported)
+               reported); kl_unbiased: KL_{i,t} weighted by the (undetached) ratio ρ
+  entropy      − entropy_coef · the entropy aggregated like the policy loss
+Batch-level statistics (the covariances and their top-k, the entropy quantile) are over the rows
+of one call: they do not combine over micro-batches or shards (docs/objectives.md).
 A preset (PRESETS) is a ratio level, a surrogate, an aggregation and field values; luspo is gspo
 with seq-mean-token-sum, gspo with eps 0.2 is `get_objective("gspo", eps_low=0.2, eps_high=0.2)`.
 For gmpo, eps_low and eps_high bound δ in log space (clip (e^−0.4, e^0.4)), so eps_low < 1 is not
@@ -107,6 +123,11 @@ identity of min / max). Finalised metrics:
   rollout_is_masked_frac   (rollout_correction set) response tokens whose weight is 0 (mis modes)
   opsm_drop_frac       (off_policy_mask set) mean over responses of the fraction of their tokens
                        dropped: the fraction of dropped responses for [B] advantages
+  delta_clip_frac      (delta set) response tokens with A < 0 and ρ > δ
+  cov_frac             (clip_cov, kl_cov) response tokens the covariance rule selected
+  entropy_kept_frac    (top_entropy_quantile < 1) response tokens in the high-entropy mask
+  entropy_loss         (entropy_coef > 0) the aggregated entropy; loss = pg_loss + kl_coef ·
+                       kl_loss − entropy_coef · entropy_loss
 
 Performance: experiments/benchmarks/objectives_bench.py times loss + gradient of every preset
 against a masked mean of logp with its gradient (the floor). On CPU each metric costs its own
