@@ -117,7 +117,9 @@ def _masked_mean(x, mask):
     return (x * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
-def _forward(graphdef, params, rest, mb: dict, temperature: float, *, return_routes=False):
+def _forward(
+    graphdef, params, rest, mb: dict, temperature: float, *, return_routes=False, with_entropy=True
+):
     """response_logprobs of a batch dict (routes, if present, are replayed)."""
     model = nnx.merge(graphdef, params, rest)
     routes = mb.get("routes")
@@ -132,6 +134,7 @@ def _forward(graphdef, params, rest, mb: dict, temperature: float, *, return_rou
         routes=routes,
         return_routes=return_routes,
         response_mask=mb["mask"],
+        with_entropy=with_entropy,
     )
     if return_routes:
         out["routes"] = jnp.swapaxes(out["routes"], 0, 1)  # -> [B, L, S, k]
@@ -166,7 +169,15 @@ def make_logprob_fn(
         chunks = _chunk_rows(fields, num_chunks, row_spec, mesh)
 
         def one(mb):
-            out = _forward(graphdef, params, rest, mb, temperature, return_routes=return_routes)
+            out = _forward(
+                graphdef,
+                params,
+                rest,
+                mb,
+                temperature,
+                return_routes=return_routes,
+                with_entropy=False,  # old_logp, ref_logp, routes: no entropy needed
+            )
             keep = ("logp", "routes") if return_routes else ("logp",)
             return {k: out[k] for k in keep}
 

@@ -1374,6 +1374,12 @@ def test_hand_checked_entropy_of_a_uniform_distribution():
     np.testing.assert_allclose(g, 0.0, atol=1e-6)
     total, g = entropy_and_grad(jnp.asarray(np.random.default_rng(1).normal(size=(4, V)), "f"))
     assert float(total) < 3 * math.log(V) and np.abs(np.asarray(g)).max() > 0
+    # the passes that need no entropy skip it, with the same log-probs
+    w = jnp.asarray(np.random.default_rng(1).normal(size=(4, V)), "f")
+    logp, entropy = logprobs.chunked_logprobs(h, w, tokens, 1.0, chunk=2)
+    logp_only, none = logprobs.chunked_logprobs(h, w, tokens, 1.0, chunk=2, with_entropy=False)
+    assert none is None
+    np.testing.assert_array_equal(logp_only, logp)
 
 
 def test_entropy_missing_raises_naming_the_fix():
