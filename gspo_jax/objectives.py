@@ -272,15 +272,41 @@ def off_policy_keep(
 
 def masked_quantile(x: jax.Array, mask: jax.Array, q: float) -> jax.Array:
     """The q-quantile of x [B, T] over the entries where mask > 0, interpolated linearly between
-    order statistics (numpy's and torch.quantile's default); 0 when no entry is valid."""
+    order statistics (numpy's and torch.quantile's default); 0 when no entry is valid.
+
+    float32: the two order statistics are found by bisection on the floats' bit patterns (32
+    counting passes over [B, T], exact) instead of sorting all B·T entries; other dtypes sort.
+    """
     valid = (mask > 0).reshape(-1)
+    x = jax.lax.stop_gradient(x).reshape(-1)
     n = valid.sum()
-    xs = jnp.sort(jnp.where(valid, jax.lax.stop_gradient(x).reshape(-1), jnp.inf))  # valid first
-    pos = q * jnp.maximum(n - 1, 0).astype(xs.dtype)  # fractional rank among the n valid
+    pos = q * jnp.maximum(n - 1, 0).astype(x.dtype)  # fractional rank among the n valid
     lo = jnp.floor(pos).astype(jnp.int32)
     hi = jnp.minimum(lo + 1, jnp.maximum(n - 1, 0))
-    value = xs[lo] + (pos - lo) * (xs[hi] - xs[lo])
-    return jnp.where(n > 0, value, 0.0)
+    if x.dtype == jnp.float32:
+        v_lo, v_hi = _order_statistic(x, valid, lo), _order_statistic(x, valid, hi)
+    else:
+        xs = jnp.sort(jnp.where(valid, x, jnp.inf))  # valid values first, ascending
+        v_lo, v_hi = xs[lo], xs[hi]
+    return jnp.where(n > 0, v_lo + (pos - lo) * (v_hi - v_lo), 0.0)
+
+
+def _order_statistic(x: jax.Array, valid: jax.Array, k: jax.Array) -> jax.Array:
+    """The k-th smallest (0-based) of the valid float32 entries of x [N], exactly: bisection on
+    an order-preserving uint32 key of the bits (negative floats flipped), one count per bit."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    sign = bits >> 31
+    key = jnp.where(sign == 1, ~bits, bits | jnp.uint32(0x80000000))  # monotone in x
+
+    def step(_, bounds):  # invariant: the answer's key lies in [lo, hi]
+        lo, hi = bounds
+        mid = lo + (hi - lo) // 2
+        enough = jnp.sum(valid & (key <= mid)) >= k + 1
+        return jnp.where(enough, lo, mid + 1), jnp.where(enough, mid, hi)
+
+    lo, _ = jax.lax.fori_loop(0, 32, step, (jnp.uint32(0), jnp.uint32(0xFFFFFFFF)))
+    bits = jnp.where(lo >> 31 == 1, lo & jnp.uint32(0x7FFFFFFF), ~lo)  # the key's inverse
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
 
 
 def top_k_mask(score: jax.Array, candidates: jax.Array, fraction: float, mask: jax.Array):
@@ -310,18 +336,21 @@ def token_covariance(adv: jax.Array, logp: jax.Array, mask: jax.Array) -> jax.Ar
     return jnp.where(valid, cov, 0.0)
 
 
-def dppo_keep(rho, old_logp, adv, eps_low: float, eps_high: float, divergence: str):
+def dppo_keep(rho, delta, old_logp, adv, eps_low: float, eps_high: float, divergence: str):
     """DPPO's trust region, from the token's probabilities p_old = exp(old_logp) and p = p_old·ρ
     (detached): binary TV keeps p − p_old ≤ eps_high where A > 0 and p − p_old ≥ −eps_low
     elsewhere; binary KL D = p_old·log(p_old/p) + (1 − p_old)·log((1 − p_old + 1e-8)/(1 − p +
     1e-8)) keeps D ≤ eps_high or p ≤ p_old where A > 0, D ≤ eps_low or p ≥ p_old elsewhere.
-    rho (the token ratio), old_logp [B, T]; adv broadcasts. Returns bool [B, T]."""
+    rho (the token ratio), delta (its log, logp − old_logp), old_logp [B, T]; adv broadcasts.
+    Returns bool [B, T]."""
     rho = jax.lax.stop_gradient(rho)
     p_old = jnp.exp(old_logp)
     p = p_old * rho  # exp(logp) from the ratio already computed: one exp fewer
     if divergence == "tv":
         return jnp.where(adv > 0, p - p_old <= eps_high, p - p_old >= -eps_low)
-    d = -p_old * jnp.log(rho) + (1.0 - p_old) * jnp.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
+    d = -p_old * jax.lax.stop_gradient(delta) + (1.0 - p_old) * jnp.log(
+        (1.0 - p_old + 1e-8) / (1.0 - p + 1e-8)
+    )
     return jnp.where(adv > 0, (d <= eps_high) | (rho <= 1.0), (d <= eps_low) | (rho >= 1.0))
 
 
@@ -809,7 +838,8 @@ def _dppo_surrogate(obj, r, A, tok, divergence: str):
     tokens dppo_keep keeps, 0 elsewhere; eps_low / eps_high are the divergence thresholds.
     Clipped: the tokens outside the trust region (by the sign of A). Like cispo, only its
     gradient is meaningful."""
-    keep = dppo_keep(r.rho, tok.old_logp, A, obj.eps_low, obj.eps_high, divergence)  # [B, T]
+    delta = tok.logp - tok.old_logp  # [B, T] δ, 0 on padding
+    keep = dppo_keep(r.rho, delta, tok.old_logp, A, obj.eps_low, obj.eps_high, divergence)
     weight = jax.lax.stop_gradient(jnp.minimum(r.rho, obj.clip_ratio_c))  # [B, T]
     loss = jnp.where(keep, -A * weight * tok.logp, 0.0)
     return _Surrogate(loss, ~keep & (A < 0), ~keep & (A > 0), by_adv_sign=True)

@@ -1390,3 +1390,20 @@ def test_entropy_missing_raises_naming_the_fix():
             obj(logp, old_logp, adv, mask)
         with pytest.raises(ValueError, match=r"entropy has shape"):
             obj(logp, old_logp, adv, mask, entropy=logp[:, :-1])
+
+
+def test_masked_quantile_matches_numpy():
+    """The high-entropy threshold: numpy's linear quantile of the valid entries, exactly, with
+    ties, negative values and ±0 (the float32 path bisects on the bits), and 0 with no entry."""
+    fn = jax.jit(objectives.masked_quantile)
+    rng = np.random.default_rng(0)
+    for trial in range(4):
+        x = rng.normal(size=(B, T)).astype(np.float32)
+        if trial % 2:
+            x = np.round(x, 1)  # ties
+        x[0, :2] = (-0.0, 0.0)
+        mask = (rng.random((B, T)) < 0.6).astype(np.float32)
+        for q in (0.0, 0.37, 0.8, 1.0):
+            want = np.quantile(x[mask > 0].astype(np.float64), q)
+            assert float(fn(x, mask, q)) == pytest.approx(want, abs=1e-6), (trial, q)
+    assert float(fn(x, np.zeros_like(mask), 0.5)) == 0.0
