@@ -17,6 +17,12 @@ The sweep (objective x ε x seeds), launched by experiments/sweep.py:
     python experiments/sweep.py --config configs/arith.py:runlocal --sweep seeds=1 \
         --workdir runs/sweep_local --parallel 2
 
+The rest of the family (clip_cov, kl_cov, dppo_tv, dppo_kl against grpo, and grpo under rloo,
+REINFORCE++, REINFORCE++-baseline and batch reward scaling; docs/results.md):
+
+    python experiments/sweep.py --config configs/arith.py --sweep study=family,seeds=3 \
+        --workdir runs/family_sweep --parallel 2 --config.rl.num_steps=60
+
 Expected runtime (this 2-core CPU, idle, from an empty cache): 3 min 11 s in all: dataset
 preparation, the warm start (2400 SFT steps, 135 s; cached afterwards, keyed by its config) and RL
 (80 steps with 3 evaluations, 47 s). With three other jobs on the two cores: 10 min. runlocal: about
