@@ -540,7 +540,7 @@ def test_rollout_correction_and_off_policy_mask_match_reference(case):
     # Guards: every bound, mask and drop acts in this batch, and none acts everywhere.
     mode = obj.rollout_correction
     if mode is not None:
-        if mode.endswith("mis"):
+        if mode.endswith("mis") or mode == "geo_rs":  # masks (geo_rs: weights 0 or 1)
             assert 0 < metrics["rollout_is_masked_frac"] < 1
             assert metrics["rollout_is_min"] == 0.0
         else:
