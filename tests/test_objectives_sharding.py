@@ -213,10 +213,11 @@ def test_covariance_rules_are_per_call():
     """clip_cov / kl_cov pick their k = max(⌊ratio·N⌋, 1) tokens among the rows of one call (as
     verl per micro-batch): 4 micro-batches select Σ_u max(⌊0.1·N_u⌋, 1) tokens, not ⌊0.1·N⌋."""
     obj = objectives.get_objective("kl_cov", kl_cov_ratio=0.1)
+    sums = jax.jit(lambda *a: obj.sums(*a))  # one compile per shape (whole, micro-batch)
     batch = make_batch(seed=3)
     micro = [tuple(p[k] for p in (np.split(x, 4) for x in batch)) for k in range(4)]
-    whole = obj.sums(*batch[:4])
-    parts = [obj.sums(*m[:4]) for m in micro]
+    whole = sums(*batch[:4])
+    parts = [sums(*m[:4]) for m in micro]
     n_u = [float(m[3].sum()) for m in micro]
     want = sum(max(np.floor(0.1 * n), 1) for n in n_u)
     assert float(sum(p.metrics["cov_selected_tokens"] for p in parts)) == want
