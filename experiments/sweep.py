@@ -23,7 +23,7 @@ each run prepares for itself and reports the error in its own log.
 When every run has ended, the table of final figures is written to <root>/results.csv and
 <root>/results.md (and printed): per run its overrides, base and final held-out greedy accuracy,
 mean response length, the last step's reward and policy entropy, and the mean clip fraction and
-entropy over the run.
+entropy over the run; <root>/results_by_arm.md averages them per arm over its seeds.
 
 This file holds launcher logic only; no library code (docs/design.md "Layout").
 """
@@ -37,6 +37,8 @@ import importlib.util
 import json
 import math
 import os
+import re
+import statistics
 import subprocess
 import sys
 import time
@@ -294,7 +296,43 @@ def write_tables(rows: list[dict], root: str) -> str:
     md = "\n".join(lines) + "\n"
     with open(os.path.join(root, "results.md"), "w") as f:
         f.write(md)
+    with open(os.path.join(root, "results_by_arm.md"), "w") as f:
+        f.write(arm_table(rows))
     return md
+
+
+# Figures the per-arm table averages over seeds (those of them the runs have).
+ARM_FIGURES = (
+    "final_acc",
+    "mean_clip_frac",
+    "mean_entropy",
+    "last_entropy",
+    "mean_cov_frac",
+    "final_len",
+)
+
+
+def arm_table(rows: list[dict]) -> str:
+    """Markdown: per arm (a run name without its _s<seed> suffix), over its finished seeds, the
+    mean (± the sample std across seeds when there are several) of ARM_FIGURES."""
+    arms: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["status"] == "ok":
+            arms.setdefault(re.sub(r"_s\d+$", "", r["run"]), []).append(r)
+    figures = [f for f in ARM_FIGURES if any(f in r for rs in arms.values() for r in rs)]
+    lines = ["| arm | seeds | " + " | ".join(figures) + " |", "|" + "---|" * (len(figures) + 2)]
+    for arm, rs in arms.items():
+        cells = []
+        for f in figures:
+            vals = [r[f] for r in rs if f in r and not math.isnan(r[f])]
+            if not vals:
+                cells.append("-")
+            elif len(vals) == 1:
+                cells.append(f"{vals[0]:.4g}")
+            else:
+                cells.append(f"{statistics.mean(vals):.4g} ± {statistics.stdev(vals):.2g}")
+        lines.append(f"| {arm} | {len(rs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def select_runs(runs: list[dict], only: str) -> list[dict]:

@@ -227,6 +227,9 @@ def test_sweep_expands_to_commands_and_collects_tables(tmp_path, capsys):
     assert rows[0]["mean_clip_frac"] == pytest.approx(0.2) and rows[0]["last_reward"] == 0.6
     md = sweep.write_tables(rows, str(tmp_path))
     assert md.startswith("| run |") and (tmp_path / "results.csv").exists()
+    arms = (tmp_path / "results_by_arm.md").read_text().splitlines()
+    assert arms[0].startswith("| arm | seeds | final_acc | mean_clip_frac")
+    assert arms[2].startswith(f"| {runs[0]['name'][:-3]} | 1 | 0.5 | 0.2 |")  # one finished run
 
 
 def test_multihost_cold_warm_start_cache_is_a_config_error(tmp_path, monkeypatch):
