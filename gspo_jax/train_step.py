@@ -546,8 +546,11 @@ def make_kl_reward_fn(run: Run):
     def fn(batch, rewards):
         mask = batch["mask"]
         k1 = (batch["old_logp"] - batch["ref_logp"]) * mask  # [B, T]
-        token_rewards = advantages.outcome_token_rewards(rewards, mask) - beta * k1  # [B, T]
-        adv, _ = run_advantages(run, token_rewards, mask)
+        if run.estimator in advantages.TOKEN_ESTIMATORS:  # REINFORCE++: per token
+            shaped = advantages.outcome_token_rewards(rewards, mask) - beta * k1  # [B, T]
+        else:  # the same summed over the response (keeps a masked-out row's own reward)
+            shaped = rewards - beta * k1.sum(-1)  # [B]
+        adv, _ = run_advantages(run, shaped, mask)
         out = {k: v for k, v in batch.items() if k != "ref_logp"}
         out["adv"] = adv
         rows = jnp.maximum((mask.sum(-1) > 0).sum(), 1)
