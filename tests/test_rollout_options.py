@@ -1,6 +1,7 @@
 """The trainer's rollout options: DAPO dynamic sampling and overlong shaping, a bfloat16 rollout
 under a float32 trainer (a real training-inference mismatch), and their exact resume."""
 
+import dataclasses
 import os
 
 import jax.numpy as jnp
@@ -229,3 +230,9 @@ def test_reinforce_pp_advantages_and_kl_in_reward_phases(shared):
     np.testing.assert_allclose(out["adv"], want, rtol=1e-5, atol=1e-6)
     assert "ref_logp" not in out and not np.allclose(out["adv"], batch["adv"])
     np.testing.assert_allclose(float(m["kl_reward_k1_mean"]), k1.sum() / mask.sum(), rtol=1e-5)
+    # a group estimator: the response's reward minus β·Σ_t k1, then the group advantage
+    grpo_run = dataclasses.replace(run, estimator="grpo")
+    with sharding.use_mesh(run.mesh):
+        out, _ = ts.make_kl_reward_fn(grpo_run)({**batch, "ref_logp": ref_logp}, rewards)
+    want, _ = advantages.group_advantages(np.asarray(rewards) - beta * k1.sum(-1), G)
+    np.testing.assert_allclose(out["adv"], want, rtol=1e-5, atol=1e-6)
