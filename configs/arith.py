@@ -17,6 +17,12 @@ The sweep (objective x ε x seeds), launched by experiments/sweep.py:
     python experiments/sweep.py --config configs/arith.py:runlocal --sweep seeds=1 \
         --workdir runs/sweep_local --parallel 2
 
+The rest of the family (clip_cov, kl_cov, dppo_tv, dppo_kl against grpo, and grpo under rloo,
+REINFORCE++, REINFORCE++-baseline and batch reward scaling; docs/results.md):
+
+    python experiments/sweep.py --config configs/arith.py --sweep study=family,seeds=3 \
+        --workdir runs/family_sweep --parallel 2 --config.rl.num_steps=60
+
 Expected runtime (this 2-core CPU, idle, from an empty cache): 3 min 11 s in all: dataset
 preparation, the warm start (2400 SFT steps, 135 s; cached afterwards, keyed by its config) and RL
 (80 steps with 3 evaluations, 47 s). With three other jobs on the two cores: 10 min. runlocal: about
@@ -113,6 +119,11 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     c.rl.advantage_estimator = config_dict.placeholder(str)  # None = the objective's pairing
     c.rl.adv_eps = 1e-6
     c.rl.adv_std_ddof = 0
+    # grpo's std: "group" (per group), "batch" (all B rewards, LitePPO), "none" (= dr_grpo)
+    c.rl.scale_rewards = "group"
+    # True: the objective's kl_coef · (old_logp − ref_logp) is subtracted from the token rewards
+    # (verl's use_kl_in_reward) instead of entering the loss
+    c.rl.kl_in_reward = False
     c.rl.recompute_old_logp = False  # True: old_logp from a trainer forward instead of the sampler
     c.rl.routing_replay = False  # MoE: replay the old policy's expert routes in the update
     # True: every token gets its response's advantage ([B, T] instead of [B]): the objective's
@@ -238,9 +249,11 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     eps_low = eps_high). grpo at 0.2 is the grpo preset itself and is not repeated; gspo at a
     symmetric 3e-4 differs from the preset's 3e-4 / 4e-4 and is kept. Arguments: seeds (int),
     study (str: "eps", the default, is this sweep; "token_adv" is gspo_token with every token
-    given its response's advantage, rl.token_advantages).
+    given its response's advantage, rl.token_advantages; "family" is family_sweep).
     """
     a = config_lib.parse_arg(arg, seeds=1, study="eps")
+    if a.study == "family":
+        return family_sweep(a.seeds)
     if a.study == "token_adv":  # notebooks/gspo_token_equals_gspo.ipynb
         return [
             dict(
@@ -254,7 +267,7 @@ def get_sweep(arg: str | None = None) -> list[dict]:
             for seed in range(a.seeds)
         ]
     if a.study != "eps":
-        raise ValueError(f"study must be 'eps' or 'token_adv', got {a.study!r}")
+        raise ValueError(f"study must be 'eps', 'token_adv' or 'family', got {a.study!r}")
     runs = []
     for seed in range(a.seeds):
         for name in OBJECTIVES:
@@ -271,6 +284,36 @@ def get_sweep(arg: str | None = None) -> list[dict]:
                         "objective.eps_high": eps,
                         "seed": seed,
                     },
+                )
+            )
+    return runs
+
+
+# The rest of the objective family against grpo: the covariance and divergence presets, and the
+# advantage estimators under the grpo objective (docs/results.md has the table).
+FAMILY_PRESETS = ("grpo", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl")
+FAMILY_ADVANTAGES = (
+    ("rloo", {"rl.advantage_estimator": "rloo"}),
+    ("reinforce_pp", {"rl.advantage_estimator": "reinforce_pp"}),
+    ("reinforce_pp_baseline", {"rl.advantage_estimator": "reinforce_pp_baseline"}),
+    ("scale_batch", {"rl.advantage_estimator": "grpo", "rl.scale_rewards": "batch"}),
+)
+
+
+def family_sweep(seeds: int) -> list[dict]:
+    """grpo and the family's presets, then grpo under each advantage variant, seed by seed (so
+    that a sweep cut short still has every variant at the first seeds)."""
+    runs = []
+    for seed in range(seeds):
+        for name in FAMILY_PRESETS:
+            runs.append(
+                dict(name=f"{name}_s{seed}", overrides={"objective.name": name, "seed": seed})
+            )
+        for label, overrides in FAMILY_ADVANTAGES:
+            runs.append(
+                dict(
+                    name=f"grpo_{label}_s{seed}",
+                    overrides={"objective.name": "grpo", **overrides, "seed": seed},
                 )
             )
     return runs

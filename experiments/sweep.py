@@ -22,7 +22,8 @@ each run prepares for itself and reports the error in its own log.
 
 When every run has ended, the table of final figures is written to <root>/results.csv and
 <root>/results.md (and printed): per run its overrides, base and final held-out greedy accuracy,
-mean response length, the last step's reward and the mean clip fraction over the run.
+mean response length, the last step's reward and policy entropy, and the mean clip fraction and
+entropy over the run; <root>/results_by_arm.md averages them per arm over its seeds.
 
 This file holds launcher logic only; no library code (docs/design.md "Layout").
 """
@@ -36,6 +37,8 @@ import importlib.util
 import json
 import math
 import os
+import re
+import statistics
 import subprocess
 import sys
 import time
@@ -44,7 +47,12 @@ from collections.abc import Sequence
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Figures averaged over all steps of a run (the rest are read from summary.json / the last step).
-MEAN_OVER_RUN = ("train/clip_frac", "train/seq_clip_frac", "rollout/response_len_mean")
+MEAN_OVER_RUN = (
+    "train/clip_frac",
+    "train/seq_clip_frac",
+    "rollout/response_len_mean",
+    "train/entropy",
+)
 # The same, for figures only some runs log (rollout correction, off-policy masking, a rollout in
 # another dtype, dynamic sampling): a column appears only when some run of the sweep has it.
 MEAN_IF_LOGGED = (
@@ -53,6 +61,8 @@ MEAN_IF_LOGGED = (
     "train/rollout_is_mean",
     "train/rollout_is_masked_frac",
     "train/opsm_drop_frac",
+    "train/cov_frac",
+    "train/entropy_kept_frac",
     "rollout/ds_gen_batches",
     "rollout/ds_groups_filtered_frac",
     "time/step_s",
@@ -253,6 +263,7 @@ def collect(runs: list[dict], root: str) -> list[dict]:
         row["final_len"] = _num(final.get("mean_response_length"))
         last = records[-1] if records else {}
         row["last_reward"] = _num(last.get("rollout/reward"))
+        row["last_entropy"] = _num(last.get("train/entropy"))
         for k in MEAN_OVER_RUN + MEAN_IF_LOGGED:
             vals = [_num(r[k]) for r in records if k in r]
             if vals or k in MEAN_OVER_RUN:
@@ -285,7 +296,43 @@ def write_tables(rows: list[dict], root: str) -> str:
     md = "\n".join(lines) + "\n"
     with open(os.path.join(root, "results.md"), "w") as f:
         f.write(md)
+    with open(os.path.join(root, "results_by_arm.md"), "w") as f:
+        f.write(arm_table(rows))
     return md
+
+
+# Figures the per-arm table averages over seeds (those of them the runs have).
+ARM_FIGURES = (
+    "final_acc",
+    "mean_clip_frac",
+    "mean_entropy",
+    "last_entropy",
+    "mean_cov_frac",
+    "final_len",
+)
+
+
+def arm_table(rows: list[dict]) -> str:
+    """Markdown: per arm (a run name without its _s<seed> suffix), over its finished seeds, the
+    mean (± the sample std across seeds when there are several) of ARM_FIGURES."""
+    arms: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["status"] == "ok":
+            arms.setdefault(re.sub(r"_s\d+$", "", r["run"]), []).append(r)
+    figures = [f for f in ARM_FIGURES if any(f in r for rs in arms.values() for r in rs)]
+    lines = ["| arm | seeds | " + " | ".join(figures) + " |", "|" + "---|" * (len(figures) + 2)]
+    for arm, rs in arms.items():
+        cells = []
+        for f in figures:
+            vals = [r[f] for r in rs if f in r and not math.isnan(r[f])]
+            if not vals:
+                cells.append("-")
+            elif len(vals) == 1:
+                cells.append(f"{vals[0]:.4g}")
+            else:
+                cells.append(f"{statistics.mean(vals):.4g} ± {statistics.stdev(vals):.2g}")
+        lines.append(f"| {arm} | {len(rs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def select_runs(runs: list[dict], only: str) -> list[dict]:

@@ -377,6 +377,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
             f"preset {config.model.preset!r} is dense; use a *_moe preset or set "
             "--config.rl.log_route_change=False"
         )
+    check_advantage_options(config, estimator)
     if rl.token_advantages:
         level = objectives.get_objective(
             config.objective.name, **objective_overrides(config.objective)
@@ -391,6 +392,42 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
     check_rollout_options(config, task)
     if workdir is not None:
         check_workdir_writable(workdir)
+
+
+def check_advantage_options(config: ml_collections.ConfigDict, estimator: str) -> None:
+    """scale_rewards, per-token (REINFORCE++) advantages and kl_in_reward against the objective."""
+    from gspo_jax import advantages
+
+    rl = config.rl
+    objective = objectives.get_objective(
+        config.objective.name, **objective_overrides(config.objective)
+    )
+    scale = rl.get("scale_rewards", "group")
+    if scale not in advantages.SCALE_REWARDS:
+        raise ConfigError(
+            f"config.rl.scale_rewards={scale!r} is unknown; valid: {advantages.SCALE_REWARDS}"
+        )
+    if scale != "group" and estimator != "grpo":
+        raise ConfigError(
+            f"config.rl.scale_rewards={scale!r} chooses grpo's std, but the advantage estimator "
+            f"is {estimator!r}: set --config.rl.advantage_estimator=grpo or scale_rewards=group"
+        )
+    if estimator in advantages.TOKEN_ESTIMATORS and objective.ratio_level in (
+        "sequence",
+        "geometric",
+    ):
+        raise ConfigError(
+            f"config.rl.advantage_estimator={estimator!r} gives one advantage per token, but "
+            f"{config.objective.name} has one ratio per response; use an objective with per-token "
+            "ratios (grpo, dapo, dr_grpo, cispo, sapo, gspo_token, clip_cov, kl_cov, dppo_tv, "
+            "dppo_kl) or a group estimator (grpo, dr_grpo, rloo)"
+        )
+    if rl.get("kl_in_reward", False) and not objective.kl_coef > 0:
+        raise ConfigError(
+            f"config.rl.kl_in_reward=True subtracts kl_coef · KL from the rewards, but "
+            f"{config.objective.name}'s kl_coef is {objective.kl_coef!r}: set "
+            "--config.objective.kl_coef > 0 (e.g. 0.001) or kl_in_reward=False"
+        )
 
 
 ROLLOUT_DTYPES = ("", "float32", "bfloat16")

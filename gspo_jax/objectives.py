@@ -1,5 +1,6 @@
 """Policy objectives of the GRPO family: grpo, dapo, dr_grpo, gspo, gspo_token, luspo, gmpo, cispo,
-sapo; with optional rollout correction and off-policy sequence masking for any of them.
+sapo, clip_cov, kl_cov, dppo_tv, dppo_kl; with optional rollout correction, off-policy sequence
+masking, a two-sided clip, high-entropy token selection, an entropy bonus and an unbiased KL.
 
 Dimension legend: B response rows (P prompts x G samples, group-contiguous), T padded response
 length. Inputs are [B, T] float32 (bf16 is upcast; float64 stays float64 under jax_enable_x64),
@@ -8,8 +9,11 @@ length. Inputs are [B, T] float32 (bf16 is upcast; float64 stays float64 under j
 token or sequence_token).
 
     obj = get_objective("gspo", eps_low=0.2, eps_high=0.2)   # preset + any OVERRIDABLE_FIELDS
-    loss, metrics = obj(logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None)
-    num, den, metric_sums = obj.sums(logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None)
+    loss, metrics = obj(logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None, entropy=None)
+    num, den, metric_sums = obj.sums(logp, old_logp, adv, mask, ref_logp, rollout_logp, entropy)
+
+`entropy` [B, T] is the policy's per-token entropy (differentiable), needed only when a term reads
+it (obj.needs_entropy: entropy_coef > 0 or top_entropy_quantile < 1).
 
 Every objective is assembled from orthogonal parts (docs/objectives.md), with
 δ_{i,t} = logp − old_logp, |y_i| = Σ_t mask_{i,t} and sg the stop-gradient:
@@ -24,11 +28,20 @@ Every objective is assembled from orthogonal parts (docs/objectives.md), with
               ℓ = min(ℓ, −c·A) where A < 0 (the geometric ratio is clipped already: ℓ = −ρ·A)
      "cispo"  ℓ_{i,t} = −sg[clip(ρ, 1 − eps_low, 1 + eps_high)]·A·logp_{i,t}   (always per token)
      "sapo"   ℓ = −(4/τ)·σ(τ·(ρ − 1))·A,  τ = tau_pos where A > 0, else tau_neg
-  weight       (only when asked for; needs rollout_logp) ℓ ← c·m·ℓ, both detached:
+     "clip_cov"  clip's ℓ, and ℓ = 0 on the ⌊clip_cov_ratio·N⌋ unclipped tokens of largest
+              Cov = (A − mean A)(logp − mean logp) inside (clip_cov_lb, clip_cov_ub)
+     "kl_cov"    ℓ = −ρ·A, + ppo_kl_coef·|δ| on the ⌊kl_cov_ratio·N⌋ tokens of largest Cov
+     "dppo_tv" / "dppo_kl"  ℓ = −A·sg[min(ρ, clip_ratio_c)]·logp_{i,t} on the tokens inside
+              DPPO's binary-TV / binary-KL trust region (eps_low / eps_high), 0 outside
+     (the last three per token only; N = the call's response tokens, at least 1 token)
+     delta δ  (clip, clip_cov) the unclipped branch takes min(ρ, δ): a two-sided clip
+  weight       (only when asked for; needs rollout_logp, or entropy) ℓ ← c·m·ℓ, all detached:
      rollout_correction  c from exp(Δ), Δ = old_logp − rollout_logp, per token (token_tis /
                          token_mis) or exp(Σ_t Δ_{i,t}) per response (seq_tis / seq_mis): *_tis
                          clips it to [rollout_is_min, rollout_is_max], *_mis zeroes it outside
+                         geo_rs: c_i = 1 if exp(mean_t Δ_{i,t}) is inside the bounds, else 0
      off_policy_mask δ   m = 0 where A < 0 and mean_t(rollout_logp − sg[logp]) > δ, else 1
+     top_entropy_quantile q  m = 0 on tokens whose entropy is below the call's (1 − q)-quantile
   aggregation  per-token losses ℓ_{i,t} (a response-level L_i counts on each of its tokens):
                seq-mean-token-mean      (1/R) Σ_i (1/|y_i|) Σ_t ℓ_{i,t}
                token-mean               Σ_{i,t} ℓ_{i,t} / Σ_i |y_i|
@@ -37,7 +50,10 @@ Every objective is assembled from orthogonal parts (docs/objectives.md), with
   KL           + kl_coef · KL[π_θ ‖ π_ref], per-token k1 | k2 | k3 of x = ref_logp − logp,
                aggregated like the policy loss (not weighted by c·m; only when ref_logp is given:
                grpo's β = 0.04 applies only then; the other presets have kl_coef 0, kl_ref is still
-               reported)
+               reported); kl_unbiased: KL_{i,t} weighted by the (undetached) ratio ρ
+  entropy      − entropy_coef · the entropy aggregated like the policy loss
+Batch-level statistics (the covariances and their top-k, the entropy quantile) are over the rows
+of one call: they do not combine over micro-batches or shards (docs/objectives.md).
 A preset (PRESETS) is a ratio level, a surrogate, an aggregation and field values; luspo is gspo
 with seq-mean-token-sum, gspo with eps 0.2 is `get_objective("gspo", eps_low=0.2, eps_high=0.2)`.
 For gmpo, eps_low and eps_high bound δ in log space (clip (e^−0.4, e^0.4)), so eps_low < 1 is not
@@ -45,10 +61,10 @@ required there. The cispo value contains logp itself: only its gradient is meani
 
 A new objective is one surrogate (or ratio) function plus one preset line. CISPO, for example:
 
-    def _cispo_surrogate(obj, r, A, logp):
+    def _cispo_surrogate(obj, r, A, tok):
         lo, hi = 1.0 - obj.eps_low, 1.0 + obj.eps_high
         weight = jax.lax.stop_gradient(clip(r.rho, lo, hi))  # [B, T] or [B]
-        loss = -_per_token(weight * A) * logp  # [B, T]
+        loss = -_per_token(weight * A) * tok.logp  # [B, T]
         return _Surrogate(loss, r.rho < lo, r.rho > hi, by_adv_sign=False)  # clipped: ρ moved
 
     _SURROGATES = {"clip": ..., "cispo": _cispo_surrogate, ...}
@@ -107,6 +123,11 @@ identity of min / max). Finalised metrics:
   rollout_is_masked_frac   (rollout_correction set) response tokens whose weight is 0 (mis modes)
   opsm_drop_frac       (off_policy_mask set) mean over responses of the fraction of their tokens
                        dropped: the fraction of dropped responses for [B] advantages
+  delta_clip_frac      (delta set) response tokens with A < 0 and ρ > δ
+  cov_frac             (clip_cov, kl_cov) response tokens the covariance rule selected
+  entropy_kept_frac    (top_entropy_quantile < 1) response tokens in the high-entropy mask
+  entropy_loss         (entropy_coef > 0) the aggregated entropy; loss = pg_loss + kl_coef ·
+                       kl_loss − entropy_coef · entropy_loss
 
 Performance: experiments/benchmarks/objectives_bench.py times loss + gradient of every preset
 against a masked mean of logp with its gradient (the floor). On CPU each metric costs its own
@@ -118,6 +139,7 @@ for every surrogate); the per-token path needs no per-token exp (see _sequence_t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -138,7 +160,9 @@ AGGREGATIONS = (
 KL_ESTIMATORS = ("k1", "k2", "k3")
 # Rollout correction modes (TRL's vllm_importance_sampling_mode in brackets): token_tis
 # (token_truncate), token_mis (token_mask), seq_tis (sequence_truncate), seq_mis (sequence_mask).
-ROLLOUT_CORRECTIONS = ("token_tis", "token_mis", "seq_tis", "seq_mis")
+# geo_rs (verl's geometric rejection sampling): a response is dropped (weight 0, else 1) when its
+# geometric-mean ratio exp(mean_t Δ) leaves [rollout_is_min, rollout_is_max].
+ROLLOUT_CORRECTIONS = ("token_tis", "token_mis", "seq_tis", "seq_mis", "geo_rs")
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -185,17 +209,20 @@ def dual_clipped(loss: jax.Array, adv: jax.Array, dual_clip: float | None) -> ja
     return jnp.where(adv < 0, jnp.minimum(loss, -dual_clip * adv), loss)
 
 
-def clipped_surrogate(ratio, adv, eps_low: float, eps_high: float, dual_clip=None):
-    """L_u = −min(ρ·A, clip(ρ, 1 − eps_low, 1 + eps_high)·A), then min(L_u, −c·A) where A < 0.
+def clipped_surrogate(ratio, adv, eps_low: float, eps_high: float, dual_clip=None, delta=None):
+    """L_u = −min(min(ρ, δ)·A, clip(ρ, 1 − eps_low, 1 + eps_high)·A), then min(L_u, −c·A) where
+    A < 0. δ (INTELLECT-2's two-sided clip, TRL's `delta`) caps the unclipped branch, which PPO
+    leaves unbounded where A < 0; None: no cap.
 
     ratio and adv broadcast against each other (e.g. [B, T] with [B, 1]).
     """
-    loss = -jnp.minimum(ratio * adv, clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv)
+    unclipped = ratio if delta is None else jnp.minimum(ratio, delta)
+    loss = -jnp.minimum(unclipped * adv, clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv)
     return dual_clipped(loss, adv, dual_clip)
 
 
 def rollout_correction_weight(
-    mode: str, log_mismatch: jax.Array, is_min: float | None, is_max: float
+    mode: str, log_mismatch: jax.Array, is_min: float | None, is_max: float, mask=None
 ) -> jax.Array:
     """The rollout correction weight c, from Δ = old_logp − rollout_logp [B, T] (0 on padding).
 
@@ -203,11 +230,21 @@ def rollout_correction_weight(
     token_mis  c_{i,t} = exp(Δ_{i,t}) inside [is_min, is_max], else 0       [B, T]
     seq_tis    c_i = clip(exp(Σ_t Δ_{i,t}), is_min, is_max)                 [B]
     seq_mis    c_i = exp(Σ_t Δ_{i,t}) inside [is_min, is_max], else 0       [B]
-    is_min None is no lower bound. The sequence modes use the product of the token ratios.
+    geo_rs     c_i = 1 if exp(mean_t Δ_{i,t}) is inside [is_min, is_max], else 0   [B]
+    is_min None is no lower bound. seq_* use the product of the token ratios, geo_rs their
+    geometric mean (a rejection only: no importance weight). `mask` [B, T] is needed by geo_rs.
     """
     chex.assert_rank(log_mismatch, 2)
     if mode not in ROLLOUT_CORRECTIONS:
         raise ValueError(f"unknown rollout_correction {mode!r}; valid: {ROLLOUT_CORRECTIONS}")
+    if mode == "geo_rs":
+        if mask is None:
+            raise ValueError(
+                "rollout_correction 'geo_rs' needs mask [B, T] (its mean is per token)"
+            )
+        geo = clamped_exp(sequence_log_ratio(log_mismatch, mask))  # [B] exp(mean_t Δ)
+        low = 0.0 if is_min is None else is_min
+        return ((geo >= low) & (geo <= is_max)).astype(log_mismatch.dtype)
     per_sequence = mode.startswith("seq")
     ratio = clamped_exp(log_mismatch.sum(-1) if per_sequence else log_mismatch)  # [B] or [B, T]
     low = 0.0 if is_min is None else is_min  # ratios are > 0: 0 bounds nothing
@@ -231,6 +268,90 @@ def off_policy_keep(
     if adv.ndim == 2:
         drift = drift[:, None]
     return (adv >= 0) | (drift <= threshold)
+
+
+def masked_quantile(x: jax.Array, mask: jax.Array, q: float) -> jax.Array:
+    """The q-quantile of x [B, T] over the entries where mask > 0, interpolated linearly between
+    order statistics (numpy's and torch.quantile's default); 0 when no entry is valid.
+
+    float32: the two order statistics are found by bisection on the floats' bit patterns (32
+    counting passes over [B, T], exact) instead of sorting all B·T entries; other dtypes sort.
+    """
+    valid = (mask > 0).reshape(-1)
+    x = jax.lax.stop_gradient(x).reshape(-1)
+    n = valid.sum()
+    pos = q * jnp.maximum(n - 1, 0).astype(x.dtype)  # fractional rank among the n valid
+    lo = jnp.floor(pos).astype(jnp.int32)
+    hi = jnp.minimum(lo + 1, jnp.maximum(n - 1, 0))
+    if x.dtype == jnp.float32:
+        v_lo, v_hi = _order_statistic(x, valid, lo), _order_statistic(x, valid, hi)
+    else:
+        xs = jnp.sort(jnp.where(valid, x, jnp.inf))  # valid values first, ascending
+        v_lo, v_hi = xs[lo], xs[hi]
+    return jnp.where(n > 0, v_lo + (pos - lo) * (v_hi - v_lo), 0.0)
+
+
+def _order_statistic(x: jax.Array, valid: jax.Array, k: jax.Array) -> jax.Array:
+    """The k-th smallest (0-based) of the valid float32 entries of x [N], exactly: bisection on
+    an order-preserving uint32 key of the bits (negative floats flipped), one count per bit."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    sign = bits >> 31
+    key = jnp.where(sign == 1, ~bits, bits | jnp.uint32(0x80000000))  # monotone in x
+
+    def step(_, bounds):  # invariant: the answer's key lies in [lo, hi]
+        lo, hi = bounds
+        mid = lo + (hi - lo) // 2
+        enough = jnp.sum(valid & (key <= mid)) >= k + 1
+        return jnp.where(enough, lo, mid + 1), jnp.where(enough, mid, hi)
+
+    lo, _ = jax.lax.fori_loop(0, 32, step, (jnp.uint32(0), jnp.uint32(0xFFFFFFFF)))
+    bits = jnp.where(lo >> 31 == 1, lo & jnp.uint32(0x7FFFFFFF), ~lo)  # the key's inverse
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def top_k_mask(score: jax.Array, candidates: jax.Array, fraction: float, mask: jax.Array):
+    """bool [B, T]: the k = max(⌊fraction·N⌋, 1) candidates with the largest score, N = Σ mask
+    (the response tokens; ties: the lower flat index first); fewer candidates than k: all.
+
+    k is dynamic (N is), so one lax.top_k of its static bound max(⌊fraction·B·T⌋, 1) runs and its
+    first k are kept: for verl's 2e-4 a small partial selection, not a sort of all B·T entries.
+    """
+    flat = jnp.where(candidates, jax.lax.stop_gradient(score), -jnp.inf).reshape(-1)
+    k = jnp.maximum(jnp.floor(fraction * mask.sum()), 1.0)  # dynamic
+    k_max = max(1, min(math.floor(fraction * flat.size), flat.size))  # static bound
+    _, idx = jax.lax.top_k(flat, k_max)  # [k_max], largest first, ties by lower index
+    chosen = jnp.zeros(flat.shape, bool).at[idx].set(jnp.arange(k_max) < k)
+    return chosen.reshape(score.shape) & candidates
+
+
+def token_covariance(adv: jax.Array, logp: jax.Array, mask: jax.Array) -> jax.Array:
+    """Cov_{i,t} = (A_{i,t} − mean A)·(logp_{i,t} − mean logp), the means over the response tokens
+    of this call (the entropy-mechanism paper's per-token covariance; detached). adv [B] or [B, T],
+    logp and mask [B, T]; 0 on padding."""
+    valid = mask > 0
+    n = jnp.maximum(mask.sum(), 1.0)
+    a = jnp.where(valid, _per_token(adv), 0.0)  # [B, T]
+    lp = jnp.where(valid, jax.lax.stop_gradient(logp), 0.0)  # [B, T]
+    cov = (a - a.sum() / n) * (lp - lp.sum() / n)
+    return jnp.where(valid, cov, 0.0)
+
+
+def dppo_keep(rho, delta, old_logp, adv, eps_low: float, eps_high: float, divergence: str):
+    """DPPO's trust region, from the token's probabilities p_old = exp(old_logp) and p = p_old·ρ
+    (detached): binary TV keeps p − p_old ≤ eps_high where A > 0 and p − p_old ≥ −eps_low
+    elsewhere; binary KL D = p_old·log(p_old/p) + (1 − p_old)·log((1 − p_old + 1e-8)/(1 − p +
+    1e-8)) keeps D ≤ eps_high or p ≤ p_old where A > 0, D ≤ eps_low or p ≥ p_old elsewhere.
+    rho (the token ratio), delta (its log, logp − old_logp), old_logp [B, T]; adv broadcasts.
+    Returns bool [B, T]."""
+    rho = jax.lax.stop_gradient(rho)
+    p_old = jnp.exp(old_logp)
+    p = p_old * rho  # exp(logp) from the ratio already computed: one exp fewer
+    if divergence == "tv":
+        return jnp.where(adv > 0, p - p_old <= eps_high, p - p_old >= -eps_low)
+    d = -p_old * jax.lax.stop_gradient(delta) + (1.0 - p_old) * jnp.log(
+        (1.0 - p_old + 1e-8) / (1.0 - p + 1e-8)
+    )
+    return jnp.where(adv > 0, (d <= eps_high) | (rho <= 1.0), (d <= eps_low) | (rho >= 1.0))
 
 
 def _per_token(x: jax.Array) -> jax.Array:
@@ -330,6 +451,14 @@ class Sums(NamedTuple):
             out["rollout_is_masked_frac"] = m["rollout_is_masked_tokens"] / tokens
         if "opsm_drop_sum" in m:
             out["opsm_drop_frac"] = m["opsm_drop_sum"] / rows
+        if "entropy_num" in m:
+            out["entropy_loss"] = m["entropy_num"] / den
+        if "entropy_kept_tokens" in m:
+            out["entropy_kept_frac"] = m["entropy_kept_tokens"] / tokens
+        if "delta_clip_tokens" in m:
+            out["delta_clip_frac"] = m["delta_clip_tokens"] / tokens
+        if "cov_selected_tokens" in m:
+            out["cov_frac"] = m["cov_selected_tokens"] / tokens
         return self.num / den, out
 
 
@@ -384,15 +513,30 @@ class Objective:
     rollout_is_min: float | None = None  # lower bound of the correction weight (None: none)
     rollout_is_max: float = 3.0  # upper bound of the correction weight
     off_policy_mask: float | None = None  # δ of off-policy sequence masking (None: off)
+    delta: float | None = None  # clip, clip_cov: two-sided clip, ρ ≤ delta (None: off)
+    clip_ratio_c: float | None = None  # dppo_*: cap of the detached ratio (set by the preset)
+    clip_cov_ratio: float | None = None  # clip_cov: fraction of tokens to detach
+    clip_cov_lb: float | None = None  # clip_cov: covariance window (lb, ub)
+    clip_cov_ub: float | None = None
+    kl_cov_ratio: float | None = None  # kl_cov: fraction of tokens to penalise
+    ppo_kl_coef: float | None = None  # kl_cov: weight of |logp − old_logp| on them
+    top_entropy_quantile: float = 1.0  # train only on this top fraction of tokens by entropy
+    entropy_coef: float = 0.0  # loss −= entropy_coef · aggregated entropy
+    kl_unbiased: bool = False  # KL term weighted by the ratio (DeepSeek-V3.2's unbiased KL)
 
     def __post_init__(self):
         _validate(self)
 
     def __call__(
-        self, logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None
+        self, logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None, entropy=None
     ) -> tuple[jax.Array, dict]:
         """(loss, metrics) of one minibatch: loss = num / den of `self.sums`."""
-        return self.sums(logp, old_logp, adv, mask, ref_logp, rollout_logp).finalize()
+        return self.sums(logp, old_logp, adv, mask, ref_logp, rollout_logp, entropy).finalize()
+
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether a term reads the policy's per-token entropy (entropy= must then be given)."""
+        return self.entropy_coef > 0 or self.top_entropy_quantile < 1
 
     def denominator(self, mask: jax.Array) -> jax.Array:
         """The aggregation's normaliser for this (part of the) minibatch; adds over parts."""
@@ -419,10 +563,12 @@ class Objective:
             return loss.sum()  # (1/|y_i|) Σ_t L_i = L_i
         return (loss * n_tok).sum()
 
-    def sums(self, logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None) -> Sums:
+    def sums(
+        self, logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None, entropy=None
+    ) -> Sums:
         """Sums(num, den, metric sums) of this (part of the) minibatch; see the module docstring."""
-        logp, old_logp, adv, mask, ref_logp, rollout_logp = _check_inputs(
-            self, logp, old_logp, adv, mask, ref_logp, rollout_logp
+        logp, old_logp, adv, mask, ref_logp, rollout_logp, entropy = _check_inputs(
+            self, logp, old_logp, adv, mask, ref_logp, rollout_logp, entropy
         )
         sg = jax.lax.stop_gradient
         valid = mask > 0  # [B, T]
@@ -431,11 +577,14 @@ class Objective:
         delta = jnp.where(valid, logp - old_logp, 0.0)  # [B, T] δ; padding (even NaN) -> 0
         adv = jnp.where(valid if adv.ndim == 2 else nonempty, adv, 0.0)  # [B] or [B, T]
 
+        if entropy is not None:
+            entropy = jnp.where(valid, entropy, 0.0)  # [B, T] H_{i,t}; padding (even NaN) -> 0
         ratio = _RATIO_LEVELS[self.ratio_level](self, delta, adv, mask)  # ρ per unit
         unit_adv = _per_token(adv) if ratio.rho.ndim == 2 else adv  # A per unit: broadcasts to ρ
-        terms = _SURROGATES[self.surrogate](self, ratio, unit_adv, jnp.where(valid, logp, 0.0))
+        tok = _Tokens(jnp.where(valid, logp, 0.0), jnp.where(valid, old_logp, 0.0), mask)
+        terms = _SURROGATES[self.surrogate](self, ratio, unit_adv, tok)
         loss = terms.loss if terms.loss.ndim == 2 else jnp.where(nonempty, terms.loss, 0.0)
-        weight, weight_metrics = self._loss_weight(logp, old_logp, adv, mask, rollout_logp)
+        weight, weight_metrics = self._loss_weight(logp, old_logp, adv, mask, rollout_logp, entropy)
         if weight is not None:
             loss = _unit_product(loss, weight)  # [B, T] or [B]: c·m·ℓ
 
@@ -445,17 +594,27 @@ class Objective:
             pg_num = self._aggregate_token_sums(jnp.where(valid, loss, 0.0).sum(-1), n_tok)
         else:
             pg_num = self._aggregate_response_losses(loss, n_tok)
-        num = pg_num
+        # Per-token terms beside ℓ: β·KL_{i,t} and −entropy_coef·H_{i,t}, aggregated like ℓ.
+        extra, extra_num = 0.0, 0.0
         if ref_logp is not None:
             x = jnp.where(valid, ref_logp - logp, 0.0)  # [B, T] log π_ref/π_θ, 0 on padding
             kl = kl_estimate(x, self.kl_estimator)  # [B, T] KL_{i,t}, 0 on padding
+            if self.kl_unbiased:  # DeepSeek-V3.2: weighted by the (undetached) ratio
+                kl = kl * _per_token(ratio.rho if ratio.log_clip is None else ratio.reported)
             kl_rows = (kl * mask).sum(-1)  # [B] Σ_t KL_{i,t}
             kl_num = self._aggregate_token_sums(kl_rows, n_tok)
-            if loss.ndim == 2:  # one pass over ℓ + β·KL (pg_num, kl_num: metrics only)
-                per_token = jnp.where(valid, loss + self.kl_coef * kl, 0.0)
+            extra, extra_num = extra + self.kl_coef * kl, extra_num + self.kl_coef * kl_num
+        if self.entropy_coef > 0:
+            ent_num = self._aggregate_token_sums(jnp.where(valid, entropy, 0.0).sum(-1), n_tok)
+            extra = extra - self.entropy_coef * entropy
+            extra_num = extra_num - self.entropy_coef * ent_num
+        num = pg_num
+        if ref_logp is not None or self.entropy_coef > 0:
+            if loss.ndim == 2:  # one pass over ℓ + the extra terms (pg_num etc.: metrics only)
+                per_token = jnp.where(valid, loss + extra, 0.0)
                 num = self._aggregate_token_sums(per_token.sum(-1), n_tok)
             else:
-                num = pg_num + self.kl_coef * kl_num
+                num = pg_num + extra_num
 
         row_low, row_high = _clipped_tokens_per_row(terms, adv, mask, n_tok)  # [B], [B]
         reported = sg(ratio.reported)  # [B, T] per token or [B] per response; > 0
@@ -480,27 +639,44 @@ class Objective:
         if ref_logp is not None:
             metrics["kl_ref_sum"] = kl_rows.sum()
             metrics["kl_num"] = kl_num
+        if self.entropy_coef > 0:
+            metrics["entropy_num"] = ent_num
+        if self.delta is not None:  # A < 0 and ρ > δ: the two-sided clip bounds the loss
+            capped = (unit_adv < 0) & (sg(ratio.rho) > self.delta)
+            metrics["delta_clip_tokens"] = _tokens_per_row(capped, mask, n_tok).sum()
+        if terms.selected is not None:
+            metrics["cov_selected_tokens"] = jnp.where(terms.selected, mask, 0.0).sum()
         metrics = {k: sg(v) for k, v in metrics.items()}
         return Sums(num, self._denominator(n_tok, mask.shape[1]), metrics)
 
-    def _loss_weight(self, logp, old_logp, adv, mask, rollout_logp):
-        """(c·m, metric sums): the detached weight on ℓ, [B] or [B, T], or (None, {}) if off."""
+    def _loss_weight(self, logp, old_logp, adv, mask, rollout_logp, entropy):
+        """(c·m, metric sums): the detached weight on ℓ, [B] or [B, T], or (None, {}) if off.
+        m includes the high-entropy mask (top_entropy_quantile < 1)."""
+        weight, metrics = None, {}
+        if self.top_entropy_quantile < 1:  # the "80/20" paper, TRL's get_high_entropy_mask
+            threshold = masked_quantile(entropy, mask, 1.0 - self.top_entropy_quantile)
+            high = (jax.lax.stop_gradient(entropy) >= threshold) & (mask > 0)  # [B, T]
+            metrics["entropy_kept_tokens"] = jnp.where(high, mask, 0.0).sum()
+            weight = high.astype(mask.dtype)
         if self.rollout_correction is None and self.off_policy_mask is None:
-            return None, {}
+            return weight, metrics
         valid = mask > 0  # [B, T]
         n_tok = mask.sum(-1)  # [B]
-        weight, metrics = None, {}
         if self.rollout_correction is not None:
             log_mismatch = jnp.where(valid, old_logp - rollout_logp, 0.0)  # [B, T] Δ
             c = jax.lax.stop_gradient(
                 rollout_correction_weight(
-                    self.rollout_correction, log_mismatch, self.rollout_is_min, self.rollout_is_max
+                    self.rollout_correction,
+                    log_mismatch,
+                    self.rollout_is_min,
+                    self.rollout_is_max,
+                    mask,
                 )
             )  # [B, T] per token or [B] per response
             units = mask if c.ndim == 2 else (n_tok > 0).astype(jnp.float32)
             metrics.update(_unit_sums("rollout_is", c, units))
             metrics["rollout_is_masked_tokens"] = _tokens_per_row(c == 0, mask, n_tok).sum()
-            weight = c
+            weight = c if weight is None else _unit_product(weight, c)
         if self.off_policy_mask is not None:
             keep = off_policy_keep(adv, logp, rollout_logp, mask, self.off_policy_mask)
             dropped = _tokens_per_row(~keep, mask, n_tok)  # [B] dropped tokens per response
@@ -581,6 +757,14 @@ RATIO_LEVELS = tuple(_RATIO_LEVELS)
 # ----------------------------------------------------------------------------- surrogates
 
 
+class _Tokens(NamedTuple):
+    """The per-token inputs a surrogate may read besides ρ and A: [B, T] each, 0 on padding."""
+
+    logp: jax.Array  # log π_θ, carrying the gradient
+    old_logp: jax.Array  # log π_old
+    mask: jax.Array  # 0/1
+
+
 class _Surrogate(NamedTuple):
     """What a surrogate hands to the aggregation and the metrics."""
 
@@ -588,33 +772,36 @@ class _Surrogate(NamedTuple):
     clip_low: jax.Array | None  # bool per unit, [B, T] or [B]; None: nothing is ever clipped
     clip_high: jax.Array | None
     by_adv_sign: bool  # clip_low holds only where A < 0 and clip_high only where A > 0
+    # bool [B, T]: the tokens a batch-level covariance rule acted on (clip_cov, kl_cov), else None
+    selected: jax.Array | None = None
 
 
-def _clip_surrogate(obj, r, A, logp):
+def _clip_surrogate(obj, r, A, tok):
     """PPO: ℓ = −min(ρ·A, clip(ρ, 1 − eps_low, 1 + eps_high)·A); clipped where the clip is the
     active branch (ρ < 1 − eps_low with A < 0, ρ > 1 + eps_high with A > 0); dual clip c > 1:
-    ℓ = min(ℓ, −c·A) where A < 0. A ratio the ratio level has clipped already (gmpo's, the same
-    min taken per token in log space) gives ℓ = −ρ·A."""
+    ℓ = min(ℓ, −c·A) where A < 0; two-sided clip δ: min(ρ, δ) in the unclipped branch. A ratio
+    the ratio level has clipped already (gmpo's, the same min taken per token in log space) gives
+    ℓ = −ρ·A."""
     if r.log_clip is not None:
         loss, (low, high) = -r.rho * A, r.log_clip
     else:
-        loss = clipped_surrogate(r.rho, A, obj.eps_low, obj.eps_high)
+        loss = clipped_surrogate(r.rho, A, obj.eps_low, obj.eps_high, delta=obj.delta)
         low = (r.rho < 1.0 - obj.eps_low) & (A < 0)
         high = (r.rho > 1.0 + obj.eps_high) & (A > 0)
     return _Surrogate(dual_clipped(loss, A, obj.dual_clip), low, high, by_adv_sign=True)
 
 
-def _cispo_surrogate(obj, r, A, logp):
+def _cispo_surrogate(obj, r, A, tok):
     """CISPO: ℓ_{i,t} = −sg[clip(ρ, 1 − eps_low, 1 + eps_high)]·A·logp_{i,t}: every token keeps
     its REINFORCE gradient A·∇logp, weighted by the clipped ratio (PPO's clip would zero it).
     Clipped: the units whose ρ the clip moved, whatever the sign of A."""
     lo, hi = 1.0 - obj.eps_low, 1.0 + obj.eps_high
     weight = jax.lax.stop_gradient(clip(r.rho, lo, hi))  # [B, T] or [B]
-    loss = -_per_token(weight * A) * logp  # [B, T]
+    loss = -_per_token(weight * A) * tok.logp  # [B, T]
     return _Surrogate(loss, r.rho < lo, r.rho > hi, by_adv_sign=False)
 
 
-def _sapo_surrogate(obj, r, A, logp):
+def _sapo_surrogate(obj, r, A, tok):
     """SAPO: ℓ = −(4/τ)·σ(τ·(ρ − 1))·A, τ = tau_pos where A > 0, else tau_neg: a smooth gate with
     slope 1 at ρ = 1 (the plain policy gradient there) that fades updates as ρ moves away."""
     tau = jnp.where(A > 0, obj.tau_pos, obj.tau_neg)  # A's shape
@@ -622,7 +809,51 @@ def _sapo_surrogate(obj, r, A, logp):
     return _Surrogate(loss, None, None, by_adv_sign=False)
 
 
-_SURROGATES = {"clip": _clip_surrogate, "cispo": _cispo_surrogate, "sapo": _sapo_surrogate}
+def _clip_cov_surrogate(obj, r, A, tok):
+    """Clip-Cov (entropy-mechanism paper): PPO's clip, and ℓ = 0 (no gradient) on the
+    ⌊clip_cov_ratio·N⌋ (at least 1) tokens with clip_cov_lb < Cov_{i,t} < clip_cov_ub that PPO
+    did not clip, N the response tokens of this call. verl draws them at random among the
+    candidates; here they are the candidates of largest covariance (deterministic, no key)."""
+    base = _clip_surrogate(obj, r, A, tok)
+    cov = token_covariance(A, tok.logp, tok.mask)  # [B, T]
+    candidates = (tok.mask > 0) & ~(base.clip_low | base.clip_high)
+    candidates &= (cov > obj.clip_cov_lb) & (cov < obj.clip_cov_ub)
+    selected = top_k_mask(cov, candidates, obj.clip_cov_ratio, tok.mask)
+    return base._replace(loss=jnp.where(selected, 0.0, base.loss), selected=selected)
+
+
+def _kl_cov_surrogate(obj, r, A, tok):
+    """KL-Cov (entropy-mechanism paper): ℓ = −ρ·A (no clip), plus ppo_kl_coef·|logp − old_logp|
+    on the ⌊kl_cov_ratio·N⌋ (at least 1) tokens of largest Cov_{i,t} among the N response
+    tokens of this call."""
+    cov = token_covariance(A, tok.logp, tok.mask)  # [B, T]
+    selected = top_k_mask(cov, tok.mask > 0, obj.kl_cov_ratio, tok.mask)
+    penalty = obj.ppo_kl_coef * jnp.abs(tok.logp - tok.old_logp)  # [B, T]
+    loss = -r.rho * A + jnp.where(selected, penalty, 0.0)
+    return _Surrogate(loss, None, None, by_adv_sign=False, selected=selected)
+
+
+def _dppo_surrogate(obj, r, A, tok, divergence: str):
+    """DPPO (binary TV / binary KL trust region): ℓ = −A·sg[min(ρ, clip_ratio_c)]·logp on the
+    tokens dppo_keep keeps, 0 elsewhere; eps_low / eps_high are the divergence thresholds.
+    Clipped: the tokens outside the trust region (by the sign of A). Like cispo, only its
+    gradient is meaningful."""
+    delta = tok.logp - tok.old_logp  # [B, T] δ, 0 on padding
+    keep = dppo_keep(r.rho, delta, tok.old_logp, A, obj.eps_low, obj.eps_high, divergence)
+    weight = jax.lax.stop_gradient(jnp.minimum(r.rho, obj.clip_ratio_c))  # [B, T]
+    loss = jnp.where(keep, -A * weight * tok.logp, 0.0)
+    return _Surrogate(loss, ~keep & (A < 0), ~keep & (A > 0), by_adv_sign=True)
+
+
+_SURROGATES = {
+    "clip": _clip_surrogate,
+    "cispo": _cispo_surrogate,
+    "sapo": _sapo_surrogate,
+    "clip_cov": _clip_cov_surrogate,
+    "kl_cov": _kl_cov_surrogate,
+    "dppo_tv": functools.partial(_dppo_surrogate, divergence="tv"),
+    "dppo_kl": functools.partial(_dppo_surrogate, divergence="kl"),
+}
 SURROGATES = tuple(_SURROGATES)
 
 # ----------------------------------------------------------------------------- presets
@@ -645,6 +876,18 @@ PRESETS: dict[str, dict] = {
     "gmpo": _preset("geometric", "clip", _SMTM, eps_low=0.4, eps_high=0.4),  # log-space bounds
     "cispo": _preset("token", "cispo", "token-mean", eps_low=1.0, eps_high=4.0),  # ρ in [0, 5]
     "sapo": _preset("token", "sapo", _SMTM, tau_pos=1.0, tau_neg=1.05),  # eps unused
+    # verl's defaults for Clip-Cov / KL-Cov (its policy_loss config), token-mean as in verl
+    "clip_cov": _preset(
+        "token", "clip_cov", "token-mean", clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0
+    ),
+    "kl_cov": _preset("token", "kl_cov", "token-mean", kl_cov_ratio=2e-4, ppo_kl_coef=1.0),
+    # eps are divergence thresholds (verl's DPPO recipe: TV 0.15, KL 0.05, Dr. GRPO aggregation)
+    "dppo_tv": _preset(
+        "token", "dppo_tv", "seq-mean-token-sum-norm", eps_low=0.15, eps_high=0.15, clip_ratio_c=3.0
+    ),
+    "dppo_kl": _preset(
+        "token", "dppo_kl", "seq-mean-token-sum-norm", eps_low=0.05, eps_high=0.05, clip_ratio_c=3.0
+    ),
 }
 PRESET_NAMES = tuple(PRESETS)
 
@@ -767,11 +1010,87 @@ def _validate(obj: Objective) -> None:
                 f"({obj.rollout_is_max!r}): the weight is kept inside [rollout_is_min, "
                 "rollout_is_max]; lower rollout_is_min or raise rollout_is_max"
             )
+    _validate_family_fields(obj)
     if obj.off_policy_mask is not None and not _is_finite_number(obj.off_policy_mask):
         raise ValueError(
             "off_policy_mask must be None (off) or a finite number δ (the mean per-token log-ratio "
             f"rollout/current above which a negative-advantage response is dropped, e.g. 0.5), "
             f"got {obj.off_policy_mask!r}"
+        )
+
+
+# The fields only one surrogate reads (None elsewhere; its preset sets them), with their range:
+# (field, check, what a valid value is).
+_SURROGATE_FIELDS = {
+    "clip_cov": (
+        ("clip_cov_ratio", lambda v: 0 < v <= 1, "a fraction in (0, 1], e.g. 2e-4"),
+        ("clip_cov_lb", lambda v: True, "a finite number (the covariance window's lower end)"),
+        ("clip_cov_ub", lambda v: True, "a finite number (the covariance window's upper end)"),
+    ),
+    "kl_cov": (
+        ("kl_cov_ratio", lambda v: 0 < v <= 1, "a fraction in (0, 1], e.g. 2e-4"),
+        ("ppo_kl_coef", lambda v: v >= 0, "a number >= 0, e.g. 1.0"),
+    ),
+    "dppo_tv": (("clip_ratio_c", lambda v: v > 0, "a number > 0, e.g. 3.0"),),
+    "dppo_kl": (("clip_ratio_c", lambda v: v > 0, "a number > 0, e.g. 3.0"),),
+}
+# Surrogates that read each token's own ratio and log-prob (batch-level or per-token rules).
+_TOKEN_ONLY_SURROGATES = ("clip_cov", "kl_cov", "dppo_tv", "dppo_kl")
+
+
+def _validate_family_fields(obj: Objective) -> None:
+    """The surrogate-specific fields (set exactly where their surrogate reads them, in range),
+    delta, the entropy terms and kl_unbiased."""
+    own = {f: (ok, what) for f, ok, what in _SURROGATE_FIELDS.get(obj.surrogate, ())}
+    for field in sorted({f for fields in _SURROGATE_FIELDS.values() for f, _, _ in fields}):
+        value = getattr(obj, field)
+        readers = sorted(s for s, fs in _SURROGATE_FIELDS.items() if field in [f[0] for f in fs])
+        if field not in own:
+            if value is not None:
+                raise ValueError(
+                    f"{field} is read only by surrogate(s) {readers}; {obj.name} uses surrogate "
+                    f"{obj.surrogate!r}, which ignores it: leave {field}=None"
+                )
+        elif not _is_finite_number(value) or not own[field][0](value):
+            raise ValueError(f"{field} must be {own[field][1]} for {obj.name}, got {value!r}")
+    if obj.surrogate == "clip_cov" and not obj.clip_cov_lb < obj.clip_cov_ub:
+        raise ValueError(
+            f"clip_cov_lb ({obj.clip_cov_lb!r}) must be < clip_cov_ub ({obj.clip_cov_ub!r}): the "
+            "tokens clip_cov detaches have a covariance inside (lb, ub)"
+        )
+    if obj.surrogate in _TOKEN_ONLY_SURROGATES and obj.ratio_level != "token":
+        raise ValueError(
+            f"surrogate {obj.surrogate!r} acts on each token's own ratio and log-prob: use "
+            f"ratio_level 'token', not {obj.ratio_level!r}"
+        )
+    if obj.delta is not None:
+        if obj.surrogate not in ("clip", "clip_cov") or obj.ratio_level == "geometric":
+            raise ValueError(
+                f"delta caps the unclipped ratio of PPO's clip; {obj.name} (surrogate "
+                f"{obj.surrogate!r}, ratio level {obj.ratio_level!r}) has none: set delta=None"
+            )
+        if not _is_finite_number(obj.delta) or not obj.delta > 1 + obj.eps_high:
+            raise ValueError(
+                f"delta must be None (off) or a number > 1 + eps_high = {1 + obj.eps_high!r} "
+                f"(e.g. 4.0, INTELLECT-2's value), got {obj.delta!r}"
+            )
+    q = obj.top_entropy_quantile
+    if not _is_finite_number(q) or not 0 < q <= 1:
+        raise ValueError(
+            f"top_entropy_quantile must be a fraction in (0, 1] (1 trains on every token, 0.2 on "
+            f"the top 20 % by entropy), got {q!r}"
+        )
+    if not _is_finite_number(obj.entropy_coef) or not obj.entropy_coef >= 0:
+        raise ValueError(
+            f"entropy_coef must be a finite number >= 0 (0 disables the entropy bonus, e.g. 1e-3), "
+            f"got {obj.entropy_coef!r}"
+        )
+    if not isinstance(obj.kl_unbiased, bool):
+        raise ValueError(f"kl_unbiased must be True or False, got {obj.kl_unbiased!r}")
+    if obj.kl_unbiased and not obj.kl_coef > 0:
+        raise ValueError(
+            f"kl_unbiased weights the KL term, which {obj.name}'s kl_coef=0 switches off: set "
+            "kl_coef > 0 (e.g. 0.04) or kl_unbiased=False"
         )
 
 
@@ -790,14 +1109,13 @@ def _as_float32(x):
     return x if x.dtype == dtype else x.astype(dtype)
 
 
-def _check_inputs(obj, logp, old_logp, adv, mask, ref_logp, rollout_logp):
+def _check_inputs(obj, logp, old_logp, adv, mask, ref_logp, rollout_logp, entropy):
     """ValueError (naming the valid shapes, or the fix) for bad inputs; upcasts to float32."""
     _check_rank2("logp", logp)
     B, T = logp.shape
     named = [("old_logp", old_logp), ("mask", mask)]
-    named += [
-        (n, x) for n, x in (("ref_logp", ref_logp), ("rollout_logp", rollout_logp)) if x is not None
-    ]
+    optional = (("ref_logp", ref_logp), ("rollout_logp", rollout_logp), ("entropy", entropy))
+    named += [(n, x) for n, x in optional if x is not None]
     for name, x in named:
         if getattr(x, "shape", None) != (B, T):
             raise ValueError(
@@ -825,13 +1143,22 @@ def _check_inputs(obj, logp, old_logp, adv, mask, ref_logp, rollout_logp):
                     "engine's log-probs: pass rollout_logp=[B, T] (the sampler's log-probs of "
                     f"the response tokens), or set {field}=None"
                 )
-    ref_logp, rollout_logp = (
-        None if x is None else _as_float32(x) for x in (ref_logp, rollout_logp)
+    if entropy is None and obj.needs_entropy:
+        fields = (
+            f"entropy_coef={obj.entropy_coef!r}, top_entropy_quantile={obj.top_entropy_quantile!r}"
+        )
+        raise ValueError(
+            f"{obj.name} has {fields}, which read the policy's per-token entropy: pass "
+            "entropy=[B, T] (response_logprobs' entropy), or set entropy_coef=0 and "
+            "top_entropy_quantile=1"
+        )
+    ref_logp, rollout_logp, entropy = (
+        None if x is None else _as_float32(x) for x in (ref_logp, rollout_logp, entropy)
     )
     logp, old_logp, adv, mask = (_as_float32(x) for x in (logp, old_logp, adv, mask))
     # The checks above raise ValueError with the fix; these chex asserts state the boundary's
     # contract (trace-time only, free at run time) for readers and for later edits.
-    optional = [x for x in (ref_logp, rollout_logp) if x is not None]
+    optional = [x for x in (ref_logp, rollout_logp, entropy) if x is not None]
     chex.assert_equal_shape([logp, old_logp, mask] + optional)
     chex.assert_type([logp, old_logp, adv, mask], float)
-    return logp, old_logp, adv, mask, ref_logp, rollout_logp
+    return logp, old_logp, adv, mask, ref_logp, rollout_logp, entropy

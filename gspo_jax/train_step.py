@@ -18,8 +18,10 @@ An RL batch is a dict of arrays with a leading B axis:
     responses      [B, T] int32
     mask           [B, T] f32      1 up to and including EOS
     old_logp       [B, T] f32      π_old, from the sampler (default) or recomputed
-    adv            [B] f32         group advantages
-    ref_logp       [B, T] f32      only when kl_coef > 0
+    adv            [B] f32         group advantages ([B, T] for the REINFORCE++ estimators or
+                                   rl.token_advantages)
+    ref_logp       [B, T] f32      only when kl_coef > 0 (and not rl.kl_in_reward: there it
+                                   enters the advantages, see make_kl_reward_fn)
     routes         [B, L, S, k]    only with Routing Replay (batch-major here; the model wants
                                    [L, B, S, k], transposed at the call)
 
@@ -115,7 +117,9 @@ def _masked_mean(x, mask):
     return (x * mask).sum() / jnp.maximum(mask.sum(), 1.0)
 
 
-def _forward(graphdef, params, rest, mb: dict, temperature: float, *, return_routes=False):
+def _forward(
+    graphdef, params, rest, mb: dict, temperature: float, *, return_routes=False, with_entropy=True
+):
     """response_logprobs of a batch dict (routes, if present, are replayed)."""
     model = nnx.merge(graphdef, params, rest)
     routes = mb.get("routes")
@@ -130,6 +134,7 @@ def _forward(graphdef, params, rest, mb: dict, temperature: float, *, return_rou
         routes=routes,
         return_routes=return_routes,
         response_mask=mb["mask"],
+        with_entropy=with_entropy,
     )
     if return_routes:
         out["routes"] = jnp.swapaxes(out["routes"], 0, 1)  # -> [B, L, S, k]
@@ -164,7 +169,15 @@ def make_logprob_fn(
         chunks = _chunk_rows(fields, num_chunks, row_spec, mesh)
 
         def one(mb):
-            out = _forward(graphdef, params, rest, mb, temperature, return_routes=return_routes)
+            out = _forward(
+                graphdef,
+                params,
+                rest,
+                mb,
+                temperature,
+                return_routes=return_routes,
+                with_entropy=False,  # old_logp, ref_logp, routes: no entropy needed
+            )
             keep = ("logp", "routes") if return_routes else ("logp",)
             return {k: out[k] for k in keep}
 
@@ -201,8 +214,17 @@ def make_update_fn(
     def micro_loss(params, mb, den):
         out = _forward(graphdef, params, rest, mb, temperature)
         rollout = {"rollout_logp": mb["rollout_logp"]} if "rollout_logp" in mb else {}
+        # The entropy is computed in the log-prob pass anyway (for the metric); its gradient is
+        # taken only when a term of the objective reads it.
+        entropy = {"entropy": out["entropy"]} if objective.needs_entropy else {}
         sums = objective.sums(
-            out["logp"], mb["old_logp"], mb["adv"], mb["mask"], mb.get("ref_logp"), **rollout
+            out["logp"],
+            mb["old_logp"],
+            mb["adv"],
+            mb["mask"],
+            mb.get("ref_logp"),
+            **rollout,
+            **entropy,
         )
         mask = mb["mask"]
         diff = (out["logp"] - mb["old_logp"]) * mask
@@ -447,20 +469,17 @@ def make_prepare_fn(run: Run):
         B = prompts.shape[0] * G
         chex.assert_shape([sample.tokens, sample.mask, sample.logp], (B, T))
         chex.assert_shape([rewards, truncated], (B,))
-        adv, adv_metrics = advantages.group_advantages(
-            rewards, G, estimator=run.estimator, eps=rl.adv_eps, std_ddof=rl.adv_std_ddof
-        )
         mask = sample.mask
         if rl.mask_truncated:
             mask = mask * (~truncated)[:, None]
+        adv, adv_metrics = run_advantages(run, rewards, mask)
         batch = {
             "prompts": jnp.repeat(prompts, G, axis=0),  # [B, Lp]
             "prompt_lengths": jnp.repeat(lengths, G, axis=0),  # [B]
             "responses": sample.tokens,
             "mask": mask,
             "old_logp": sample.logp,
-            # [B], or [B, T] with rl.token_advantages: each response's advantage on its tokens
-            "adv": jnp.broadcast_to(adv[:, None], (B, T)) if rl.token_advantages else adv,
+            "adv": adv,
         }
         if run.uses_rollout_logp:
             batch["rollout_logp"] = sample.logp  # [B, T] the rollout engine's log-probs
@@ -481,11 +500,66 @@ def make_prepare_fn(run: Run):
             "truncated_frac": ((~has_eos) & (lens >= T)).sum() / rows,
             "frac_zero_std_groups": adv_metrics["frac_zero_std_groups"],
             "reward_std": adv_metrics["reward_std"],
-            "adv_abs_mean": jnp.abs(adv).mean(),
+            "adv_abs_mean": _adv_abs_mean(adv, mask),
             "sample_logp_mean": (sample.logp * sample.mask).sum() / jnp.maximum(lens.sum(), 1),
             "tokens": lens.sum(),
         }
         return batch, m
+
+    return jax.jit(fn)
+
+
+def run_advantages(run: Run, rewards: jax.Array, mask: jax.Array):
+    """The run's advantages of rewards ([B] per response, or [B, T] per token) and their metrics:
+    [B], or [B, T] for the REINFORCE++ estimators and with rl.token_advantages (each response's
+    advantage on its tokens)."""
+    rl = run.config.rl
+    adv, adv_metrics = advantages.group_advantages(
+        rewards,
+        rl.group_size,
+        estimator=run.estimator,
+        eps=rl.adv_eps,
+        std_ddof=rl.adv_std_ddof,
+        scale_rewards=rl.get("scale_rewards", "group"),
+        mask=mask,
+    )
+    if adv.ndim == 1 and rl.token_advantages:
+        adv = jnp.broadcast_to(adv[:, None], mask.shape)
+    return adv, adv_metrics
+
+
+def _adv_abs_mean(adv: jax.Array, mask: jax.Array) -> jax.Array:
+    """mean |A| over responses ([B]) or over response tokens ([B, T])."""
+    if adv.ndim == 1:
+        return jnp.abs(adv).mean()
+    return _masked_mean(jnp.abs(adv), mask)
+
+
+def make_kl_reward_fn(run: Run):
+    """rl.kl_in_reward (verl's use_kl_in_reward): (batch with ref_logp, rewards [B]) -> (batch,
+    metrics). The token rewards become r_{i,t} = r_i·[t = last] − β·k1_{i,t}, k1 = old_logp −
+    ref_logp (β = the objective's kl_coef), the advantages are recomputed from them (a group
+    estimator sums them over the response), and ref_logp leaves the batch, so that the loss
+    has no KL term of its own. Jitted."""
+    beta = run.objective.kl_coef
+
+    def fn(batch, rewards):
+        mask = batch["mask"]
+        k1 = (batch["old_logp"] - batch["ref_logp"]) * mask  # [B, T]
+        if run.estimator in advantages.TOKEN_ESTIMATORS:  # REINFORCE++: per token
+            shaped = advantages.outcome_token_rewards(rewards, mask) - beta * k1  # [B, T]
+        else:  # the same summed over the response (keeps a masked-out row's own reward)
+            shaped = rewards - beta * k1.sum(-1)  # [B]
+        adv, _ = run_advantages(run, shaped, mask)
+        out = {k: v for k, v in batch.items() if k != "ref_logp"}
+        out["adv"] = adv
+        rows = jnp.maximum((mask.sum(-1) > 0).sum(), 1)
+        m = {
+            "kl_reward_k1_mean": _masked_mean(k1, mask),  # per token
+            "kl_reward_penalty_mean": beta * k1.sum() / rows,  # β·Σ_t k1 per response
+            "kl_reward_adv_abs_mean": _adv_abs_mean(adv, mask),
+        }
+        return out, m
 
     return jax.jit(fn)
 
@@ -587,6 +661,8 @@ class Phases:
     # after the update: the new parameters' own routes vs the rollout's; None unless
     # config.rl.log_route_change
     routes: Any = None
+    # rl.kl_in_reward: the advantages again, from rewards minus β·KL (after the reference pass)
+    kl_reward: Any = None
 
 
 def make_phases(run: Run, state: TrainState, with_ref: bool) -> Phases:
@@ -626,6 +702,7 @@ def make_phases(run: Run, state: TrainState, with_ref: bool) -> Phases:
         ref,
         update,
         make_route_change_fn(run) if rl.log_route_change else None,
+        make_kl_reward_fn(run) if rl.get("kl_in_reward", False) and with_ref else None,
     )
 
 
@@ -721,6 +798,9 @@ def rl_step(
             batch["old_logp"] = out["logp"]
         if phases.ref is not None:
             batch["ref_logp"] = phases.ref(ref_params, batch)["logp"]
+        if phases.kl_reward is not None:  # the KL to the reference enters the rewards
+            batch, kl_m = phases.kl_reward(batch, shaped)
+            pass_m.update(kl_m)
         jax.block_until_ready(batch["old_logp"])
         t3 = time.time()
         state, train_m = phases.update(state, batch, keys["shuffle"])

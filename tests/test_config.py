@@ -227,6 +227,9 @@ def test_sweep_expands_to_commands_and_collects_tables(tmp_path, capsys):
     assert rows[0]["mean_clip_frac"] == pytest.approx(0.2) and rows[0]["last_reward"] == 0.6
     md = sweep.write_tables(rows, str(tmp_path))
     assert md.startswith("| run |") and (tmp_path / "results.csv").exists()
+    arms = (tmp_path / "results_by_arm.md").read_text().splitlines()
+    assert arms[0].startswith("| arm | seeds | final_acc | mean_clip_frac")
+    assert arms[2].startswith(f"| {runs[0]['name'][:-3]} | 1 | 0.5 | 0.2 |")  # one finished run
 
 
 def test_multihost_cold_warm_start_cache_is_a_config_error(tmp_path, monkeypatch):
@@ -284,6 +287,11 @@ def test_claim_sweeps_and_pod_variants():
     arith = load_repo_module("configs/arith.py")
     tok = arith.get_sweep("study=token_adv,seeds=2")
     assert [r["overrides"]["rl.token_advantages"] for r in tok] == [True, True]
+    fam = {r["name"]: r["overrides"] for r in arith.get_sweep("study=family,seeds=2")}
+    assert len(fam) == 18 and {"clip_cov_s1", "kl_cov_s0", "dppo_tv_s0", "dppo_kl_s1"} <= set(fam)
+    estimators = {o.get("rl.advantage_estimator") for o in fam.values()}
+    assert estimators == {None, "rloo", "reinforce_pp", "reinforce_pp_baseline", "grpo"}
+    assert fam["grpo_scale_batch_s0"]["rl.scale_rewards"] == "batch"
     old = {r["name"]: r["overrides"] for r in offpolicy.get_sweep("study=old_logp,seeds=1")}
     assert old["gspo_sampler_s0"]["rl.recompute_old_logp"] is False
     assert old["grpo_recompute_tis_s0"]["objective.rollout_correction"] == "token_tis"

@@ -72,11 +72,22 @@ def make_rollout_logp(old_logp, seed=0, mismatch=0.5):
 # (values) and in jax float32 (gradients, with real stop-gradients).
 
 
-def reference_loss(xp, sg, obj, logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None):
+def reference_loss(
+    xp,
+    sg,
+    obj,
+    logp,
+    old_logp,
+    adv,
+    mask,
+    ref_logp=None,
+    rollout_logp=None,
+    entropy=None,
+    lp_value=None,
+):
     valid = mask > 0
     ones = xp.ones_like(mask)
     n = mask.sum(-1)  # |y_i|
-    rows = (n > 0).sum()
     delta = xp.where(valid, logp - old_logp, 0.0)
     lp = xp.where(valid, logp, 0.0)
     A = adv if adv.ndim == 2 else adv[:, None] * ones
@@ -92,19 +103,27 @@ def reference_loss(xp, sg, obj, logp, old_logp, adv, mask, ref_logp=None, rollou
         if obj.surrogate == "sapo":
             tau = xp.where(a > 0, obj.tau_pos, obj.tau_neg)
             return -(4 / tau) / (1 + xp.exp(-tau * (rho - 1))) * a
-        loss = -xp.minimum(rho * a, xp.clip(rho, lo, hi) * a)
+        unclipped = rho if obj.delta is None else xp.minimum(rho, obj.delta)  # TRL's delta
+        loss = -xp.minimum(unclipped * a, xp.clip(rho, lo, hi) * a)
         if obj.dual_clip is not None:
             loss = xp.where(a < 0, xp.minimum(loss, -obj.dual_clip * a), loss)
         return loss
 
     log_s = delta.sum(-1) / xp.maximum(n, 1.0)
-    if obj.ratio_level == "token":
+    rho_kl = None  # the ratio TRL's bias-corrected KL is weighted by, [B, T]
+    if obj.surrogate in FAMILY_SURROGATES:
+        per_token = verl_family_per_token(xp, sg, obj, logp, old_logp, A, mask, lp_value)
+        rho_kl = clamped_exp(delta)
+    elif obj.ratio_level == "token":
         per_token = surrogate(clamped_exp(delta), A)
+        rho_kl = clamped_exp(delta)
     elif obj.ratio_level == "sequence":  # s_i on every token of response i
         per_token = surrogate(clamped_exp(log_s)[:, None] * ones, A)
+        rho_kl = clamped_exp(log_s)[:, None] * ones
     elif obj.ratio_level == "sequence_token":
         log_s_it = logp - sg(logp) + sg(log_s)[:, None]
         per_token = surrogate(clamped_exp(log_s_it), A)
+        rho_kl = clamped_exp(log_s_it)
     else:  # geometric
         sigma = xp.sign(A_i)[:, None]
         d_star = sigma * xp.minimum(
@@ -115,12 +134,28 @@ def reference_loss(xp, sg, obj, logp, old_logp, adv, mask, ref_logp=None, rollou
         if obj.dual_clip is not None:
             L = xp.where(A_i < 0, xp.minimum(L, -obj.dual_clip * A_i), L)
         per_token = L[:, None] * ones
+        rho_kl = clamped_exp(log_s)[:, None] * ones  # the unclipped geometric mean s_i
+    if obj.top_entropy_quantile < 1:  # TRL: the policy term only, on the high-entropy tokens
+        per_token = per_token * trl_high_entropy_mask(xp, sg(entropy), mask, obj)
     if rollout_logp is not None:  # the policy term only, not the KL term
         per_token = per_token * reference_weight(xp, sg, obj, logp, old_logp, A, mask, rollout_logp)
     if ref_logp is not None:
         x = xp.where(valid, ref_logp - logp, 0.0)
         kl = {"k1": -x, "k2": x**2 / 2, "k3": xp.exp(x) - x - 1}[obj.kl_estimator]
+        if obj.kl_unbiased:  # TRL's use_bias_correction_kl: per_token_kl * coef_1
+            kl = kl * rho_kl
         per_token = per_token + obj.kl_coef * kl
+    loss = reference_aggregate(xp, obj, per_token, mask)
+    if obj.entropy_coef > 0:  # verl: policy_loss -= entropy_coeff * agg_loss(entropy)
+        loss = loss - obj.entropy_coef * reference_aggregate(xp, obj, entropy, mask)
+    return loss
+
+
+def reference_aggregate(xp, obj, per_token, mask):
+    """The documented aggregation of per-token values [B, T] over the response tokens."""
+    valid = mask > 0
+    n = mask.sum(-1)
+    rows = (n > 0).sum()
     per_token = xp.where(valid, per_token, 0.0)
     max_len = obj.max_len or mask.shape[1]
     if obj.aggregation == "seq-mean-token-mean":
@@ -130,6 +165,81 @@ def reference_loss(xp, sg, obj, logp, old_logp, adv, mask, ref_logp=None, rollou
     if obj.aggregation == "seq-mean-token-sum":
         return per_token.sum() / rows
     return per_token.sum() / (rows * max_len)
+
+
+FAMILY_SURROGATES = ("clip_cov", "kl_cov", "dppo_tv", "dppo_kl")
+
+
+def reference_top_k(score, candidates, k):
+    """[B, T] bool: the k candidates of largest score, ties to the lower flat index (by counting,
+    for each entry, the candidates ranked before it); numpy."""
+    f = np.where(candidates, score, -np.inf).reshape(-1)
+    idx = np.arange(f.shape[0])
+    before = (f[None, :] > f[:, None]) | (
+        (f[None, :] == f[:, None]) & (idx[None, :] < idx[:, None])
+    )
+    return (before.sum(1) < k).reshape(score.shape) & candidates
+
+
+def verl_family_per_token(xp, sg, obj, logp, old_logp, A, mask, lp_value=None):
+    """verl's compute_policy_loss_{clip_cov, kl_cov, dppo_tv, dppo_kl} per-token losses before
+    agg_loss (verl/trainer/ppo/core_algos.py), transcribed; A [B, T]. clip_cov takes the
+    candidates of largest covariance where verl draws them at random (documented). The token
+    selections (detached in verl) are computed in numpy float64 from lp_value, the value of logp
+    (logp itself may be a jax tracer)."""
+    valid = mask > 0
+    lp, old = xp.where(valid, logp, 0.0), xp.where(valid, old_logp, 0.0)
+    negative_approx_kl = lp - old
+    ratio = xp.exp(xp.clip(negative_approx_kl, -20.0, 20.0))
+    lo, hi = obj.eps_low, obj.eps_high
+    # numpy float64 values for the selections
+    m64, A64 = np.asarray(mask, np.float64), np.asarray(A, np.float64)
+    lp64 = np.where(valid, np.asarray(logp if lp_value is None else lp_value, np.float64), 0.0)
+    old64 = np.where(valid, np.asarray(old_logp, np.float64), 0.0)
+    ratio64 = np.exp(np.clip(lp64 - old64, -20.0, 20.0))
+
+    def masked_mean(x):
+        return (x * m64).sum() / m64.sum()
+
+    if obj.surrogate == "clip_cov":
+        pg_losses1 = -A * (ratio if obj.delta is None else xp.minimum(ratio, obj.delta))
+        pg_losses2 = -A * xp.clip(ratio, 1 - lo, 1 + hi)
+        clip_by_origin = (-A64 * np.clip(ratio64, 1 - lo, 1 + hi) > -A64 * ratio64) & valid
+        cov_all = (A64 - masked_mean(A64)) * (lp64 - masked_mean(lp64))
+        candidates = (cov_all < obj.clip_cov_ub) & (cov_all > obj.clip_cov_lb) & valid
+        candidates = candidates & ~clip_by_origin
+        clip_num = max(int(obj.clip_cov_ratio * m64.sum()), 1)
+        corr = 1.0 - reference_top_k(cov_all, candidates, clip_num)
+        return xp.maximum(pg_losses1, pg_losses2) * corr
+    if obj.surrogate == "kl_cov":
+        pg_losses = -A * ratio
+        pg_losses_kl = -A * ratio + obj.ppo_kl_coef * xp.abs(negative_approx_kl)
+        cov = (A64 - masked_mean(A64)) * (lp64 - masked_mean(lp64))
+        k = max(1, int(m64.sum() * obj.kl_cov_ratio))
+        large_cov = reference_top_k(cov, valid, k)
+        return xp.where(large_cov, pg_losses_kl, pg_losses)
+    truncated_ratio = sg(xp.minimum(ratio, obj.clip_ratio_c))
+    prob, old_prob = np.exp(lp64), np.exp(old64)
+    if obj.surrogate == "dppo_tv":
+        valid_positive_mask = (prob - old_prob) <= hi
+        valid_negative_mask = (prob - old_prob) >= -lo
+    else:
+        with np.errstate(invalid="ignore"):  # logp > 0 in the random batches: NaN, not kept
+            binary_kl = old_prob * (old64 - lp64) + (1 - old_prob) * np.log(
+                (1.0 - old_prob + 1e-8) / (1.0 - prob + 1e-8)
+            )
+        valid_positive_mask = (binary_kl <= hi) | (prob <= old_prob)
+        valid_negative_mask = (binary_kl <= lo) | (prob >= old_prob)
+    valid_mask = np.where(A64 > 0, valid_positive_mask, valid_negative_mask)
+    return -A * truncated_ratio * lp * valid_mask
+
+
+def trl_high_entropy_mask(xp, entropies, mask, obj):
+    """TRL's get_high_entropy_mask(entropies, mask, 1 − top_entropy_quantile), one process: the
+    linear-interpolated quantile of the valid entropies, then entropy·mask >= it, and mask."""
+    valid = mask > 0
+    threshold = xp.nanquantile(xp.where(valid, entropies, xp.nan), 1 - obj.top_entropy_quantile)
+    return ((entropies * mask) >= threshold) & valid
 
 
 def reference_is_ratio(xp, obj, old_logp, mask, rollout_logp):
@@ -143,7 +253,13 @@ def reference_is_ratio(xp, obj, old_logp, mask, rollout_logp):
 def reference_weight(xp, sg, obj, logp, old_logp, A, mask, rollout_logp):
     """[B, T] rollout correction weight c times the off-policy mask m (A [B, T])."""
     weight = xp.ones_like(mask)
-    if obj.rollout_correction is not None:
+    if obj.rollout_correction == "geo_rs":  # verl's geometric rejection: keep inside the bounds
+        log_ratio = xp.where(mask > 0, old_logp - rollout_logp, 0.0)
+        geo = xp.exp((log_ratio * mask).sum(-1) / mask.sum(-1).clip(1.0))
+        low = 0.0 if obj.rollout_is_min is None else obj.rollout_is_min
+        keep = (geo >= low) & (geo <= obj.rollout_is_max)
+        weight = weight * xp.where(keep, 1.0, 0.0)[:, None]
+    elif obj.rollout_correction is not None:
         r = reference_is_ratio(xp, obj, old_logp, mask, rollout_logp)
         low = 0.0 if obj.rollout_is_min is None else obj.rollout_is_min
         if obj.rollout_correction.endswith("tis"):
@@ -177,7 +293,12 @@ def reference_metrics(obj, logp, old_logp, adv, mask, rollout_logp=None):
         rho, units = s, nonempty
     if obj.ratio_level == "geometric":
         low, high = (delta < -obj.eps_low) & (A < 0), (delta > obj.eps_high) & (A > 0)
-    elif obj.surrogate == "clip":
+    elif obj.surrogate in ("dppo_tv", "dppo_kl"):  # outside the trust region, by the sign of A
+        kept = verl_family_per_token(np, lambda x: x, obj, logp, old_logp, A, mask) != 0
+        low, high = ~kept & (A < 0), ~kept & (A > 0)
+    elif obj.surrogate == "kl_cov":  # no clip
+        low = high = np.zeros_like(valid)
+    elif obj.surrogate in ("clip", "clip_cov"):
         low, high = (rho_t < lo) & (A < 0), (rho_t > hi) & (A > 0)
     elif obj.surrogate == "cispo":  # whatever the sign of A
         low, high = rho_t < lo, rho_t > hi
@@ -238,7 +359,16 @@ def reference_value(obj, *arrays):
 
 def reference_grad(obj, logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None):
     fn = lambda lp: reference_loss(
-        jnp, jax.lax.stop_gradient, obj, lp, old_logp, adv, mask, ref_logp, rollout_logp
+        jnp,
+        jax.lax.stop_gradient,
+        obj,
+        lp,
+        old_logp,
+        adv,
+        mask,
+        ref_logp,
+        rollout_logp,
+        lp_value=logp,
     )
     return np.asarray(jax.grad(fn)(jnp.asarray(logp)))
 
@@ -264,6 +394,10 @@ def test_preset_matches_reference_formula(name, seed, drift):
         np.testing.assert_allclose(metrics[key], want, rtol=1e-4, atol=1e-7, err_msg=key)
     x = np.where(mask > 0, ref_logp - logp, 0.0).astype(np.float64)
     np.testing.assert_allclose(metrics["kl_ref"], (np.exp(x) - x - 1).sum() / mask.sum(), rtol=1e-4)
+    if obj.surrogate == "kl_cov":  # k = max(⌊2e-4·N⌋, 1) = 1 token of N = 49
+        assert metrics["cov_frac"] * mask.sum() == pytest.approx(1.0)
+    if obj.surrogate == "clip_cov":  # at most 1, and 1 when PPO leaves a candidate unclipped
+        assert metrics["cov_frac"] * mask.sum() <= 1 + 1e-6
     np.testing.assert_allclose(loss, metrics["pg_loss"] + 0.1 * metrics["kl_loss"], rtol=1e-5)
 
 
@@ -376,6 +510,7 @@ ROLLOUT_CASES = {
         )
         for name in ("grpo", "gspo")
         for mode in objectives.ROLLOUT_CORRECTIONS
+        if mode != "geo_rs"  # a rejection, no weight: in FAMILY_CASES (and the sharding tests)
     },
     "dapo_token_tis_no_min": (
         objectives.get_objective("dapo", rollout_correction="token_tis"),
@@ -410,7 +545,7 @@ def test_rollout_correction_and_off_policy_mask_match_reference(case):
     # Guards: every bound, mask and drop acts in this batch, and none acts everywhere.
     mode = obj.rollout_correction
     if mode is not None:
-        if mode.endswith("mis"):
+        if mode.endswith("mis") or mode == "geo_rs":  # masks (geo_rs: weights 0 or 1)
             assert 0 < metrics["rollout_is_masked_frac"] < 1
             assert metrics["rollout_is_min"] == 0.0
         else:
@@ -818,6 +953,21 @@ def test_bf16_inputs_are_upcast():
         ("grpo", {"rollout_is_max": None}, ["rollout_is_max", "> 0"]),
         ("gspo", {"off_policy_mask": float("nan")}, ["off_policy_mask", "None"]),
         ("gspo", {"surrogate": "cispo"}, ["surrogate", "off_policy_mask", "tau_pos"]),
+        ("grpo", {"clip_cov_ratio": 0.1}, ["clip_cov_ratio", "'clip_cov'", "None"]),
+        ("gspo", {"clip_ratio_c": 3.0}, ["clip_ratio_c", "dppo_kl", "dppo_tv", "None"]),
+        ("clip_cov", {"clip_cov_ratio": 0.0}, ["clip_cov_ratio", "(0, 1]"]),
+        ("clip_cov", {"clip_cov_lb": 6.0}, ["clip_cov_lb", "clip_cov_ub", "(lb, ub)"]),
+        ("kl_cov", {"kl_cov_ratio": 2.0}, ["kl_cov_ratio", "(0, 1]"]),
+        ("kl_cov", {"ppo_kl_coef": -1.0}, ["ppo_kl_coef", ">= 0"]),
+        ("dppo_tv", {"clip_ratio_c": 0.0}, ["clip_ratio_c", "> 0"]),
+        ("dppo_kl", {"clip_ratio_c": None}, ["clip_ratio_c", "> 0"]),
+        ("grpo", {"delta": 1.1}, ["delta", "1 + eps_high"]),
+        ("cispo", {"delta": 4.0}, ["delta", "'cispo'", "delta=None"]),
+        ("gmpo", {"delta": 4.0}, ["delta", "'geometric'", "delta=None"]),
+        ("grpo", {"top_entropy_quantile": 0.0}, ["top_entropy_quantile", "(0, 1]"]),
+        ("grpo", {"entropy_coef": -0.1}, ["entropy_coef", ">= 0"]),
+        ("dapo", {"kl_unbiased": True}, ["kl_unbiased", "kl_coef"]),
+        ("grpo", {"rollout_correction": "geo"}, ["geo_rs", "token_tis"]),
     ],
 )
 def test_bad_configuration_raises_naming_valid_choices(name, overrides, names_in_message):
@@ -834,6 +984,12 @@ def test_bad_configuration_raises_naming_valid_choices(name, overrides, names_in
         ("gmpo", {"surrogate": "sapo"}, ["geometric", "'clip'", "'sequence_token'"]),
         ("grpo", {"surrogate": "ppo"}, ["clip", "cispo", "sapo"]),
         ("grpo", {"ratio_level": "tokens"}, ["token", "sequence_token", "geometric"]),
+        ("gspo", {"surrogate": "dppo_tv", "clip_ratio_c": 3.0}, ["dppo_tv", "'token'"]),
+        (
+            "gspo",
+            {"surrogate": "kl_cov", "kl_cov_ratio": 0.1, "ppo_kl_coef": 1.0},
+            ["kl_cov", "'token'", "'sequence'"],
+        ),
     ],
 )
 def test_bad_structure_raises_naming_valid_choices(base, change, names_in_message):
@@ -992,3 +1148,249 @@ def test_token_ratio_range_under_a_per_response_ratio():
     _, m = obj_lib.get_objective("grpo")(logp, old, adv, mask)
     assert "token_ratio_min" not in m
     np.testing.assert_allclose(m["ratio_max"], w.max(), rtol=1e-6)
+
+
+# ------------------------------------------------------------------------ the rest of the family
+# Clip-Cov / KL-Cov / DPPO (verl), two-sided clip δ, high-entropy tokens, entropy bonus, unbiased
+# KL (TRL), Geo-RS (verl): each against the float64 transcriptions above (verl_family_per_token,
+# trl_high_entropy_mask, reference_weight's geo_rs, reference_loss), value and gradient with
+# respect to logp and, where the entropy enters the loss, to the entropy. Several fields share one
+# objective (one compile each); the guards check that every one of them acts in the batch.
+
+
+@functools.cache
+def value_and_grads(obj: objectives.Objective, with_ref: bool, with_rollout: bool):
+    """Jitted ((loss, metrics), (d/d logp, d/d entropy)) of obj called with entropy=."""
+
+    def fn(lp, entropy, old, adv, mask, *extra):
+        ref = extra[0] if with_ref else None
+        rollout = extra[-1] if with_rollout else None
+        return obj(lp, old, adv, mask, ref, rollout_logp=rollout, entropy=entropy)
+
+    return jax.jit(jax.value_and_grad(fn, argnums=(0, 1), has_aux=True))
+
+
+def make_entropy(seed=0):
+    """[B, T] per-token entropies >= 0, with ties (TRL's >= threshold keeps them all)."""
+    rng = np.random.default_rng(seed + 200)
+    entropy = rng.exponential(1.0, size=(B, T)).astype(np.float32)
+    entropy[0, :3] = entropy[1, 0]  # ties
+    return entropy
+
+
+FAMILY_CASES = {
+    # (objective, per-token advantages, guards: metric -> predicate)
+    "grpo_delta_entropy_unbiased_kl_geo_rs": (
+        objectives.get_objective(
+            "grpo",
+            kl_coef=0.1,
+            kl_unbiased=True,
+            delta=1.5,
+            entropy_coef=0.05,
+            top_entropy_quantile=0.5,
+            rollout_correction="geo_rs",
+            rollout_is_min=0.95,
+            rollout_is_max=1.05,
+        ),
+        False,
+        {
+            "delta_clip_frac": lambda v: v > 0,
+            "entropy_kept_frac": lambda v: 0.4 < v < 0.6,
+            "rollout_is_masked_frac": lambda v: 0 < v < 1,
+        },
+    ),
+    "gspo_entropy_unbiased_kl": (
+        objectives.get_objective(
+            "gspo",
+            eps_low=0.1,
+            eps_high=0.1,
+            kl_coef=0.1,
+            kl_unbiased=True,
+            entropy_coef=0.05,
+            top_entropy_quantile=0.3,
+        ),
+        False,
+        {"entropy_kept_frac": lambda v: 0.2 < v < 0.4, "clip_frac": lambda v: v > 0},
+    ),
+    "clip_cov_wide_delta": (
+        objectives.get_objective(
+            "clip_cov", clip_cov_ratio=0.1, clip_cov_lb=0.05, clip_cov_ub=2.0, delta=2.0
+        ),
+        True,
+        {"cov_frac": lambda v: v > 0, "clip_frac": lambda v: v > 0},
+    ),
+    "kl_cov_wide_adv_bt": (  # N = 49 response tokens: ⌊0.1·49⌋ = 4 selected
+        objectives.get_objective("kl_cov", kl_cov_ratio=0.1, ppo_kl_coef=0.5),
+        True,
+        {"cov_frac": lambda v: v * 49 == pytest.approx(4)},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", FAMILY_CASES)
+def test_family_matches_verl_and_trl(case):
+    obj, per_token_adv, guards = FAMILY_CASES[case]
+    logp, old_logp, adv, mask, ref_logp = make_batch(seed=3, drift=0.5, per_token_adv=per_token_adv)
+    rollout_logp = make_rollout_logp(old_logp, seed=3, mismatch=0.3)
+    entropy = make_entropy(seed=3)
+    with_ref, with_rollout = obj.kl_coef > 0, obj.rollout_correction is not None
+    ref = ref_logp if with_ref else None
+    rollout = rollout_logp if with_rollout else None
+    extra = tuple(x for x in (ref, rollout) if x is not None)
+    fn = value_and_grads(obj, with_ref, with_rollout)
+    (loss, metrics), (grad, grad_entropy) = fn(logp, entropy, old_logp, adv, mask, *extra)
+    metrics = {k: float(v) for k, v in metrics.items()}
+
+    arrays64 = [None if x is None else np.asarray(x, np.float64) for x in (logp, old_logp, adv)]
+    args64 = (*arrays64, np.asarray(mask, np.float64), ref, rollout)
+    want = reference_loss(np, lambda x: x, obj, *args64, entropy=np.asarray(entropy, np.float64))
+    np.testing.assert_allclose(float(loss), float(want), rtol=1e-5)
+
+    sg = jax.lax.stop_gradient
+    fixed = (old_logp, adv, mask, ref, rollout)
+    want_grad = jax.grad(
+        lambda lp: reference_loss(jnp, sg, obj, lp, *fixed, entropy=entropy, lp_value=logp)
+    )(jnp.asarray(logp))
+    np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=1e-5, atol=1e-8)
+    want_grad_entropy = jax.grad(
+        lambda h: reference_loss(jnp, sg, obj, jnp.asarray(logp), *fixed, entropy=h, lp_value=logp)
+    )(jnp.asarray(entropy))
+    np.testing.assert_allclose(np.asarray(grad_entropy), want_grad_entropy, rtol=1e-5, atol=1e-9)
+    # the bonus reaches the entropy; without one the entropy has no gradient
+    assert (np.abs(np.asarray(grad_entropy)).max() > 0) == (obj.entropy_coef > 0)
+    for key, ok in guards.items():
+        assert ok(metrics[key]), (key, metrics[key])
+    for key, want_m in reference_metrics(obj, logp, old_logp, adv, mask).items():
+        np.testing.assert_allclose(metrics[key], want_m, rtol=1e-4, atol=1e-7, err_msg=key)
+
+
+def run_one_token(name, logp, old_logp, adv, **overrides):
+    """loss, metrics, d loss / d logp of a single response token."""
+    arrays = [np.full((1, 1), x, np.float32) for x in (logp, old_logp)]
+    obj = objectives.get_objective(name, **overrides)
+    loss, m, grad = run(obj, *arrays, np.full((1,), adv, np.float32), np.ones((1, 1), np.float32))
+    return loss, m, float(grad[0, 0])
+
+
+def test_hand_checked_dppo_one_token():
+    # p_old = 0.5 → p = 0.6, A = +1: TV 0.1 <= 0.15, kept; ℓ = −A·min(ρ, 3)·logp = −1.2·log 0.6,
+    # over R·max_len = 1 (seq-mean-token-sum-norm); the gradient is −1.2.
+    log = math.log
+    loss, m, grad = run_one_token("dppo_tv", log(0.6), log(0.5), 1.0)
+    assert loss == pytest.approx(-1.2 * log(0.6), rel=1e-5) and m["clip_frac"] == 0.0
+    assert grad == pytest.approx(-1.2, rel=1e-5)
+    # p = 0.7: TV 0.2 > 0.15, masked (A > 0: the high side); p = 0.3 with A = −1: the low side
+    loss, m, grad = run_one_token("dppo_tv", log(0.7), log(0.5), 1.0)
+    assert (loss, grad, m["clip_frac_high"]) == (0.0, 0.0, 1.0)
+    _, m, grad = run_one_token("dppo_tv", log(0.3), log(0.5), -1.0)
+    assert (grad, m["clip_frac_low"]) == (0.0, 1.0)
+    # p_old = 0.05 → p = 0.2: TV 0.15 kept, ρ = 4 truncated at clip_ratio_c = 3
+    assert run_one_token("dppo_tv", log(0.2), log(0.05), 1.0)[2] == pytest.approx(-3.0, rel=1e-5)
+    # binary KL, threshold 0.05: 0.5 → 0.6 is 0.0204 (kept), 0.5 → 0.7 is 0.0872 (masked); a
+    # token whose probability fell is kept whatever its KL when A > 0
+    assert run_one_token("dppo_kl", log(0.6), log(0.5), 1.0)[2] == pytest.approx(-1.2, rel=1e-5)
+    assert run_one_token("dppo_kl", log(0.7), log(0.5), 1.0)[2] == 0.0
+    assert run_one_token("dppo_kl", log(0.1), log(0.5), 1.0)[2] == pytest.approx(-0.2, rel=1e-5)
+
+
+def test_hand_checked_kl_cov_one_token():
+    # N = 1: the one token is the top-1 by covariance (0), ℓ = −ρ·A + 1.0·|δ|, ρ = 1.5, A = 1:
+    # loss −1.5 + log 1.5, gradient −ρ + 1 = −0.5 (token-mean over one token).
+    loss, m, grad = run_one_token("kl_cov", math.log(1.5), 0.0, 1.0)
+    assert loss == pytest.approx(-1.5 + math.log(1.5), rel=1e-5) and m["cov_frac"] == 1.0
+    assert grad == pytest.approx(-0.5, rel=1e-5)
+
+
+def test_hand_checked_all_tokens_clipped_leave_clip_cov_nothing_to_detach():
+    # every ρ = 1.5 with A > 0: PPO clips every token, so no token is a Clip-Cov candidate; the
+    # loss is the clipped −1.2 and the gradient 0
+    logp = np.full((2, 3), math.log(1.5), np.float32)
+    obj = objectives.get_objective("clip_cov", clip_cov_lb=-10.0, clip_cov_ratio=0.5)
+    adv = np.array([1.0, 2.0], np.float32)
+    loss, m, grad = run(obj, logp, np.zeros_like(logp), adv, np.ones_like(logp))
+    assert loss == pytest.approx(-1.2 * 1.5, rel=1e-6)
+    assert (m["cov_frac"], m["clip_frac_high"]) == (0.0, 1.0) and not grad.any()
+
+
+def test_hand_checked_delta_caps_the_unclipped_branch():
+    # ρ = 5, A = −1: PPO's loss is ρ = 5 (unbounded); δ = 4 caps it at 4, with no gradient
+    loss, m, grad = run_one_token("grpo", math.log(5.0), 0.0, -1.0, delta=4.0)
+    assert (loss, grad, m["delta_clip_frac"]) == (pytest.approx(4.0, rel=1e-6), 0.0, 1.0)
+
+
+def test_hand_checked_high_entropy_tokens_and_entropy_bonus():
+    # 4 on-policy tokens, A = 1, entropies (0.1, 0.5, 0.9, 0.3): the 0.5-quantile is 0.4, so the
+    # tokens with 0.5 and 0.9 train; the token-mean denominator stays 4: gradient −1/4 on them.
+    entropy = np.array([[0.1, 0.5, 0.9, 0.3]], np.float32)
+    lp = np.zeros((1, 4), np.float32)
+    args = (lp, np.ones(1, np.float32), np.ones((1, 4), np.float32))
+    obj = objectives.get_objective("dapo", top_entropy_quantile=0.5)
+    (loss, m), grads = value_and_grads(obj, False, False)(lp, entropy, lp, *args[1:])
+    np.testing.assert_allclose(grads[0], [[0, -0.25, -0.25, 0]])
+    assert float(loss) == pytest.approx(-0.5) and float(m["entropy_kept_frac"]) == 0.5
+    assert not np.asarray(grads[1]).any()  # the mask is not differentiable
+    # the bonus: loss −= 0.1·mean H = 0.1·0.45 (every token, as verl), d/dH = −0.1/4
+    obj = objectives.get_objective("dapo", entropy_coef=0.1)
+    (loss, m), grads = value_and_grads(obj, False, False)(lp, entropy, lp, *args[1:])
+    assert float(loss) == pytest.approx(-1.0 - 0.045, rel=1e-6)
+    assert float(m["entropy_loss"]) == pytest.approx(0.45, rel=1e-6)
+    np.testing.assert_allclose(grads[1], [[-0.025] * 4], rtol=1e-6)
+
+
+def test_hand_checked_entropy_of_a_uniform_distribution():
+    """The log-prob pass's entropy: log V for uniform logits (a maximum: zero gradient), computed
+    chunked (2 chunks of 2 positions for T = 3) and differentiable; random logits give H < log V,
+    and the passes that need no entropy skip it with the same log-probs."""
+    from gspo_jax.models import logprobs
+
+    V = 7
+    tokens = jnp.zeros((1, 3), jnp.int32)
+    _, entropy, _ = logprobs.token_logprob_entropy(jnp.zeros((1, 3, V)), tokens)
+    np.testing.assert_allclose(entropy, np.full((1, 3), math.log(V)), rtol=1e-6)
+    h = jnp.asarray(np.random.default_rng(0).normal(size=(1, 3, 4)), jnp.float32)
+
+    @jax.jit
+    def pass_of(w):  # (Σ H, d Σ H / d w_out, logp, logp without the entropy)
+        def total(w):
+            return logprobs.chunked_logprobs(h, w, tokens, 1.0, chunk=2)[1].sum()
+
+        logp, _ = logprobs.chunked_logprobs(h, w, tokens, 1.0, chunk=2)
+        logp_only, none = logprobs.chunked_logprobs(h, w, tokens, 1.0, chunk=2, with_entropy=False)
+        assert none is None
+        return (*jax.value_and_grad(total)(w), logp, logp_only)
+
+    total, grad, _, _ = pass_of(jnp.zeros((4, V)))  # w_out = 0: uniform logits
+    assert float(total) == pytest.approx(3 * math.log(V), rel=1e-6)
+    np.testing.assert_allclose(grad, 0.0, atol=1e-6)
+    total, grad, logp, logp_only = pass_of(
+        jnp.asarray(np.random.default_rng(1).normal(size=(4, V)), "f")
+    )
+    assert float(total) < 3 * math.log(V) and np.abs(np.asarray(grad)).max() > 0
+    np.testing.assert_array_equal(logp_only, logp)
+
+
+def test_entropy_missing_raises_naming_the_fix():
+    logp, old_logp, adv, mask, _ = make_batch()
+    for overrides in ({"entropy_coef": 0.01}, {"top_entropy_quantile": 0.2}):
+        obj = objectives.get_objective("grpo", **overrides)
+        with pytest.raises(ValueError, match=r"entropy=\[B, T\].*entropy_coef=0"):
+            obj(logp, old_logp, adv, mask)
+        with pytest.raises(ValueError, match=r"entropy has shape"):
+            obj(logp, old_logp, adv, mask, entropy=logp[:, :-1])
+
+
+def test_masked_quantile_matches_numpy():
+    """The high-entropy threshold: numpy's linear quantile of the valid entries, exactly, with
+    ties, negative values and ±0 (the float32 path bisects on the bits), and 0 with no entry."""
+    fn = jax.jit(objectives.masked_quantile)
+    rng = np.random.default_rng(0)
+    for trial in range(4):
+        x = rng.normal(size=(B, T)).astype(np.float32)
+        if trial % 2:
+            x = np.round(x, 1)  # ties
+        x[0, :2] = (-0.0, 0.0)
+        mask = (rng.random((B, T)) < 0.6).astype(np.float32)
+        for q in (0.0, 0.37, 0.8, 1.0):
+            want = np.quantile(x[mask > 0].astype(np.float64), q)
+            assert float(fn(x, mask, q)) == pytest.approx(want, abs=1e-6), (trial, q)
+    assert float(fn(x, np.zeros_like(mask), 0.5)) == 0.0

@@ -2,9 +2,11 @@
 as k micro-batches with gradient accumulation, or sharded over the 8 simulated CPU devices
 (plain jit with batch-sharded inputs, and shard_map combining per-shard Sums with psum).
 
-Every preset is checked, and objectives with rollout correction and off-policy sequence masking
-(whose weight statistics combine by sum, min and max). Every case is passed rollout_logp: it
-changes nothing where nothing reads it.
+Every preset is checked but the two whose covariance rule is a batch-level statistic (clip_cov,
+kl_cov: per call, as docs/objectives.md says; test_covariance_rules_are_per_call), and objectives
+with rollout correction and off-policy sequence masking (whose weight statistics combine by sum,
+min and max), and with the two-sided clip, the unbiased KL and Geo-RS. Every case is passed
+rollout_logp: it changes nothing where nothing reads it.
 
 Dimension legend: B response rows, T padded response length. B = 16 puts 2 rows on each of the
 8 devices; rows 2 and 3 are empty, so one whole shard (and one micro-batch) has no token at all.
@@ -23,8 +25,11 @@ from gspo_jax import objectives
 
 B, T = 16, 8
 NUM_DEVICES = 8
-# name -> objective: every preset with a KL term (and a dual clip where its surrogate has one), and
-# rollout corrections and off-policy masking on a token-level, a response-level and a cispo loss.
+# The presets whose token selection is a statistic of the call's rows (not combined by Sums).
+BATCH_LEVEL = ("clip_cov", "kl_cov")
+# name -> objective: every other preset with a KL term (and a dual clip where its surrogate has
+# one), and rollout corrections and off-policy masking on a token-level, a response-level and a
+# cispo loss.
 CASES = {
     name: objectives.get_objective(
         name,
@@ -32,6 +37,7 @@ CASES = {
         dual_clip=3.0 if objectives.PRESETS[name]["surrogate"] == "clip" else None,
     )
     for name in objectives.PRESET_NAMES
+    if name not in BATCH_LEVEL
 }
 CASES |= {
     "grpo_token_mis_opsm": objectives.get_objective(
@@ -42,6 +48,15 @@ CASES |= {
     ),
     "cispo_seq_tis": objectives.get_objective(
         "cispo", rollout_correction="seq_tis", rollout_is_min=0.5
+    ),
+    "grpo_delta_unbiased_kl_geo_rs": objectives.get_objective(
+        "grpo",
+        kl_coef=0.1,
+        kl_unbiased=True,
+        delta=1.5,
+        rollout_correction="geo_rs",
+        rollout_is_min=0.9,
+        rollout_is_max=1.1,
     ),
 }
 
@@ -192,3 +207,18 @@ def test_rollout_cases_mask_and_drop_in_the_tested_batches(name):
         if name.endswith("opsm"):
             assert 0 < metrics["rollout_is_masked_frac"] < 1
             assert 0 < metrics["opsm_drop_frac"] < 1
+
+
+def test_covariance_rules_are_per_call():
+    """clip_cov / kl_cov pick their k = max(⌊ratio·N⌋, 1) tokens among the rows of one call (as
+    verl per micro-batch): 4 micro-batches select Σ_u max(⌊0.1·N_u⌋, 1) tokens, not ⌊0.1·N⌋."""
+    obj = objectives.get_objective("kl_cov", kl_cov_ratio=0.1)
+    sums = jax.jit(lambda *a: obj.sums(*a))  # one compile per shape (whole, micro-batch)
+    batch = make_batch(seed=3)
+    micro = [tuple(p[k] for p in (np.split(x, 4) for x in batch)) for k in range(4)]
+    whole = sums(*batch[:4])
+    parts = [sums(*m[:4]) for m in micro]
+    n_u = [float(m[3].sum()) for m in micro]
+    want = sum(max(np.floor(0.1 * n), 1) for n in n_u)
+    assert float(sum(p.metrics["cov_selected_tokens"] for p in parts)) == want
+    assert float(whole.metrics["cov_selected_tokens"]) == np.floor(0.1 * sum(n_u)) != want

@@ -1,6 +1,7 @@
 """The trainer's rollout options: DAPO dynamic sampling and overlong shaping, a bfloat16 rollout
 under a float32 trainer (a real training-inference mismatch), and their exact resume."""
 
+import dataclasses
 import os
 
 import jax.numpy as jnp
@@ -122,12 +123,18 @@ def test_float32_rollout_has_no_mismatch(shared, single):
         ("rl.max_gen_batches", 0, "max_gen_batches"),
         ("rl.overlong_buffer", 99, "overlong_buffer"),
         ("rl.collapse_patience", -1, "collapse_patience"),
+        ("rl.scale_rewards", "global", "scale_rewards.*group"),
+        ("rl.scale_rewards", "batch", "advantage_estimator=grpo"),  # gspo pairs with grpo...
+        ("rl.advantage_estimator", "reinforce_pp", "one ratio per response"),  # ...gspo: [B]
+        ("rl.kl_in_reward", True, "kl_coef"),  # gspo's kl_coef is 0
     ],
 )
 def test_bad_rollout_options_are_config_errors(shared, field, value, match):
     cfg = make_config(shared, num_devices=1)
     section, name = field.split(".")
     cfg[section][name] = value
+    if value == "batch":
+        cfg.rl.advantage_estimator = "rloo"
     with pytest.raises(config_lib.ConfigError, match=match):
         config_lib.validate(cfg, None)
 
@@ -178,3 +185,54 @@ def test_token_advantages_put_each_response_advantage_on_its_tokens(shared):
     assert adv["base"].shape == (B,) and adv["tok"].shape == (B, T)
     np.testing.assert_array_equal(adv["tok"], np.broadcast_to(adv["base"][:, None], (B, T)))
     assert np.abs(adv["base"]).max() > 0
+
+
+def test_reinforce_pp_advantages_and_kl_in_reward_phases(shared):
+    """rl.advantage_estimator=reinforce_pp: the RL batch's adv is [B, T] (whitened over the
+    batch's response tokens); rl.kl_in_reward: the advantages are recomputed from the rewards
+    minus β·(old_logp − ref_logp) on the tokens, and ref_logp leaves the batch."""
+    from gspo_jax import advantages
+
+    cfg = make_config(
+        shared,
+        num_devices=1,
+        **{
+            "objective.name": "grpo",
+            "rl.advantage_estimator": "reinforce_pp",
+            "rl.kl_in_reward": True,
+        },
+    )
+    config_lib.validate(cfg, None)
+    run = exp.build_run(cfg)
+    P, G, T = cfg.rl.prompts_per_step, cfg.rl.group_size, run.config.rl.max_new_tokens
+    B = P * G
+    rng = np.random.default_rng(0)
+    mask = (np.arange(T)[None, :] < rng.integers(1, T + 1, B)[:, None]).astype(np.float32)
+    sample = sampler.SampleOutput(
+        tokens=jnp.ones((B, T), jnp.int32),
+        mask=jnp.asarray(mask),
+        logp=jnp.asarray(-rng.exponential(1.0, (B, T)), jnp.float32),
+        sample_logp=jnp.zeros((B, T)),
+        lengths=jnp.asarray(mask.sum(-1), jnp.int32),
+    )
+    rewards = jnp.asarray(rng.integers(0, 2, B), jnp.float32)
+    prompts, lengths = jnp.ones((P, 4), jnp.int32), jnp.full((P,), 4, jnp.int32)
+    with sharding.use_mesh(run.mesh):
+        batch, _ = ts.make_prepare_fn(run)(sample, rewards, prompts, lengths, jnp.zeros(B, bool))
+        want, _ = advantages.group_advantages(rewards, G, "reinforce_pp", mask=mask)
+        np.testing.assert_allclose(batch["adv"], want, rtol=1e-6)
+        ref_logp = batch["old_logp"] - jnp.asarray(rng.normal(0.0, 0.1, (B, T)), jnp.float32)
+        out, m = ts.make_kl_reward_fn(run)({**batch, "ref_logp": ref_logp}, rewards)
+    beta = run.objective.kl_coef
+    k1 = (np.asarray(batch["old_logp"]) - np.asarray(ref_logp)) * mask
+    token_rewards = np.asarray(advantages.outcome_token_rewards(rewards, mask)) - beta * k1
+    want, _ = advantages.group_advantages(token_rewards, G, "reinforce_pp", mask=mask)
+    np.testing.assert_allclose(out["adv"], want, rtol=1e-5, atol=1e-6)
+    assert "ref_logp" not in out and not np.allclose(out["adv"], batch["adv"])
+    np.testing.assert_allclose(float(m["kl_reward_k1_mean"]), k1.sum() / mask.sum(), rtol=1e-5)
+    # a group estimator: the response's reward minus β·Σ_t k1, then the group advantage
+    grpo_run = dataclasses.replace(run, estimator="grpo")
+    with sharding.use_mesh(run.mesh):
+        out, _ = ts.make_kl_reward_fn(grpo_run)({**batch, "ref_logp": ref_logp}, rewards)
+    want, _ = advantages.group_advantages(np.asarray(rewards) - beta * k1.sum(-1), G)
+    np.testing.assert_allclose(out["adv"], want, rtol=1e-5, atol=1e-6)

@@ -92,7 +92,9 @@ def _update_fn(model, *, U=1, shuffle=True, objective="gspo", K=2, epochs=2, tx=
         ts.make_update_fn(
             graphdef,
             rest,
-            objectives.get_objective(objective),
+            objective
+            if isinstance(objective, objectives.Objective)
+            else objectives.get_objective(objective),
             tx,
             temperature=1.0,
             num_epochs=epochs,
@@ -118,15 +120,20 @@ def _update(batch, model, **kw):
 def test_microbatching_equals_whole_minibatch():
     model, batch = _rollout()
     # SGD: Adam would blow float rounding of near-zero gradients up to ±lr per parameter.
-    # token-mean (dapo) is the normaliser that micro-batch means would get wrong.
-    s1, m1 = _update(batch, model, U=1, objective="dapo", tx=optax.sgd(0.5))
-    s2, m2 = _update(batch, model, U=2, objective="dapo", tx=optax.sgd(0.5))
+    # token-mean (dapo) is the normaliser that micro-batch means would get wrong; the entropy
+    # bonus (the log-prob pass's entropy, differentiated) adds over micro-batches like the rest.
+    dapo = objectives.get_objective("dapo", entropy_coef=0.1)
+    s1, m1 = _update(batch, model, U=1, objective=dapo, tx=optax.sgd(0.5))
+    s2, m2 = _update(batch, model, U=2, objective=dapo, tx=optax.sgd(0.5))
     assert int(s1.step) == 1
     assert float(m1["grad_norm"]) > 0
     for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    for k in ("loss", "clip_frac", "ratio_mean", "grad_norm", "entropy"):
+    for k in ("loss", "clip_frac", "ratio_mean", "grad_norm", "entropy", "entropy_loss"):
         np.testing.assert_allclose(m1[k], m2[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    # token-mean: the aggregated entropy is the logged token-mean entropy
+    np.testing.assert_allclose(m1["entropy_loss"], m1["entropy"], rtol=1e-5)
+    np.testing.assert_allclose(m1["loss"], m1["pg_loss"] - 0.1 * m1["entropy_loss"], rtol=1e-5)
     # the first minibatch sees the rollout's parameters: trainer logp == sampler logp
     assert abs(float(m1["logp_diff_mean"])) < 1e-5 and float(m1["logp_diff_absmax"]) < 1e-4
     # the ratio moved away from 1 over the later minibatches (clipping can act)

@@ -46,13 +46,16 @@ def make_inputs(batch: int, length: int, seed: int = 0):
     adv = rng.choice([-1.0, 1.0], size=batch).astype(np.float32)  # [B]
     # the rollout engine's log-probs: a bf16-like mismatch against the trainer's old_logp
     rollout_logp = old_logp + rng.normal(0.0, 1e-3, size=(batch, length)).astype(np.float32)
-    return tuple(jnp.asarray(x) for x in (logp, old_logp, adv, mask, ref_logp, rollout_logp))
+    entropy = rng.exponential(1.0, size=(batch, length)).astype(np.float32)  # [B, T] H >= 0
+    arrays = (logp, old_logp, adv, mask, ref_logp, rollout_logp, entropy)
+    return tuple(jnp.asarray(x) for x in arrays)
 
 
-def with_rollout(obj):
-    """obj called with rollout_logp (a keyword) as its fifth positional argument."""
-    return lambda logp, old_logp, adv, mask, rollout_logp: obj(
-        logp, old_logp, adv, mask, rollout_logp=rollout_logp
+def with_keywords(obj, *names):
+    """obj called with its keyword inputs (rollout_logp, entropy, ...) as positional arguments
+    after the first four."""
+    return lambda logp, old_logp, adv, mask, *extra: obj(
+        logp, old_logp, adv, mask, **dict(zip(names, extra, strict=True))
     )
 
 
@@ -106,9 +109,11 @@ def main(argv=None):
     parser.add_argument("--length", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=41)
     parser.add_argument("--out", type=str, default=None, help="write the JSON result here")
+    parser.add_argument("--only", type=str, default="", help="comma-separated case labels")
     args = parser.parse_args(argv)
 
-    logp, old_logp, adv, mask, ref_logp, rollout_logp = make_inputs(args.batch, args.length)
+    inputs = make_inputs(args.batch, args.length)
+    logp, old_logp, adv, mask, ref_logp, rollout_logp, entropy = inputs
     floor, floor_compile_s = compile_fn(jax.value_and_grad(floor_loss), (logp, mask))
     floor_args = (logp, mask)
     floor_s, _, _ = time_against_floor(floor, floor_args, floor, floor_args, args.repeats)
@@ -117,7 +122,7 @@ def main(argv=None):
     base = (logp, old_logp, adv, mask)
     cases = [(name, objectives.get_objective(name), base) for name in objectives.PRESET_NAMES]
     for label, name, overrides, _ in CORRECTED:
-        obj = with_rollout(objectives.get_objective(name, **overrides))
+        obj = with_keywords(objectives.get_objective(name, **overrides), "rollout_logp")
         cases.append((label, obj, base + (rollout_logp,)))
     targeted = set(objectives.PRESET_NAMES) | {c[0] for c in CORRECTED if c[3]}
     # Reported only: each reads one more [B, T] input than the floor.
@@ -129,6 +134,31 @@ def main(argv=None):
             (logp, old_logp, adv_bt, mask),
         )
     )
+    # The fields every preset takes (reported): the two-sided clip, Geo-RS, the unbiased KL, and
+    # the entropy terms (one more [B, T] input; the high-entropy mask sorts the B·T entropies for
+    # its quantile, a batch-level statistic)
+    get = objectives.get_objective
+    cases += [
+        ("grpo_delta", get("grpo", delta=4.0), base),
+        (
+            "grpo_geo_rs",
+            with_keywords(get("grpo", rollout_correction="geo_rs"), "rollout_logp"),
+            base + (rollout_logp,),
+        ),
+        ("grpo_kl_unbiased", get("grpo", kl_unbiased=True), base + (ref_logp,)),
+        (
+            "dapo_entropy_coef",
+            with_keywords(get("dapo", entropy_coef=1e-3), "entropy"),
+            base + (entropy,),
+        ),
+        (
+            "dapo_top_entropy",
+            with_keywords(get("dapo", top_entropy_quantile=0.2), "entropy"),
+            base + (entropy,),
+        ),
+    ]
+    if args.only:
+        cases = [c for c in cases if c[0] in args.only.split(",")]
     figures = {"floor_ms": floor_s * 1e3}
     targets = {}
     rows = []

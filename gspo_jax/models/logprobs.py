@@ -60,12 +60,15 @@ def chunked_logprobs(
     dtype=jnp.float32,
     chunk: int | None = None,
     budget_bytes: int = 256 * 2**20,
+    with_entropy: bool = True,
 ):
     """log p and entropy [B, T] of tokens [B, T] given the hidden states that predict them.
 
     hidden [B, T, D] (final-normed), w_out [D, V]. Loops over chunks of C positions with
     lax.map; each chunk's body is rematerialised (jax.checkpoint), so neither the forward nor the
-    backward pass keeps more than one [B, C, V] float32 block alive.
+    backward pass keeps more than one [B, C, V] float32 block alive. The entropy is differentiable
+    (an objective's entropy terms train through it); with_entropy=False skips it (None returned),
+    for passes that only need log-probs.
     """
     B, T, D = hidden.shape
     V = w_out.shape[-1]
@@ -79,15 +82,20 @@ def chunked_logprobs(
     def one(args):
         h_c, tok_c = args  # [B, C, D], [B, C]
         scaled = scale_logits(unembed(h_c, w_out, dtype), temperature)
+        if not with_entropy:  # log p only: the entropy's sum over V is never computed
+            lse = jax.nn.logsumexp(scaled, axis=-1)
+            picked = jnp.take_along_axis(scaled, tok_c[..., None].astype(jnp.int32), axis=-1)
+            return (picked[..., 0] - lse,)
         logp, ent, _ = token_logprob_entropy(scaled, tok_c)
         return logp, ent
 
     if n == 1:
-        logp, ent = one((h[0], tok[0]))
+        outs = one((h[0], tok[0]))
     else:
-        logp, ent = jax.lax.map(one, (h, tok))  # [n, B, C]
-        logp, ent = logp.swapaxes(0, 1).reshape(B, n * C), ent.swapaxes(0, 1).reshape(B, n * C)
-    return logp[:, :T], ent[:, :T]
+        outs = jax.lax.map(one, (h, tok))  # each [n, B, C]
+        outs = tuple(x.swapaxes(0, 1).reshape(B, n * C) for x in outs)
+    logp = outs[0][:, :T]
+    return logp, (outs[1][:, :T] if with_entropy else None)
 
 
 def response_logprobs(
@@ -101,6 +109,7 @@ def response_logprobs(
     return_routes=False,
     response_mask=None,
     chunk: int | None = None,
+    with_entropy: bool = True,
 ):
     """Teacher-forced log-probs of `responses` under softmax(logits / temperature).
 
@@ -112,8 +121,9 @@ def response_logprobs(
     earlier call with return_routes=True). response_mask [B, T] (optional) restricts the MoE
     load-balancing statistics to real response tokens.
 
-    Returns dict(logp [B, T] f32, entropy [B, T] f32, aux_loss scalar f32 (0 for dense) and,
-    if return_routes, routes [L, B, Lp + T, k] int32). Jittable; never materialises [B, T, V]
+    Returns dict(logp [B, T] f32, entropy [B, T] f32 (differentiable; absent with
+    with_entropy=False), aux_loss scalar f32 (0 for dense) and, if return_routes, routes
+    [L, B, Lp + T, k] int32). Jittable; never materialises [B, T, V]
     float32 (see chunked_logprobs).
     """
     chex.assert_rank([prompts, prompt_lengths, responses], [2, 1, 2])
@@ -146,8 +156,11 @@ def response_logprobs(
         model.cfg.compute_dtype,
         chunk=chunk,
         budget_bytes=model.cfg.logprob_chunk_bytes,
+        with_entropy=with_entropy,
     )
-    result = {"logp": logp, "entropy": entropy, "aux_loss": out["aux_loss"]}
+    result = {"logp": logp, "aux_loss": out["aux_loss"]}
+    if with_entropy:
+        result["entropy"] = entropy
     if return_routes:
         result["routes"] = out["routes"]
     return result
