@@ -22,8 +22,16 @@ How it works (and why):
   to slot Lp + t at position n_b + t (models/transformer.py). All rows write the same cache slot
   each step (a dynamic_update_slice, no scatter) and the teacher-forced pass in
   models.response_logprobs sees exactly the same attention pattern.
-- Shared prefix: the P prompts are prefilled once ([P, Lp] forward) and their caches repeated G
-  times; only the last prompt position's logits are computed.
+- Shared prefix: the P prompts are prefilled once ([P, Lp] forward); only the last prompt
+  position's logits are computed. decode="shared_prefix" (the default) keeps the prompts' KV
+  once per prompt, [P, ...], and gives each row a cache for its generated tokens only; a decode
+  step attends to the prompt (its G samples are G query rows of one matmul per prompt) and to
+  the filled chunks of the generated cache, the two softmaxes combined by log-sum-exp
+  (models/attention.py, shared_prefix_attention). So a step reads the prompt's KV once per
+  group and the generated KV up to the current step, not [B, Lp + T] slots. decode="repeated"
+  is the earlier layout (prompt caches repeated G times, every step attends over all Lp + T
+  slots), kept for the benchmark's comparison; both give the same tokens and log-probs up to
+  float32 summation order.
 - Sampling: one uniform per row and a two-level inverse CDF (block sums, then one block): O(V)
   work and B random numbers per step instead of B * V Gumbel draws (jax.random.categorical),
   which dominates a step at V = 151,936 on CPU.
@@ -50,13 +58,16 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from gspo_jax.models import (
-    attention_mask,
     decode_mask,
     effective_temperature,
     scale_logits,
     sequence_layout,
+    slot_mask,
 )
+from gspo_jax.models.attention import shared_prefix_cache
 from gspo_jax.models.logprobs import token_logprob_entropy
+
+DECODE_LAYOUTS = ("shared_prefix", "repeated")
 
 _TRACES = {"generate": 0}  # incremented at trace time; tests use it to prove "no recompile"
 
@@ -83,7 +94,7 @@ class _LoopState:
     logp: jax.Array  # [B, T]
     sample_logp: jax.Array  # [B, T]
     done: jax.Array  # [B] bool: EOS already emitted
-    cache: list  # per layer {"k": [B, K, Dh, S], "v": [B, K, S, Dh]}
+    cache: list  # per layer: a shared-prefix or a plain cache (see prefill)
     routes: jax.Array | None  # [L, B, S, k] int32 when routes are requested
 
 
@@ -149,17 +160,33 @@ def sample_token(logits: jax.Array, key, *, temperature: float, top_k: int, top_
     return tok, logp, sample_logp
 
 
+def _per_layer(fn, cache):
+    """fn applied to each layer's cache: a list of per-layer dicts, or one dict whose arrays
+    carry a leading layer axis (fn handles any leading axes)."""
+    return [fn(c) for c in cache] if isinstance(cache, list | tuple) else fn(cache)
+
+
 def prefill(
-    model, prompts, prompt_lengths, *, num_samples: int, cache_len: int, return_routes: bool = False
+    model,
+    prompts,
+    prompt_lengths,
+    *,
+    num_samples: int,
+    cache_len: int,
+    return_routes: bool = False,
+    decode: str = "shared_prefix",
 ):
     """Prefills each of the P prompts once and shares the result with its G samples.
 
     prompts [P, Lp], prompt_lengths [P] -> (logits [B, V] f32 predicting the first response
-    token, cache: per layer {"k": [B, K, Dh, cache_len], "v": [B, K, cache_len, Dh]},
-    n [B] prompt lengths per row).
-    Attention runs over the Lp prompt slots only; the cache is then zero-extended to cache_len
-    and repeated G times. Only the last real prompt position's logits are computed.
-    With return_routes (MoE), also the prompt routes [L, B, cache_len, k] (zeros after Lp).
+    token, cache, n [B] prompt lengths per row). The cache, per layer:
+    decode="shared_prefix": {"prefix_k": [P, K, Dh, Lp], "prefix_v": [P, K, Lp, Dh], "k":
+    [B, K, Dh, Tc], "v": [B, K, Tc, Dh]} with Tc >= cache_len - Lp generated slots
+    (attention.shared_prefix_cache); decode="repeated": {"k": [B, K, Dh, cache_len], "v":
+    [B, K, cache_len, Dh]}, the prompts' KV zero-extended to cache_len and repeated G times.
+    Attention runs over the Lp prompt slots only. Only the last real prompt position's logits
+    are computed. With return_routes (MoE), also the prompt routes [L, B, cache_len, k] (zeros
+    after Lp).
     """
     P, Lp = prompts.shape
     G = num_samples
@@ -169,7 +196,7 @@ def prefill(
     out = model.forward(
         prompts.astype(jnp.int32),
         pos,
-        attention_mask(valid, slot),
+        slot_mask(valid, slot),
         token_mask=valid,
         cache=model.init_cache(P, Lp),
         write_index=0,
@@ -179,11 +206,18 @@ def prefill(
     logits = jnp.repeat(model.logits(h_last), G, axis=0)  # [B, V]
 
     def extend(c, slot_axis):  # zero-extend the slot axis to cache_len, repeat rows G times
+        slot_axis = slot_axis % c.ndim
         pad = [(0, 0)] * c.ndim
         pad[slot_axis] = (0, cache_len - Lp)
-        return jnp.repeat(jnp.pad(c, pad), G, axis=0)
+        return jnp.repeat(jnp.pad(c, pad), G, axis=c.ndim - 4)
 
-    cache = [{"k": extend(c["k"], 3), "v": extend(c["v"], 2)} for c in out["cache"]]
+    if decode == "shared_prefix":
+        chunk = model.cfg.decode_block
+        cache = _per_layer(lambda c: shared_prefix_cache(c, G, cache_len - Lp, chunk), out["cache"])
+    else:
+        cache = _per_layer(
+            lambda c: {"k": extend(c["k"], -1), "v": extend(c["v"], -2)}, out["cache"]
+        )
     if return_routes:
         routes = jnp.pad(
             jnp.repeat(out["routes"], G, axis=1), ((0, 0), (0, 0), (0, cache_len - Lp), (0, 0))
@@ -207,6 +241,7 @@ def _generate(
     top_k,
     top_p,
     return_routes,
+    decode,
 ):
     _TRACES["generate"] += 1
     model = nnx.merge(graphdef, state)
@@ -215,9 +250,16 @@ def _generate(
     B, S = P * G, Lp + T
     settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     pre = prefill(
-        model, prompts, prompt_lengths, num_samples=G, cache_len=S, return_routes=return_routes
+        model,
+        prompts,
+        prompt_lengths,
+        num_samples=G,
+        cache_len=S,
+        return_routes=return_routes,
+        decode=decode,
     )
     logits0, cache, n_b = pre[:3]
+    key_valid = sequence_layout(n_b, Lp, T)[1]  # [B, S]
 
     tok, lp, slp = sample_token(logits0, jax.random.fold_in(rng, 0), **settings)
     zeros = jnp.zeros((B, T), jnp.float32)
@@ -239,10 +281,14 @@ def _generate(
         t = s.step
         q_slot = Lp + t - 1  # slot of the token being fed (sampled at step t - 1)
         prev = jax.lax.dynamic_slice_in_dim(s.tokens, t - 1, 1, axis=1)  # [B, 1]
+        if decode == "shared_prefix":
+            mask = slot_mask(key_valid, q_slot)
+        else:
+            mask = decode_mask(n_b, Lp, T, q_slot)  # [B, 1, S]
         o = model.forward(
             prev,
             (n_b + t - 1)[:, None],
-            decode_mask(n_b, Lp, T, q_slot),  # [B, 1, S]
+            mask,
             cache=s.cache,
             write_index=q_slot,
             return_routes=return_routes,
@@ -285,6 +331,7 @@ _STATIC = (
     "top_k",
     "top_p",
     "return_routes",
+    "decode",
 )
 _generate_jit = jax.jit(_generate, static_argnames=_STATIC)
 
@@ -303,6 +350,7 @@ def generate(
     eos_id: int,
     pad_id: int = 0,
     return_routes: bool = False,
+    decode: str = "shared_prefix",
 ) -> SampleOutput:
     """Samples num_samples responses for each of P right-padded prompts.
 
@@ -313,6 +361,8 @@ def generate(
     Raises ValueError for settings or shapes the cache cannot hold, before compiling anything.
     return_routes (MoE only): also
     return the experts used at every slot (SampleOutput.routes) for Routing Replay.
+    decode: the KV-cache layout of the decode loop, "shared_prefix" (prompt KV once per prompt,
+    reads only the filled generated slots) or "repeated" (the earlier layout; module docstring).
     """
     cfg = model.cfg
     prompts = jnp.asarray(prompts)
@@ -338,6 +388,8 @@ def generate(
         raise ValueError(f"top_k={top_k} must be in [0, vocab_size={cfg.vocab_size}] (0 = off).")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p={top_p} must be in (0, 1] (1 = off).")
+    if decode not in DECODE_LAYOUTS:
+        raise ValueError(f"decode={decode!r} is not one of {DECODE_LAYOUTS}.")
     if return_routes and not cfg.is_moe:
         raise ValueError("return_routes=True needs an MoE model (num_experts > 0).")
     if temperature < 0:
@@ -376,4 +428,5 @@ def generate(
         top_k=int(top_k),
         top_p=float(top_p),
         return_routes=bool(return_routes),
+        decode=decode,
     )

@@ -35,6 +35,7 @@ from gspo_jax.models.transformer import (
     decode_mask,
     param_count,
     sequence_layout,
+    slot_mask,
     unembed,
 )
 
@@ -56,6 +57,7 @@ __all__ = [
     "save_hf_checkpoint",
     "scale_logits",
     "sequence_layout",
+    "slot_mask",
     "token_logprob_entropy",
     "unembed",
 ]

@@ -20,6 +20,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from gspo_jax.models.attention import IMPLEMENTATIONS
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -55,6 +57,13 @@ class ModelConfig:
     init_std: float = 0.02
     # Bytes of float32 logits a log-prob chunk may hold ([B, C, V] * 4); sets the chunk size C.
     logprob_chunk_bytes: int = 256 * 2**20
+    # Attention kernel (models/attention.py): "auto" (splash on TPU, cuDNN on GPU where they
+    # apply, else blockwise), "blockwise" (plain-JAX flash attention, no score matrix kept for
+    # the backward pass) or "reference" (dense softmax). Key slots per block of the blockwise
+    # kernel, and per chunk of the sampler's decode over its generated-token cache.
+    attention: str = "auto"
+    attention_block: int = 512
+    decode_block: int = 128
 
     def __post_init__(self):
         for f in ("dtype", "param_dtype"):
@@ -72,7 +81,19 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings.")
-        for f in ("vocab_size", "hidden_size", "num_layers", "max_seq_len"):
+        if self.attention not in IMPLEMENTATIONS:
+            raise ValueError(
+                f"attention={self.attention!r} is not one of {IMPLEMENTATIONS}; 'auto' picks "
+                "the platform's kernel (blockwise on CPU)."
+            )
+        for f in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "max_seq_len",
+            "attention_block",
+            "decode_block",
+        ):
             if getattr(self, f) < 1:
                 raise ValueError(f"{f}={getattr(self, f)} must be >= 1.")
 

@@ -8,8 +8,9 @@ the right-padded prompt occupies slots [0, Lp) and the response slots [Lp, Lp + 
 prompt length n has valid prompt slots [0, n) at positions 0..n-1 and its t-th response token at
 slot Lp + t, position n + t; the padding slots [n, Lp) are masked out as keys. Every row's t-th
 response token sits at the same slot, so the sampler's KV-cache write is one dynamic_update_slice.
-The masks of this layout are built here only (sequence_layout, attention_mask, decode_mask): the
-teacher-forced pass, the sampler's prefill and its decode steps all call these functions.
+The masks of this layout are built here only (sequence_layout, slot_mask, attention_mask,
+decode_mask): the teacher-forced pass, the sampler's prefill and its decode steps all call these
+functions. slot_mask is the unmaterialised form the attention kernels take (models/attention.py).
 
 create_model is the one constructor of a model (unsharded, or created already sharded on a mesh);
 experiment.py, warmstart.py, models/hf.py and the tests build models through it.
@@ -24,8 +25,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from gspo_jax.models.attention import SlotMask
 from gspo_jax.models.config import ModelConfig
-from gspo_jax.models.layers import DecoderBlock, RMSNorm, make_param
+from gspo_jax.models.layers import Attention, DecoderBlock, RMSNorm, make_param
 from gspo_jax.sharding import logical_constraint, state_shardings
 
 
@@ -38,10 +40,16 @@ def sequence_layout(prompt_lengths: jax.Array, prompt_len: int, response_len: in
     return positions, key_valid
 
 
+def slot_mask(key_valid: jax.Array, query_slots: jax.Array) -> SlotMask:
+    """The layout's mask, unmaterialised: key j visible from query slot q iff key_valid[:, j]
+    and j <= q (causal by slot). key_valid [B, Sk] bool, query_slots [Sq] int. What
+    model.forward should get: the attention kernels build each key block's mask from it."""
+    return SlotMask(key_valid.astype(bool), jnp.asarray(query_slots, jnp.int32).reshape(-1))
+
+
 def attention_mask(key_valid: jax.Array, query_slots: jax.Array) -> jax.Array:
-    """[B, Sq, Sk] bool: key j visible from query slot q iff valid and j <= q (causal by slot)."""
-    k_slot = jnp.arange(key_valid.shape[-1], dtype=jnp.int32)
-    return key_valid[:, None, :] & (k_slot[None, None, :] <= query_slots[None, :, None])
+    """[B, Sq, Sk] bool: slot_mask materialised."""
+    return slot_mask(key_valid, query_slots).dense()
 
 
 def decode_mask(
@@ -101,11 +109,7 @@ class Transformer(nnx.Module):
     def init_cache(self, batch: int, length: int) -> list[dict]:
         """Zeroed KV cache: per layer {"k": [batch, K, Dh, length], "v": [batch, K, length, Dh]}
         in the compute dtype (layouts chosen for the attention matmuls, see layers.Attention)."""
-        K, Dh, dt = self.cfg.num_kv_heads, self.cfg.head_dim, self.cfg.compute_dtype
-        return [
-            {"k": jnp.zeros((batch, K, Dh, length), dt), "v": jnp.zeros((batch, K, length, Dh), dt)}
-            for _ in self.layers
-        ]
+        return [Attention.init_cache(self.cfg, batch, length) for _ in self.layers]
 
     def forward(
         self,
@@ -121,9 +125,10 @@ class Transformer(nnx.Module):
     ):
         """General forward pass.
 
-        tokens [B, S] int32, positions [B, S] int32, mask [B, S, Sk] bool (Sk = S without a cache,
-        the cache length with one), token_mask [B, S] (MoE aux loss counts only these tokens),
-        cache: list of per-layer {"k": [B, K, Dh, Sk], "v": [B, K, Sk, Dh]} written at slot
+        tokens [B, S] int32, positions [B, S] int32, mask: slot_mask(...) of the layout or an
+        explicit [B, S, Sk] bool (Sk = S without a cache, the cache length with one),
+        token_mask [B, S] (MoE aux loss counts only these tokens), cache: list of per-layer
+        caches (layers.Attention: plain, or the sampler's shared prefix) written at slot
         `write_index`,
         routes [L, B, S, k] int32 (MoE Routing Replay) or None.
 
@@ -131,7 +136,7 @@ class Transformer(nnx.Module):
         dense), cache (list or None), routes [L, B, S, k] int32 if return_routes and MoE).
         """
         cfg = self.cfg
-        chex.assert_rank([tokens, positions, mask], [2, 2, 3])
+        chex.assert_rank([tokens, positions], 2)
         chex.assert_equal_shape([tokens, positions])
         if routes is not None:
             if not cfg.is_moe:
@@ -178,7 +183,7 @@ class Transformer(nnx.Module):
             positions = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
         if key_valid is None:
             key_valid = jnp.ones((B, S), bool)
-        mask = attention_mask(key_valid, jnp.arange(S, dtype=jnp.int32))
+        mask = slot_mask(key_valid, jnp.arange(S, dtype=jnp.int32))
         return self.logits(self.forward(tokens, positions, mask, token_mask=key_valid)["hidden"])
 
 
