@@ -29,8 +29,11 @@ def _causal_logits(model, tokens):
 
 def _peaked(name):
     """A tiny untied model with a scaled-up output projection so next-token distributions are far
-    from uniform (a random init is nearly uniform: temperature and truncation untestable)."""
-    m = models.Transformer(models.get_model_config(name, tie_embeddings=False), rngs=nnx.Rngs(0))
+    from uniform (a random init is nearly uniform: temperature and truncation untestable).
+    decode_block=3: the shared-prefix decode reads the T = 8 generated slots in up to three
+    chunks, the last one ragged, so every sampler test runs the chunk loop."""
+    cfg = models.get_model_config(name, tie_embeddings=False, decode_block=3)
+    m = models.Transformer(cfg, rngs=nnx.Rngs(0))
     m.lm_head.value = m.lm_head[...] * 15.0
     return m
 
@@ -255,6 +258,36 @@ def test_shared_prefix_equals_separate_prefill(dense):
     np.testing.assert_array_equal(shared.tokens, separate.tokens)
     np.testing.assert_allclose(shared.logp, separate.logp, atol=1e-5)
     assert len(set(map(tuple, np.asarray(shared.tokens[:G])))) > 1  # the G samples differ
+
+
+def _both_decodes(model, **kw):
+    prompts, lengths = _prompts(model.cfg.vocab_size)
+    kw = dict(num_samples=G, max_new_tokens=T, eos_id=EOS, pad_id=PAD, **kw)
+    return [
+        sampler.generate(model, prompts, lengths, decode=d, **kw) for d in sampler.DECODE_LAYOUTS
+    ]
+
+
+def _assert_same_samples(new, old):
+    """Same tokens, mask and routes; log-probs equal to float32 summation order: the scaled
+    logits here reach ~8, where one float32 step is 4.8e-7, so 2e-6 is a few roundings."""
+    for f in ("tokens", "mask", "lengths", "routes"):
+        np.testing.assert_array_equal(getattr(new, f), getattr(old, f), err_msg=f)
+    np.testing.assert_allclose(new.logp, old.logp, atol=2e-6, rtol=0)
+    np.testing.assert_allclose(new.sample_logp, old.sample_logp, atol=2e-6, rtol=0)
+
+
+def test_shared_prefix_decode_equals_repeated_decode(dense):
+    """decode="shared_prefix" == decode="repeated" (the earlier sampler) under the same key,
+    with temperature, top-k, top-p and EOS (some rows stop early)."""
+    new, old = _both_decodes(dense, rng=jax.random.key(0), temperature=TEMP, top_k=5, top_p=0.8)
+    _assert_same_samples(new, old)
+    assert int(new.lengths.min()) < T and bool((new.sample_logp > new.logp + 1e-3).any())
+
+
+def test_moe_shared_prefix_decode_equals_repeated_decode_with_routes(moe):
+    new, old = _both_decodes(moe, rng=jax.random.key(1), temperature=TEMP, return_routes=True)
+    _assert_same_samples(new, old)
 
 
 def test_new_prompt_contents_do_not_recompile(dense):
