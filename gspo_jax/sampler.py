@@ -181,9 +181,10 @@ def prefill(
     prompts [P, Lp], prompt_lengths [P] -> (logits [B, V] f32 predicting the first response
     token, cache, n [B] prompt lengths per row). The cache, per layer:
     decode="shared_prefix": {"prefix_k": [P, K, Dh, Lp], "prefix_v": [P, K, Lp, Dh], "k":
-    [B, K, Dh, Tc], "v": [B, K, Tc, Dh]} with Tc >= cache_len - Lp generated slots
-    (attention.shared_prefix_cache); decode="repeated": {"k": [B, K, Dh, cache_len], "v":
-    [B, K, cache_len, Dh]}, the prompts' KV zero-extended to cache_len and repeated G times.
+    [B, n, K, Dh, C], "v": [B, n, K, C, Dh]}: the generated slots in n chunks of
+    C = cfg.decode_block (attention.shared_prefix_cache); decode="repeated": {"k":
+    [B, K, Dh, cache_len], "v": [B, K, cache_len, Dh]}, the prompts' KV zero-extended to
+    cache_len and repeated G times.
     Attention runs over the Lp prompt slots only. Only the last real prompt position's logits
     are computed. With return_routes (MoE), also the prompt routes [L, B, cache_len, k] (zeros
     after Lp).

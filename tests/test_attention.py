@@ -138,10 +138,13 @@ def test_shared_prefix_step_equals_reference_and_reads_only_filled_chunks():
     cache = {
         "prefix_k": kT_full[::G, :, :, :LP],
         "prefix_v": v_full[::G, :, :LP],
-        "k": kT_full[..., LP:].at[..., 2 * chunk :].set(jnp.nan),
-        "v": v_full[:, :, LP:].at[:, :, 2 * chunk :].set(jnp.nan),
+        # chunk-major: [b, 3, K, Dh, chunk] and [b, 3, K, chunk, Dh]
+        "k": kT_full[..., LP:].reshape(b, K, DH, 3, chunk).transpose(0, 3, 1, 2, 4),
+        "v": v_full[:, :, LP:].reshape(b, K, 3, chunk, DH).transpose(0, 2, 1, 3, 4),
     }
+    cache["k"] = cache["k"].at[:, 2].set(jnp.nan)
+    cache["v"] = cache["v"].at[:, 2].set(jnp.nan)
     mask = models.slot_mask(key_valid, jnp.asarray([LP + t]))
-    out = jax.jit(attention.shared_prefix_attention, static_argnums=3)(q, cache, mask, chunk)
+    out = jax.jit(attention.shared_prefix_attention)(q, cache, mask)
     ref = jax.jit(attention.reference_attention)(q, kT_full, v_full, mask)
     np.testing.assert_allclose(out, ref, atol=1e-6, rtol=0)

@@ -141,8 +141,8 @@ class Attention(nnx.Module):
         new_cache = None
         if cache is not None and attention.is_shared_prefix(cache):
             Lp = cache["prefix_k"].shape[-1]
-            new_cache = attention.write_cache(cache, k, v, write_index - Lp)
-            out = attention.shared_prefix_attention(q, new_cache, mask, cfg.decode_block)
+            new_cache = attention.write_generated(cache, k, v, write_index - Lp)
+            out = attention.shared_prefix_attention(q, new_cache, mask)
         else:
             if cache is not None:
                 new_cache = attention.write_cache(cache, k, v, write_index)
