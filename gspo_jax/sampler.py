@@ -26,9 +26,11 @@ How it works (and why):
   position's logits are computed. decode="shared_prefix" (the default) keeps the prompts' KV
   once per prompt, [P, ...], and gives each row a cache for its generated tokens only; a decode
   step attends to the prompt (its G samples are G query rows of one matmul per prompt) and to
-  the filled chunks of the generated cache, the two softmaxes combined by log-sum-exp
-  (models/attention.py, shared_prefix_attention). So a step reads the prompt's KV once per
-  group and the generated KV up to the current step, not [B, Lp + T] slots. decode="repeated"
+  the generated cache, the two softmaxes combined by log-sum-exp (models/attention.py,
+  shared_prefix_attention). The generated cache grows by chunks of cfg.decode_block slots in
+  static-length phases: the decode loop runs one lax.while_loop per chunk, whose steps attend
+  over the chunks filled so far. So a step reads the prompt's KV once per group and the
+  generated KV up to the end of the current chunk, not [B, Lp + T] slots. decode="repeated"
   is the earlier layout (prompt caches repeated G times, every step attends over all Lp + T
   slots), kept for the benchmark's comparison; both give the same tokens and log-probs up to
   float32 summation order.
@@ -38,7 +40,9 @@ How it works (and why):
 - Log-probs: logits pass through models.scale_logits / token_logprob_entropy, the functions
   response_logprobs uses, so sampler and trainer agree to float32 rounding. temperature=0 is
   greedy (argmax) and its log-probs are reported at temperature 1.
-- One compile per (graphdef, shapes, num_samples, max_new_tokens, temperature, top_k, top_p):
+- One compile per (graphdef, shapes, num_samples, max_new_tokens, temperature, top_k, top_p,
+  decode); with decode="shared_prefix" the program holds one decode loop per chunk
+  (ceil((max_new_tokens - 1) / decode_block) of them):
   parameters, prompts, lengths, the RNG, eos_id and pad_id are traced arguments, so new prompt
   contents never recompile. Changing temperature does (it is a static Python float so that the
   division is bit-identical to response_logprobs').
@@ -64,7 +68,7 @@ from gspo_jax.models import (
     sequence_layout,
     slot_mask,
 )
-from gspo_jax.models.attention import shared_prefix_cache
+from gspo_jax.models.attention import add_chunk, shared_prefix_cache
 from gspo_jax.models.logprobs import token_logprob_entropy
 
 DECODE_LAYOUTS = ("shared_prefix", "repeated")
@@ -181,8 +185,9 @@ def prefill(
     prompts [P, Lp], prompt_lengths [P] -> (logits [B, V] f32 predicting the first response
     token, cache, n [B] prompt lengths per row). The cache, per layer:
     decode="shared_prefix": {"prefix_k": [P, K, Dh, Lp], "prefix_v": [P, K, Lp, Dh], "k":
-    [B, n, K, Dh, C], "v": [B, n, K, C, Dh]}: the generated slots in n chunks of
-    C = cfg.decode_block (attention.shared_prefix_cache); decode="repeated": {"k":
+    ([B, K, Dh, C],), "v": ([B, K, C, Dh],)}: one chunk of C = cfg.decode_block generated
+    slots, more appended as decoding fills them (attention.shared_prefix_cache, add_chunk;
+    cache_len is not used); decode="repeated": {"k":
     [B, K, Dh, cache_len], "v": [B, K, cache_len, Dh]}, the prompts' KV zero-extended to
     cache_len and repeated G times.
     Attention runs over the Lp prompt slots only. Only the last real prompt position's logits
@@ -214,7 +219,7 @@ def prefill(
 
     if decode == "shared_prefix":
         chunk = model.cfg.decode_block
-        cache = _per_layer(lambda c: shared_prefix_cache(c, G, cache_len - Lp, chunk), out["cache"])
+        cache = _per_layer(lambda c: shared_prefix_cache(c, G, chunk), out["cache"])
     else:
         cache = _per_layer(
             lambda c: {"k": extend(c["k"], -1), "v": extend(c["v"], -2)}, out["cache"]
@@ -275,9 +280,6 @@ def _generate(
         routes=pre[3] if return_routes else None,
     )
 
-    def cond(s: _LoopState):
-        return (s.step < T) & ~jnp.all(s.done)
-
     def body(s: _LoopState):
         t = s.step
         q_slot = Lp + t - 1  # slot of the token being fed (sampled at step t - 1)
@@ -313,7 +315,20 @@ def _generate(
             else None,
         )
 
-    final = jax.lax.while_loop(cond, body, init)
+    def run(state: _LoopState, stop: int) -> _LoopState:  # steps until `stop` or all done
+        return jax.lax.while_loop(lambda s: (s.step < stop) & ~jnp.all(s.done), body, state)
+
+    if decode == "shared_prefix":
+        # Phase p feeds generated slots [p C, (p + 1) C) (steps p C + 1 .. (p + 1) C) with
+        # p + 1 chunks in the cache, so each step reads the chunks filled so far and no more.
+        C = model.cfg.decode_block
+        final = init
+        for p in range(math.ceil((T - 1) / C)):
+            if p:
+                final = final.replace(cache=_per_layer(add_chunk, final.cache))
+            final = run(final, min(T, (p + 1) * C + 1))
+    else:
+        final = run(init, T)
     return SampleOutput(
         tokens=final.tokens,
         mask=final.mask,

@@ -123,11 +123,12 @@ def test_model_attention_switch_same_logits_and_gradients():
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
 
 
-def test_shared_prefix_step_equals_reference_and_reads_only_filled_chunks():
-    """One decode step over a shared-prefix cache == the reference over the repeated layout;
-    generated-cache chunks past the current one hold NaN, so reading them would show."""
-    P, G, chunk, t = 2, 3, 4, 5  # generated slot 5: chunks 0 and 1 are read, chunk 2 is not
-    Tg = 3 * chunk
+def test_shared_prefix_step_equals_reference():
+    """One decode step over a shared-prefix cache (the prompt's KV once per prompt, two chunks of
+    generated slots, the second filled up to the current token) == the reference attention over
+    the repeated layout of the same keys."""
+    P, G, chunk, t = 2, 3, 4, 5  # generated slot 5 lies in chunk 1
+    Tg = 2 * chunk
     b = P * G
     n = jnp.asarray([3, 7], jnp.int32)
     _, key_valid = models.sequence_layout(jnp.repeat(n, G), LP, Tg)  # [b, LP + Tg]
@@ -138,12 +139,9 @@ def test_shared_prefix_step_equals_reference_and_reads_only_filled_chunks():
     cache = {
         "prefix_k": kT_full[::G, :, :, :LP],
         "prefix_v": v_full[::G, :, :LP],
-        # chunk-major: [b, 3, K, Dh, chunk] and [b, 3, K, chunk, Dh]
-        "k": kT_full[..., LP:].reshape(b, K, DH, 3, chunk).transpose(0, 3, 1, 2, 4),
-        "v": v_full[:, :, LP:].reshape(b, K, 3, chunk, DH).transpose(0, 2, 1, 3, 4),
+        "k": tuple(kT_full[..., LP + c * chunk : LP + (c + 1) * chunk] for c in range(2)),
+        "v": tuple(v_full[:, :, LP + c * chunk : LP + (c + 1) * chunk] for c in range(2)),
     }
-    cache["k"] = cache["k"].at[:, 2].set(jnp.nan)
-    cache["v"] = cache["v"].at[:, 2].set(jnp.nan)
     mask = models.slot_mask(key_valid, jnp.asarray([LP + t]))
     out = jax.jit(attention.shared_prefix_attention)(q, cache, mask)
     ref = jax.jit(attention.reference_attention)(q, kT_full, v_full, mask)

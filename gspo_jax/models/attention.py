@@ -380,26 +380,37 @@ def init_cache(batch: int, length: int, num_kv_heads: int, head_dim: int, dtype)
     }
 
 
-def shared_prefix_cache(prefix: dict, num_samples: int, generated: int, chunk: int) -> dict:
+def shared_prefix_cache(prefix: dict, num_samples: int, chunk: int) -> dict:
     """The decode cache of G samples per prompt from the prompts' prefill cache.
 
     prefix {"k": [..., P, K, Dh, Lp], "v": [..., P, K, Lp, Dh]} (any leading layer axes) ->
-    {"prefix_k", "prefix_v": the prompts' KV, once per prompt; "k": [..., P * G, n, K, Dh, C],
-    "v": [..., P * G, n, K, C, Dh] zeros for the generated tokens, in n = ceil(generated / C)
-    chunks of C = `chunk` slots}. Generated slot t is chunk t // C, offset t % C: a decode step
-    reads whole chunks, and a chunk-major layout makes each one a contiguous block per row
-    (slicing C slots out of the minor axis of [B, K, Dh, n * C] was a strided copy, about twice
-    as slow per step on XLA:CPU).
+    {"prefix_k", "prefix_v": the prompts' KV, once per prompt; "k": ([..., P * G, K, Dh, C],),
+    "v": ([..., P * G, K, C, Dh],): one zeroed chunk of C = `chunk` generated slots}.
+
+    The generated KV is a tuple of chunks, and it holds only the chunks decoding has reached:
+    the sampler appends one (add_chunk) each time the generated tokens fill the last, and then
+    runs the next phase of its loop. So a decode step attends over exactly the chunks in the
+    cache, with no dynamic slicing: each chunk is its own buffer, read in place by its matmuls
+    (dynamic slices out of one [B, K, Dh, n * C] buffer were copied every step, and a loop with
+    a dynamic trip count cost more per key than the dense reference on XLA:CPU).
     """
     kp, vp = prefix["k"], prefix["v"]
     *lead, P, K, Dh, _ = kp.shape
-    n, B = math.ceil(generated / chunk), P * num_samples
+    B = P * num_samples
     return {
         "prefix_k": kp,
         "prefix_v": vp,
-        "k": jnp.zeros((*lead, B, n, K, Dh, chunk), kp.dtype),
-        "v": jnp.zeros((*lead, B, n, K, chunk, Dh), vp.dtype),
+        "k": (jnp.zeros((*lead, B, K, Dh, chunk), kp.dtype),),
+        "v": (jnp.zeros((*lead, B, K, chunk, Dh), vp.dtype),),
     }
+
+
+def add_chunk(cache: dict) -> dict:
+    """A shared-prefix cache with one more zeroed chunk of generated slots."""
+    out = dict(cache)
+    out["k"] = (*cache["k"], jnp.zeros_like(cache["k"][-1]))
+    out["v"] = (*cache["v"], jnp.zeros_like(cache["v"][-1]))
+    return out
 
 
 def is_shared_prefix(cache: dict) -> bool:
@@ -421,37 +432,32 @@ def write_cache(cache: dict, kT, v, index) -> dict:
 
 def write_generated(cache: dict, kT, v, t) -> dict:
     """The shared-prefix cache with one token's kT [B, K, Dh, 1] / v [B, K, 1, Dh] written at
-    generated slot t (a scalar, the same for every row)."""
-    C = cache["k"].shape[-1]
-    c, i = t // C, t % C
+    generated slot t (a scalar, the same for every row), which lies in the last chunk."""
+    chunks = len(cache["k"])
+    i = t - (chunks - 1) * cache["k"][-1].shape[-1]  # offset in the last chunk
+    last = write_cache({"k": cache["k"][-1], "v": cache["v"][-1]}, kT, v, i)
     out = dict(cache)
-    out["k"] = jax.lax.dynamic_update_slice(
-        cache["k"], kT[:, None].astype(cache["k"].dtype), (0, c, 0, 0, i)
-    )
-    out["v"] = jax.lax.dynamic_update_slice(
-        cache["v"], v[:, None].astype(cache["v"].dtype), (0, c, 0, i, 0)
-    )
+    out["k"] = (*cache["k"][:-1], last["k"])
+    out["v"] = (*cache["v"][:-1], last["v"])
     return out
 
 
 def shared_prefix_attention(q, cache: dict, mask: SlotMask) -> jax.Array:
     """One decode step over a shared-prefix cache, reading only what it needs.
 
-    q [B, 1, H, Dh]; cache from shared_prefix_cache with this step's key already written
-    (write_generated);
-    mask: SlotMask over the layout's slots (key_valid [B, Lp + T], query_slots [1], the slot
-    q of the fed token, >= Lp). Two softmax pieces combined by log-sum-exp:
+    q [B, 1, H, Dh]; cache from shared_prefix_cache / add_chunk with this step's key already
+    written (write_generated); mask: SlotMask over the layout's slots (key_valid [B, Lp + T],
+    query_slots [1], the slot q of the fed token, >= Lp). One softmax over two key sets,
+    combined by log-sum-exp (m = max(m_p, m_g), l = l_p e^(m_p - m) + l_g e^(m_g - m)):
     - prompt keys: the G samples of a prompt are G * Gq query rows of one [P, K, G * Gq, Lp]
       matmul over the prompt's KV, read once per prompt;
-    - generated keys 0 .. q - Lp: a loop over the cache's chunks whose trip count follows the
-      filled length (a dynamic bound), each an online-softmax update, so a step reads the
-      filled chunks only.
+    - generated keys: the n chunks the cache holds (slots 0 .. n * C - 1; those after q - Lp
+      are masked), one matmul per chunk.
     """
     kp, vp, kg, vg = cache["prefix_k"], cache["prefix_v"], cache["k"], cache["v"]
     B, _, H, Dh = q.shape
     P, K, _, Lp = kp.shape
     G, Gq, cdt = B // P, H // K, q.dtype
-    n, chunk = kg.shape[1], kg.shape[-1]
     chex.assert_shape(q, (P * G, 1, H, Dh))
     scale = Dh**-0.5
 
@@ -473,29 +479,31 @@ def shared_prefix_attention(q, cache: dict, mask: SlotMask) -> jax.Array:
     to_rows = lambda x: jnp.swapaxes(x, 1, 2).reshape(B, K, Gq, *x.shape[4:])  # noqa: E731
     m_p, l_p, o_p = to_rows(m_p), to_rows(l_p), to_rows(o_p)  # [B, K, Gq(, Dh)]
 
-    # Generated piece: chunks 0 .. ceil(filled / C) - 1 of the generated cache.
-    t = mask.query_slots.reshape(()).astype(jnp.int32) - Lp  # this token's generated slot
-    valid_g = _pad_last(mask.key_valid[:, Lp:], n * chunk, False).reshape(B, n, chunk)
+    # Generated piece: the cache's n chunks, scores [B, K, Gq, n * C].
     qg = q.reshape(B, K, Gq, Dh)
-
-    def chunk_step(c, carry):
-        o, m, den = carry
-        kc = jax.lax.dynamic_index_in_dim(kg, c, 1, keepdims=False).astype(cdt)  # [B,K,Dh,C]
-        vc = jax.lax.dynamic_index_in_dim(vg, c, 1, keepdims=False).astype(cdt)  # [B,K,C,Dh]
-        sc = jnp.einsum("bkgd,bkdc->bkgc", qg, kc, preferred_element_type=jnp.float32) * scale
-        slots = c * chunk + jnp.arange(chunk, dtype=jnp.int32)
-        vis = jax.lax.dynamic_index_in_dim(valid_g, c, 1, keepdims=False) & (slots <= t)[None]
-        sc = jnp.where(vis[:, None, None, :], sc, -jnp.inf)  # unfilled/invalid: no weight
-        m_new = jnp.maximum(m, jnp.max(sc, axis=-1))
-        p = jnp.exp(sc - m_new[..., None])
-        corr = jnp.exp(m - m_new)
-        pv = jnp.einsum("bkgc,bkcd->bkgd", p.astype(cdt), vc, preferred_element_type=jnp.float32)
-        return o * corr[..., None] + pv, m_new, den * corr + jnp.sum(p, axis=-1)
-
-    # The piece starts from the prompt's (o, m, l): the log-sum-exp combination of the two
-    # softmaxes is the same online update, with the prompt as block zero.
-    n_chunks = t // chunk + 1
-    o, m, den = jax.lax.fori_loop(0, n_chunks, chunk_step, (o_p, m_p, l_p))
+    s = jnp.concatenate(
+        [
+            jnp.einsum("bkgd,bkdc->bkgc", qg, kc.astype(cdt), preferred_element_type=jnp.float32)
+            for kc in kg
+        ],
+        axis=-1,
+    )
+    n_slots = s.shape[-1]
+    t = mask.query_slots.reshape(()).astype(jnp.int32) - Lp  # this token's generated slot
+    valid_g = _pad_last(mask.key_valid[:, Lp : Lp + n_slots], n_slots, False)  # [B, n * C]
+    valid_g = valid_g & (jnp.arange(n_slots) <= t)[None]
+    s = jnp.where(valid_g[:, None, None, :], s * scale, -jnp.inf)  # unfilled: no weight
+    m = jnp.maximum(m_p, jnp.max(s, axis=-1))
+    e = jnp.exp(s - m[..., None])
+    corr = jnp.exp(m_p - m)
+    den = l_p * corr + jnp.sum(e, axis=-1)
+    C = kg[0].shape[-1]
+    o = o_p * corr[..., None]
+    for c, vc in enumerate(vg):
+        e_c = e[..., c * C : (c + 1) * C].astype(cdt)
+        o = o + jnp.einsum(
+            "bkgc,bkcd->bkgd", e_c, vc.astype(cdt), preferred_element_type=jnp.float32
+        )
     out = (o / den[..., None]).astype(cdt)  # [B, K, Gq, Dh]
     return out.reshape(B, 1, H, Dh)
 
@@ -515,4 +523,5 @@ __all__ = [
     "splash_attention",
     "write_cache",
     "write_generated",
+    "add_chunk",
 ]
