@@ -65,6 +65,9 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     c.model = ml_collections.ConfigDict()
     c.model.preset = "small"  # models.get_model_config preset; vocab comes from the tokenizer
     c.model.dtype = "float32"
+    # Attention kernel (models/attention.py): None = the ModelConfig default "auto" (splash on
+    # TPU, cuDNN on GPU, else blockwise); "blockwise" or "reference" to force one.
+    c.model.attention = None
 
     c.init = ml_collections.ConfigDict()
     c.init.kind = "warmstart"  # or "random" (tests that need no good policy), or "hf"

@@ -113,7 +113,11 @@ def cache_key(task: Task, model_cfg: models.ModelConfig, warm_cfg: Any = None) -
         dict(
             task=task.name,
             task_config=task.config,
-            model=dataclasses.asdict(model_cfg),
+            model={
+                k: v
+                for k, v in dataclasses.asdict(model_cfg).items()
+                if k not in models.KERNEL_FIELDS
+            },
             warm=dataclasses.asdict(warm_cfg),
             version=_CODE_VERSION,
         ),

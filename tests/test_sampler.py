@@ -27,12 +27,10 @@ def _causal_logits(model, tokens):
     return model(tokens)
 
 
-def _peaked(name):
+def _peaked(name, **overrides):
     """A tiny untied model with a scaled-up output projection so next-token distributions are far
-    from uniform (a random init is nearly uniform: temperature and truncation untestable).
-    decode_block=3: the shared-prefix decode reads the T = 8 generated slots in up to three
-    chunks, the last one ragged, so every sampler test runs the chunk loop."""
-    cfg = models.get_model_config(name, tie_embeddings=False, decode_block=3)
+    from uniform (a random init is nearly uniform: temperature and truncation untestable)."""
+    cfg = models.get_model_config(name, tie_embeddings=False, **overrides)
     m = models.Transformer(cfg, rngs=nnx.Rngs(0))
     m.lm_head.value = m.lm_head[...] * 15.0
     return m
@@ -260,6 +258,13 @@ def test_shared_prefix_equals_separate_prefill(dense):
     assert len(set(map(tuple, np.asarray(shared.tokens[:G])))) > 1  # the G samples differ
 
 
+@pytest.fixture(scope="module")
+def chunked():
+    """The dense and MoE models with decode chunks of 3 slots: the shared-prefix decode of
+    T = 8 tokens runs three phases (the cache grows to three chunks, the last one ragged)."""
+    return {name: _peaked(name, decode_block=3) for name in ("tiny", "tiny_moe")}
+
+
 def _both_decodes(model, **kw):
     prompts, lengths = _prompts(model.cfg.vocab_size)
     kw = dict(num_samples=G, max_new_tokens=T, eos_id=EOS, pad_id=PAD, **kw)
@@ -277,16 +282,20 @@ def _assert_same_samples(new, old):
     np.testing.assert_allclose(new.sample_logp, old.sample_logp, atol=2e-6, rtol=0)
 
 
-def test_shared_prefix_decode_equals_repeated_decode(dense):
+def test_shared_prefix_decode_equals_repeated_decode(chunked):
     """decode="shared_prefix" == decode="repeated" (the earlier sampler) under the same key,
     with temperature, top-k, top-p and EOS (some rows stop early)."""
-    new, old = _both_decodes(dense, rng=jax.random.key(0), temperature=TEMP, top_k=5, top_p=0.8)
+    new, old = _both_decodes(
+        chunked["tiny"], rng=jax.random.key(0), temperature=TEMP, top_k=5, top_p=0.8
+    )
     _assert_same_samples(new, old)
     assert int(new.lengths.min()) < T and bool((new.sample_logp > new.logp + 1e-3).any())
 
 
-def test_moe_shared_prefix_decode_equals_repeated_decode_with_routes(moe):
-    new, old = _both_decodes(moe, rng=jax.random.key(1), temperature=TEMP, return_routes=True)
+def test_moe_shared_prefix_decode_equals_repeated_decode_with_routes(chunked):
+    new, old = _both_decodes(
+        chunked["tiny_moe"], rng=jax.random.key(1), temperature=TEMP, return_routes=True
+    )
     _assert_same_samples(new, old)
 
 

@@ -95,8 +95,8 @@ def timed(fn, repeats: int, label: str = ""):
     return first, statistics.median(times)
 
 
-def make_model(shape: str, max_seq_len: int, seed: int = 0):
-    cfg = models.get_model_config("small", **SHAPES[shape], max_seq_len=max_seq_len)
+def make_model(shape: str, max_seq_len: int, seed: int = 0, **overrides):
+    cfg = models.get_model_config("small", **SHAPES[shape], max_seq_len=max_seq_len, **overrides)
     return models.Transformer(cfg, rngs=nnx.Rngs(seed))
 
 
@@ -197,14 +197,16 @@ def compare_decode(a):
     for shape in a.shapes.split(","):
         P, G, Lp, T = a.P, a.G, a.prompt_len, a.new_tokens
         log(f"shape {shape}: P={P} x G={G}, prompt {Lp}, {T} new tokens")
-        model = make_model(shape, max_seq_len=Lp + T)
+        kw = {} if a.decode_block is None else {"decode_block": a.decode_block}
+        model = make_model(shape, max_seq_len=Lp + T, **kw)
         rng = np.random.default_rng(0)
         prompts = jnp.asarray(rng.integers(3, SHAPES[shape]["vocab_size"], (P, Lp)), jnp.int32)
         lengths = jnp.full((P,), Lp, jnp.int32)
         results[shape] = bench_decode_layouts(model, prompts, lengths, G, T, a.repeats)
     print(
         f"\ndecode layouts: P={a.P} x G={a.G}, prompt {a.prompt_len}, {a.new_tokens} new tokens, "
-        f"temperature 1, full vocab, no early stop, float32 "
+        f"temperature 1, full vocab, no early stop, float32, decode_block "
+        f"{a.decode_block or models.ModelConfig.decode_block} "
         f"({jax.devices()[0].platform}, {len(jax.devices())} dev)"
     )
     hdr = f"{'shape':<7}{'decode':<15}{'decode tok/s':>14}{'prefill s':>11}{'total tok/s':>13}"
@@ -486,6 +488,12 @@ def main(argv=None):
         "--compare-decode",
         action="store_true",
         help="only time decode='shared_prefix' against decode='repeated' (module docstring)",
+    )
+    ap.add_argument(
+        "--decode-block",
+        type=int,
+        default=None,
+        help="--compare-decode: generated slots per chunk (default: ModelConfig's)",
     )
     a = ap.parse_args(argv)
     if a.compare_decode:

@@ -18,7 +18,7 @@ create_model), logprobs.py (chunked log-prob / entropy), interface.py (the seam)
 (Hugging Face checkpoints).
 """
 
-from gspo_jax.models.config import PRESETS, ModelConfig, get_model_config
+from gspo_jax.models.config import KERNEL_FIELDS, PRESETS, ModelConfig, get_model_config
 from gspo_jax.models.hf import config_from_hf, load_hf_checkpoint, save_hf_checkpoint
 from gspo_jax.models.interface import CausalLM
 from gspo_jax.models.logprobs import (
@@ -40,6 +40,7 @@ from gspo_jax.models.transformer import (
 )
 
 __all__ = [
+    "KERNEL_FIELDS",
     "PRESETS",
     "CausalLM",
     "ModelConfig",

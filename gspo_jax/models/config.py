@@ -59,11 +59,15 @@ class ModelConfig:
     logprob_chunk_bytes: int = 256 * 2**20
     # Attention kernel (models/attention.py): "auto" (splash on TPU, cuDNN on GPU where they
     # apply, else blockwise), "blockwise" (plain-JAX flash attention, no score matrix kept for
-    # the backward pass) or "reference" (dense softmax). Key slots per block of the blockwise
-    # kernel, and per chunk of the sampler's decode over its generated-token cache.
+    # the backward pass) or "reference" (dense softmax); key slots per block of the blockwise
+    # kernel.
     attention: str = "auto"
     attention_block: int = 512
-    decode_block: int = 128
+    # Generated slots per chunk of the sampler's shared-prefix decode: a step reads the chunks
+    # filled so far, and the sampler compiles one decode loop per chunk (ceil((T - 1) / C) of
+    # them). Smaller reads less per step; larger compiles fewer loops (raise it for long
+    # responses when compile time matters).
+    decode_block: int = 64
 
     def __post_init__(self):
         for f in ("dtype", "param_dtype"):
@@ -200,6 +204,11 @@ _PRESETS: dict[str, dict] = {
 }
 
 PRESETS = tuple(_PRESETS)
+
+# Fields that choose how the model computes, not what: kernels and their block sizes. The same
+# parameters give the same function (to float rounding) whatever their values, so caches keyed
+# by a ModelConfig (the warm start) leave them out.
+KERNEL_FIELDS = ("attention", "attention_block", "decode_block")
 
 
 def get_model_config(name: str, **overrides) -> ModelConfig:
