@@ -1,5 +1,6 @@
 """Warm start and evaluation: a tiny warm start beats the untrained model; the cache is reused."""
 
+import dataclasses
 import math
 import time
 
@@ -69,6 +70,9 @@ def test_cache_key_covers_every_config(setup):
         models.get_model_config("tiny", vocab_size=task.tokenizer.vocab_size, max_seq_len=128),
         warmstart.as_warm_config(_WARM),
     )
+    # Kernel choices compute the same function: the cached base policy serves them all.
+    kernels = dataclasses.replace(cfg, attention="reference", attention_block=8, decode_block=8)
+    assert base == warmstart.cache_key(task, kernels, warmstart.as_warm_config(_WARM))
 
 
 def test_bad_warm_configs_fail_early(setup):
