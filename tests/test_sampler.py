@@ -260,43 +260,27 @@ def test_shared_prefix_equals_separate_prefill(dense):
 
 @pytest.fixture(scope="module")
 def chunked():
-    """The dense and MoE models with decode chunks of 3 slots: the shared-prefix decode of
-    T = 8 tokens runs three phases (the cache grows to three chunks, the last one ragged)."""
-    return {name: _peaked(name, decode_block=3) for name in ("tiny", "tiny_moe")}
-
-
-def _both_decodes(model, **kw):
-    prompts, lengths = _prompts(model.cfg.vocab_size)
-    kw = dict(num_samples=G, max_new_tokens=T, eos_id=EOS, pad_id=PAD, **kw)
-    return [
-        sampler.generate(model, prompts, lengths, decode=d, **kw) for d in sampler.DECODE_LAYOUTS
-    ]
-
-
-def _assert_same_samples(new, old):
-    """Same tokens, mask and routes; log-probs equal to float32 summation order: the scaled
-    logits here reach ~8, where one float32 step is 4.8e-7, so 2e-6 is a few roundings."""
-    for f in ("tokens", "mask", "lengths", "routes"):
-        np.testing.assert_array_equal(getattr(new, f), getattr(old, f), err_msg=f)
-    np.testing.assert_allclose(new.logp, old.logp, atol=2e-6, rtol=0)
-    np.testing.assert_allclose(new.sample_logp, old.sample_logp, atol=2e-6, rtol=0)
+    """The dense model with decode chunks of 4 slots: the shared-prefix decode of T = 8 tokens
+    (7 fed) runs two phases, the cache growing to two chunks, the second filled part way."""
+    return _peaked("tiny", decode_block=4)
 
 
 def test_shared_prefix_decode_equals_repeated_decode(chunked):
     """decode="shared_prefix" == decode="repeated" (the earlier sampler) under the same key,
-    with temperature, top-k, top-p and EOS (some rows stop early)."""
-    new, old = _both_decodes(
-        chunked["tiny"], rng=jax.random.key(0), temperature=TEMP, top_k=5, top_p=0.8
+    with temperature, top-k, top-p and EOS (some rows stop early): same tokens, mask and
+    lengths; log-probs equal to float32 summation order (the scaled logits here reach ~8, where
+    one float32 step is 4.8e-7, so 2e-6 is a few roundings)."""
+    prompts, lengths = _prompts(chunked.cfg.vocab_size)
+    kw = dict(num_samples=G, max_new_tokens=T, rng=jax.random.key(0), eos_id=EOS, pad_id=PAD)
+    kw.update(temperature=TEMP, top_k=5, top_p=0.8)
+    new, old = (
+        sampler.generate(chunked, prompts, lengths, decode=d, **kw) for d in sampler.DECODE_LAYOUTS
     )
-    _assert_same_samples(new, old)
+    for f in ("tokens", "mask", "lengths"):
+        np.testing.assert_array_equal(getattr(new, f), getattr(old, f), err_msg=f)
+    np.testing.assert_allclose(new.logp, old.logp, atol=2e-6, rtol=0)
+    np.testing.assert_allclose(new.sample_logp, old.sample_logp, atol=2e-6, rtol=0)
     assert int(new.lengths.min()) < T and bool((new.sample_logp > new.logp + 1e-3).any())
-
-
-def test_moe_shared_prefix_decode_equals_repeated_decode_with_routes(chunked):
-    new, old = _both_decodes(
-        chunked["tiny_moe"], rng=jax.random.key(1), temperature=TEMP, return_routes=True
-    )
-    _assert_same_samples(new, old)
 
 
 def test_new_prompt_contents_do_not_recompile(dense):
