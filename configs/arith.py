@@ -79,6 +79,9 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     # What each scanned decoder layer keeps for the backward pass: "none", "full" or a
     # jax.checkpoint_policies name (models.config.REMAT_POLICIES); memory against recompute.
     c.model.remat = "none"
+    # Attention kernel (models/attention.py): None = the ModelConfig default "auto" (splash on
+    # TPU, cuDNN on GPU, else blockwise); "blockwise" or "reference" to force one.
+    c.model.attention = None
 
     c.init = ml_collections.ConfigDict()
     c.init.kind = "warmstart"  # or "random" (tests that need no good policy), or "hf"

@@ -29,7 +29,8 @@ Slices (config.slice): ``v5p-N`` and ``v4-N`` count TensorCores (two per chip), 
 ``v6e-N`` count chips; per chip HBM, peak bf16 FLOP/s and HBM bandwidth are in CHIPS.
 
 Time (an estimate). The plan also counts, per device, the FLOPs and HBM bytes of three compiled
-programs -- one decode step of the rollout (compiled alone: sampler.decode_step), the rollout and
+programs -- one decode step of the rollout (compiled alone: sampler.decode_step, over the
+shared-prefix cache of the middle decode phase, see decode_chunks), the rollout and
 the update -- with every loop counted its trip count (gspo_jax/hlo_cost.py; XLA's own
 cost_analysis counts a loop body once, and the layers, minibatches, micro-batches and decode
 steps are all loops), and turns them into a roofline time: max(FLOPs / peak FLOP/s, bytes / HBM
@@ -55,6 +56,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from gspo_jax import config as config_lib
 from gspo_jax import hlo_cost, sampler, sharding
 from gspo_jax import train_step as ts
+from gspo_jax.models import attention
 
 GIB = 2**30
 HEADROOM = 0.9  # keep 10 % of HBM for the runtime, fragmentation and what XLA does not count
@@ -190,7 +192,10 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     n = slc.devices
     costs = {
         "decode_step": hlo_cost.program_cost(step, 1, step_traced.jaxpr, n),
-        "rollout": hlo_cost.program_cost(rollout, max(T - 1, 1), rollout_traced.jaxpr, n),
+        # Every decode phase's loop (sampler._generate) runs at most decode_block steps.
+        "rollout": hlo_cost.program_cost(
+            rollout, max(min(T - 1, run.model_cfg.decode_block), 1), rollout_traced.jaxpr, n
+        ),
         "update": hlo_cost.program_cost(update, 1, update_traced.jaxpr, n),
     }
     steps = max(T - 1, 0)  # decode steps of the longest rollout (the first token is prefill's)
@@ -247,14 +252,30 @@ def _decode_step_fn(run):
     return jax.jit(fn, donate_argnums=(1,))
 
 
+def decode_chunks(model_cfg, max_new_tokens: int) -> int:
+    """Generated-cache chunks of the decode step the plan costs: the middle phase's, as the
+    sampler's steps read 1 .. ceil((T - 1) / C) chunks, one phase of C steps each, so this step
+    stands for their mean (the first and last phases are the cheapest and dearest)."""
+    phases = max(math.ceil((max_new_tokens - 1) / model_cfg.decode_block), 1)
+    return (phases + 1) // 2
+
+
 def _decode_step_args(run, abs_state):
-    """Abstract arguments of _decode_step_fn at the rollout's shapes: B = P * G rows, a cache of
-    Lp + T slots stacked on [L] with its rows sharded like the rollout's."""
+    """Abstract arguments of _decode_step_fn at the rollout's shapes: B = P * G rows and the
+    sampler's shared-prefix cache (prompt KV [L, P, ...], generated chunks [L, B, ...]) holding
+    decode_chunks of its chunks, with its rows sharded like the rollout's."""
     rl, mesh = run.config.rl, run.mesh
-    B, S = rl.prompts_per_step * rl.group_size, run.task.max_prompt_len + rl.max_new_tokens
-    cache = jax.eval_shape(
-        lambda p: nnx.merge(run.rollout_graphdef, p, run.rest).init_cache(B, S), abs_state.params
-    )
+    P, G, Lp, T = rl.prompts_per_step, rl.group_size, run.task.max_prompt_len, rl.max_new_tokens
+    B = P * G
+
+    def decode_cache(p):  # the rollout's shared-prefix cache in its middle decode phase
+        model = nnx.merge(run.rollout_graphdef, p, run.rest)
+        cache = attention.shared_prefix_cache(model.init_cache(P, Lp), G, model.cfg.decode_block)
+        for _ in range(decode_chunks(model.cfg, T) - 1):
+            cache = attention.add_chunk(cache)
+        return cache
+
+    cache = jax.eval_shape(decode_cache, abs_state.params)
     rows = sharding.row_spec(mesh)
 
     def leaf(c):  # [L, B, ...]: rows over the batch axes

@@ -47,6 +47,7 @@ SAFE_TO_CHANGE = (
     "model.moe_dispatch",  # the same function, computed another way (models.EXECUTION_FIELDS)
     "model.moe_kernel",
     "model.remat",
+    "model.attention",
     "data.data_dir",
     "init.cache_dir",
 )

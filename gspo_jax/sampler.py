@@ -22,15 +22,27 @@ How it works (and why):
   to slot Lp + t at position n_b + t (models/transformer.py). All rows write the same cache slot
   each step (a dynamic_update_slice, no scatter) and the teacher-forced pass in
   models.response_logprobs sees exactly the same attention pattern.
-- Shared prefix: the P prompts are prefilled once ([P, Lp] forward) and their caches repeated G
-  times; only the last prompt position's logits are computed.
+- Shared prefix: the P prompts are prefilled once ([P, Lp] forward); only the last prompt
+  position's logits are computed. decode="shared_prefix" (the default) keeps the prompts' KV
+  once per prompt, [P, ...], and gives each row a cache for its generated tokens only; a decode
+  step attends to the prompt (its G samples are G query rows of one matmul per prompt) and to
+  the generated cache, the two softmaxes combined by log-sum-exp (models/attention.py,
+  shared_prefix_attention). The generated cache grows by chunks of cfg.decode_block slots in
+  static-length phases: the decode loop runs one lax.while_loop per chunk, whose steps attend
+  over the chunks filled so far. So a step reads the prompt's KV once per group and the
+  generated KV up to the end of the current chunk, not [B, Lp + T] slots. decode="repeated"
+  is the earlier layout (prompt caches repeated G times, every step attends over all Lp + T
+  slots), kept for the benchmark's comparison; both give the same tokens and log-probs up to
+  float32 summation order.
 - Sampling: one uniform per row and a two-level inverse CDF (block sums, then one block): O(V)
   work and B random numbers per step instead of B * V Gumbel draws (jax.random.categorical),
   which dominates a step at V = 151,936 on CPU.
 - Log-probs: logits pass through models.scale_logits / token_logprob_entropy, the functions
   response_logprobs uses, so sampler and trainer agree to float32 rounding. temperature=0 is
   greedy (argmax) and its log-probs are reported at temperature 1.
-- One compile per (graphdef, shapes, num_samples, max_new_tokens, temperature, top_k, top_p):
+- One compile per (graphdef, shapes, num_samples, max_new_tokens, temperature, top_k, top_p,
+  decode); with decode="shared_prefix" the program holds one decode loop per chunk
+  (ceil((max_new_tokens - 1) / decode_block) of them):
   parameters, prompts, lengths, the RNG, eos_id and pad_id are traced arguments, so new prompt
   contents never recompile. Changing temperature does (it is a static Python float so that the
   division is bit-identical to response_logprobs').
@@ -50,13 +62,16 @@ from flax import nnx
 from jax.experimental import multihost_utils
 
 from gspo_jax.models import (
-    attention_mask,
     decode_mask,
     effective_temperature,
     scale_logits,
     sequence_layout,
+    slot_mask,
 )
+from gspo_jax.models.attention import add_chunk, is_shared_prefix, shared_prefix_cache
 from gspo_jax.models.logprobs import token_logprob_entropy
+
+DECODE_LAYOUTS = ("shared_prefix", "repeated")
 
 _TRACES = {"generate": 0}  # incremented at trace time; tests use it to prove "no recompile"
 
@@ -83,7 +98,7 @@ class _LoopState:
     logp: jax.Array  # [B, T]
     sample_logp: jax.Array  # [B, T]
     done: jax.Array  # [B] bool: EOS already emitted
-    cache: dict  # {"k": [L, B, K, Dh, S], "v": [L, B, K, S, Dh]} (per layer, stacked)
+    cache: dict  # stacked on [L]: a shared-prefix or a plain cache (see prefill)
     routes: jax.Array | None  # [L, B, S, k] int32 when routes are requested
 
 
@@ -150,16 +165,29 @@ def sample_token(logits: jax.Array, key, *, temperature: float, top_k: int, top_
 
 
 def prefill(
-    model, prompts, prompt_lengths, *, num_samples: int, cache_len: int, return_routes: bool = False
+    model,
+    prompts,
+    prompt_lengths,
+    *,
+    num_samples: int,
+    cache_len: int,
+    return_routes: bool = False,
+    decode: str = "shared_prefix",
 ):
     """Prefills each of the P prompts once and shares the result with its G samples.
 
     prompts [P, Lp], prompt_lengths [P] -> (logits [B, V] f32 predicting the first response
-    token, cache: {"k": [L, B, K, Dh, cache_len], "v": [L, B, K, cache_len, Dh]},
-    n [B] prompt lengths per row).
-    Attention runs over the Lp prompt slots only; the cache is then zero-extended to cache_len
-    and repeated G times. Only the last real prompt position's logits are computed.
-    With return_routes (MoE), also the prompt routes [L, B, cache_len, k] (zeros after Lp).
+    token, cache, n [B] prompt lengths per row). The cache, every leaf stacked on a leading
+    [L] layer axis (Transformer.init_cache; forward's layer scan carries it):
+    decode="shared_prefix": {"prefix_k": [L, P, K, Dh, Lp], "prefix_v": [L, P, K, Lp, Dh],
+    "k": ([L, B, K, Dh, C],), "v": ([L, B, K, C, Dh],)}: one chunk of C = cfg.decode_block
+    generated slots, more appended as decoding fills them (attention.shared_prefix_cache,
+    add_chunk; cache_len is not used); decode="repeated": {"k": [L, B, K, Dh, cache_len],
+    "v": [L, B, K, cache_len, Dh]}, the prompts' KV zero-extended to cache_len and repeated G
+    times.
+    Attention runs over the Lp prompt slots only. Only the last real prompt position's logits
+    are computed. With return_routes (MoE), also the prompt routes [L, B, cache_len, k] (zeros
+    after Lp).
     """
     P, Lp = prompts.shape
     G = num_samples
@@ -169,7 +197,7 @@ def prefill(
     out = model.forward(
         prompts.astype(jnp.int32),
         pos,
-        attention_mask(valid, slot),
+        slot_mask(valid, slot),
         token_mask=valid,
         cache=model.init_cache(P, Lp),
         write_index=0,
@@ -179,12 +207,15 @@ def prefill(
     logits = jnp.repeat(model.logits(h_last), G, axis=0)  # [B, V]
 
     def extend(c, slot_axis):  # zero-extend the slot axis to cache_len, repeat rows G times
+        slot_axis = slot_axis % c.ndim
         pad = [(0, 0)] * c.ndim
         pad[slot_axis] = (0, cache_len - Lp)
-        return jnp.repeat(jnp.pad(c, pad), G, axis=0)
+        return jnp.repeat(jnp.pad(c, pad), G, axis=c.ndim - 4)
 
-    # The cache is stacked on a leading [L] axis (Transformer.init_cache): map over the layers.
-    cache = jax.vmap(lambda c: {"k": extend(c["k"], 3), "v": extend(c["v"], 2)})(out["cache"])
+    if decode == "shared_prefix":
+        cache = shared_prefix_cache(out["cache"], G, model.cfg.decode_block)
+    else:
+        cache = {"k": extend(out["cache"]["k"], -1), "v": extend(out["cache"]["v"], -2)}
     if return_routes:
         routes = jnp.pad(
             jnp.repeat(out["routes"], G, axis=1), ((0, 0), (0, 0), (0, cache_len - Lp), (0, 0))
@@ -196,12 +227,18 @@ def prefill(
 def decode_step(model, cache, prev, n_b, t, prompt_len: int, response_len: int, routes=False):
     """One step of the decode loop: feeds prev [B] (the token sampled at step t - 1) at slot
     prompt_len + t - 1 -> (logits [B, V] f32 for step t, the forward's output dict with the
-    written cache). The memory plan compiles it alone to cost one token step."""
+    written cache). cache: prefill's, either layout (a shared-prefix cache takes the layout's
+    SlotMask, a plain one the materialised [B, 1, S] decode mask). The memory plan compiles it
+    alone to cost one token step."""
     q_slot = prompt_len + t - 1
+    if is_shared_prefix(cache):
+        mask = slot_mask(sequence_layout(n_b, prompt_len, response_len)[1], q_slot)
+    else:
+        mask = decode_mask(n_b, prompt_len, response_len, q_slot)  # [B, 1, S]
     o = model.forward(
         prev[:, None],
         (n_b + t - 1)[:, None],
-        decode_mask(n_b, prompt_len, response_len, q_slot),  # [B, 1, S]
+        mask,
         cache=cache,
         write_index=q_slot,
         return_routes=routes,
@@ -224,6 +261,7 @@ def _generate(
     top_k,
     top_p,
     return_routes,
+    decode,
 ):
     _TRACES["generate"] += 1
     model = nnx.merge(graphdef, state)
@@ -232,7 +270,13 @@ def _generate(
     B, S = P * G, Lp + T
     settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     pre = prefill(
-        model, prompts, prompt_lengths, num_samples=G, cache_len=S, return_routes=return_routes
+        model,
+        prompts,
+        prompt_lengths,
+        num_samples=G,
+        cache_len=S,
+        return_routes=return_routes,
+        decode=decode,
     )
     logits0, cache, n_b = pre[:3]
 
@@ -248,9 +292,6 @@ def _generate(
         cache=cache,
         routes=pre[3] if return_routes else None,
     )
-
-    def cond(s: _LoopState):
-        return (s.step < T) & ~jnp.all(s.done)
 
     def body(s: _LoopState):
         t = s.step
@@ -274,7 +315,20 @@ def _generate(
             else None,
         )
 
-    final = jax.lax.while_loop(cond, body, init)
+    def run(state: _LoopState, stop: int) -> _LoopState:  # steps until `stop` or all done
+        return jax.lax.while_loop(lambda s: (s.step < stop) & ~jnp.all(s.done), body, state)
+
+    if decode == "shared_prefix":
+        # Phase p feeds generated slots [p C, (p + 1) C) (steps p C + 1 .. (p + 1) C) with
+        # p + 1 chunks in the cache, so each step reads the chunks filled so far and no more.
+        C = model.cfg.decode_block
+        final = init
+        for p in range(math.ceil((T - 1) / C)):
+            if p:
+                final = final.replace(cache=add_chunk(final.cache))
+            final = run(final, min(T, (p + 1) * C + 1))
+    else:
+        final = run(init, T)
     return SampleOutput(
         tokens=final.tokens,
         mask=final.mask,
@@ -293,6 +347,7 @@ _STATIC = (
     "top_k",
     "top_p",
     "return_routes",
+    "decode",
 )
 _generate_jit = jax.jit(_generate, static_argnames=_STATIC)
 
@@ -311,6 +366,7 @@ def generate(
     eos_id: int,
     pad_id: int = 0,
     return_routes: bool = False,
+    decode: str = "shared_prefix",
 ) -> SampleOutput:
     """Samples num_samples responses for each of P right-padded prompts.
 
@@ -321,6 +377,8 @@ def generate(
     Raises ValueError for settings or shapes the cache cannot hold, before compiling anything.
     return_routes (MoE only): also
     return the experts used at every slot (SampleOutput.routes) for Routing Replay.
+    decode: the KV-cache layout of the decode loop, "shared_prefix" (prompt KV once per prompt,
+    reads only the filled generated slots) or "repeated" (the earlier layout; module docstring).
     """
     cfg = model.cfg
     prompts = jnp.asarray(prompts)
@@ -346,6 +404,8 @@ def generate(
         raise ValueError(f"top_k={top_k} must be in [0, vocab_size={cfg.vocab_size}] (0 = off).")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p={top_p} must be in (0, 1] (1 = off).")
+    if decode not in DECODE_LAYOUTS:
+        raise ValueError(f"decode={decode!r} is not one of {DECODE_LAYOUTS}.")
     if return_routes and not cfg.is_moe:
         raise ValueError("return_routes=True needs an MoE model (num_experts > 0).")
     if temperature < 0:
@@ -384,4 +444,5 @@ def generate(
         top_k=int(top_k),
         top_p=float(top_p),
         return_routes=bool(return_routes),
+        decode=decode,
     )

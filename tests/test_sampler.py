@@ -27,10 +27,11 @@ def _causal_logits(model, tokens):
     return model(tokens)
 
 
-def _peaked(name):
+def _peaked(name, **overrides):
     """A tiny untied model with a scaled-up output projection so next-token distributions are far
     from uniform (a random init is nearly uniform: temperature and truncation untestable)."""
-    m = models.Transformer(models.get_model_config(name, tie_embeddings=False), rngs=nnx.Rngs(0))
+    cfg = models.get_model_config(name, tie_embeddings=False, **overrides)
+    m = models.Transformer(cfg, rngs=nnx.Rngs(0))
     m.lm_head.value = m.lm_head[...] * 15.0
     return m
 
@@ -255,6 +256,31 @@ def test_shared_prefix_equals_separate_prefill(dense):
     np.testing.assert_array_equal(shared.tokens, separate.tokens)
     np.testing.assert_allclose(shared.logp, separate.logp, atol=1e-5)
     assert len(set(map(tuple, np.asarray(shared.tokens[:G])))) > 1  # the G samples differ
+
+
+@pytest.fixture(scope="module")
+def chunked():
+    """The dense model with decode chunks of 4 slots: the shared-prefix decode of T = 8 tokens
+    (7 fed) runs two phases, the cache growing to two chunks, the second filled part way."""
+    return _peaked("tiny", decode_block=4)
+
+
+def test_shared_prefix_decode_equals_repeated_decode(chunked):
+    """decode="shared_prefix" == decode="repeated" (the earlier sampler) under the same key,
+    with temperature, top-k, top-p and EOS (some rows stop early): same tokens, mask and
+    lengths; log-probs equal to float32 summation order (the scaled logits here reach ~8, where
+    one float32 step is 4.8e-7, so 2e-6 is a few roundings)."""
+    prompts, lengths = _prompts(chunked.cfg.vocab_size)
+    kw = dict(num_samples=G, max_new_tokens=T, rng=jax.random.key(0), eos_id=EOS, pad_id=PAD)
+    kw.update(temperature=TEMP, top_k=5, top_p=0.8)
+    new, old = (
+        sampler.generate(chunked, prompts, lengths, decode=d, **kw) for d in sampler.DECODE_LAYOUTS
+    )
+    for f in ("tokens", "mask", "lengths"):
+        np.testing.assert_array_equal(getattr(new, f), getattr(old, f), err_msg=f)
+    np.testing.assert_allclose(new.logp, old.logp, atol=2e-6, rtol=0)
+    np.testing.assert_allclose(new.sample_logp, old.sample_logp, atol=2e-6, rtol=0)
+    assert int(new.lengths.min()) < T and bool((new.sample_logp > new.logp + 1e-3).any())
 
 
 def test_new_prompt_contents_do_not_recompile(dense):

@@ -21,6 +21,14 @@ tokens/s (B * T / total). Baselines measured in the same process:
 Shared-prefix prefill: prefill of P prompts (each once, cache repeated G times) vs P * G
 repeated prompts, prompt 1,024, 32 new tokens of cache, at "small".
 
+Decode layouts (--compare-decode, instead of the figures above): generate's decode="shared_prefix"
+(prompt KV once per prompt, each step reads the filled generated chunks only) against
+decode="repeated" (prompt KV repeated G times, every step attends over all Lp + T slots), both
+timed in this process, interleaved; decode tokens/s = B * (T - 1) / (total - prefill), with the
+prefill of each layout timed separately. The long shape of docs/benchmarks.md:
+    python experiments/benchmarks/sampler_bench.py --compare-decode --shapes small --P 8 --G 8 \
+        --prompt-len 256 --new-tokens 512
+
 Each figure: warm-up call first (compile time reported separately), median of --repeats runs.
     python experiments/benchmarks/sampler_bench.py [--shapes small,wide] [--out PATH]
 Expected runtime on 2 shared CPU cores: small ~2 min, wide (32 new tokens) ~5-10 min.
@@ -29,6 +37,7 @@ Expected runtime on 2 shared CPU cores: small ~2 min, wide (32 new tokens) ~5-10
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -38,6 +47,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import tqdm
 from flax import nnx
 
 from gspo_jax import models, sampler
@@ -85,8 +95,8 @@ def timed(fn, repeats: int, label: str = ""):
     return first, statistics.median(times)
 
 
-def make_model(shape: str, max_seq_len: int, seed: int = 0):
-    cfg = models.get_model_config("small", **SHAPES[shape], max_seq_len=max_seq_len)
+def make_model(shape: str, max_seq_len: int, seed: int = 0, **overrides):
+    cfg = models.get_model_config("small", **SHAPES[shape], max_seq_len=max_seq_len, **overrides)
     return models.Transformer(cfg, rngs=nnx.Rngs(seed))
 
 
@@ -109,6 +119,7 @@ def bench_ours(model, prompts, lengths, G, T, repeats):
         top_k=0,
         top_p=1.0,
         return_routes=False,
+        decode="shared_prefix",
     ).compile()
     compile_s = time.perf_counter() - t0
     first, total = timed(
@@ -129,6 +140,91 @@ def bench_ours(model, prompts, lengths, G, T, repeats):
         "decode_tps": B * (T - 1) / max(total - prefill_s, 1e-9),
         "total_tps": B * T / total,
     }
+
+
+def bench_decode_layouts(model, prompts, lengths, G, T, repeats):
+    """shared_prefix vs repeated decode: total, prefill and decode tokens/s of each, interleaved
+    so that both see the same machine load."""
+    graphdef, state = nnx.split(model)
+    key = jax.random.key(0)
+    B, S = prompts.shape[0] * G, prompts.shape[1] + T
+    kw = dict(num_samples=G, max_new_tokens=T, temperature=1.0, eos_id=-1)
+    fns, pres = {}, {}
+    for layout in sampler.DECODE_LAYOUTS:
+        fns[layout] = functools.partial(
+            sampler.generate, model, prompts, lengths, rng=key, decode=layout, **kw
+        )
+        pre = jax.jit(
+            functools.partial(
+                lambda st, p, n, layout: sampler.prefill(
+                    nnx.merge(graphdef, st), p, n, num_samples=G, cache_len=S, decode=layout
+                ),
+                layout=layout,
+            )
+        )
+        pres[layout] = functools.partial(pre, state, prompts, lengths)
+    res = {k: {"total": [], "prefill": []} for k in fns}
+    for layout in fns:  # compile + warm up
+        log(f"compiling decode={layout}")
+        t0 = time.perf_counter()
+        jax.block_until_ready(fns[layout]().tokens)
+        res[layout]["first_call_s"] = time.perf_counter() - t0
+        jax.block_until_ready(pres[layout]())
+    for _ in tqdm.trange(repeats, desc="decode layouts (interleaved repeats)"):
+        for layout in fns:
+            for what, f in (("total", fns[layout]), ("prefill", pres[layout])):
+                t0 = time.perf_counter()
+                jax.block_until_ready(f())
+                res[layout][what].append(time.perf_counter() - t0)
+    out = {}
+    for layout, r in res.items():
+        total, prefill = statistics.median(r["total"]), statistics.median(r["prefill"])
+        out[layout] = {
+            "first_call_s": r["first_call_s"],
+            "total_s": total,
+            "prefill_s": prefill,
+            "decode_tps": B * (T - 1) / max(total - prefill, 1e-9),
+            "total_tps": B * T / total,
+        }
+    out["decode_speedup"] = out["shared_prefix"]["decode_tps"] / out["repeated"]["decode_tps"]
+    out["total_speedup"] = out["shared_prefix"]["total_tps"] / out["repeated"]["total_tps"]
+    return out
+
+
+def compare_decode(a):
+    """--compare-decode: the decode-layout figures at each shape, printed with the target."""
+    results = {}
+    for shape in a.shapes.split(","):
+        P, G, Lp, T = a.P, a.G, a.prompt_len, a.new_tokens
+        log(f"shape {shape}: P={P} x G={G}, prompt {Lp}, {T} new tokens")
+        kw = {} if a.decode_block is None else {"decode_block": a.decode_block}
+        model = make_model(shape, max_seq_len=Lp + T, **kw)
+        rng = np.random.default_rng(0)
+        prompts = jnp.asarray(rng.integers(3, SHAPES[shape]["vocab_size"], (P, Lp)), jnp.int32)
+        lengths = jnp.full((P,), Lp, jnp.int32)
+        results[shape] = bench_decode_layouts(model, prompts, lengths, G, T, a.repeats)
+    print(
+        f"\ndecode layouts: P={a.P} x G={a.G}, prompt {a.prompt_len}, {a.new_tokens} new tokens, "
+        f"temperature 1, full vocab, no early stop, float32, decode_block "
+        f"{a.decode_block or models.ModelConfig.decode_block} "
+        f"({jax.devices()[0].platform}, {len(jax.devices())} dev)"
+    )
+    hdr = f"{'shape':<7}{'decode':<15}{'decode tok/s':>14}{'prefill s':>11}{'total tok/s':>13}"
+    print(hdr)
+    print("-" * len(hdr))
+    for shape, r in results.items():
+        for layout in sampler.DECODE_LAYOUTS:
+            v = r[layout]
+            print(
+                f"{shape:<7}{layout:<15}{v['decode_tps']:>14.0f}{v['prefill_s']:>11.3f}"
+                f"{v['total_tps']:>13.0f}"
+            )
+        ok = "PASS" if r["decode_speedup"] >= 1.5 else "MISS"
+        print(
+            f"{shape:<7}shared_prefix / repeated: decode {r['decode_speedup']:.2f}x, total "
+            f"{r['total_speedup']:.2f}x (target decode >= 1.5x: {ok})"
+        )
+    return results
 
 
 def make_nocache_sampler(model, P, Lp, G, steps):
@@ -343,6 +439,15 @@ class _IdTokenizer:
 # ----------------------------------------------------------------------------- main
 
 
+def machine():
+    return {
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "devices": [str(d) for d in jax.devices()],
+        "jax": jax.__version__,
+    }
+
+
 def run_shape(shape, a):
     T = a.new_tokens if shape == "small" else a.wide_new_tokens
     log(f"shape {shape}: building model")
@@ -379,7 +484,25 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-peers", dest="peers", action="store_false")
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--compare-decode",
+        action="store_true",
+        help="only time decode='shared_prefix' against decode='repeated' (module docstring)",
+    )
+    ap.add_argument(
+        "--decode-block",
+        type=int,
+        default=None,
+        help="--compare-decode: generated slots per chunk (default: ModelConfig's)",
+    )
     a = ap.parse_args(argv)
+    if a.compare_decode:
+        results = compare_decode(a)
+        if a.out:
+            os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+            with open(a.out, "w") as f:
+                json.dump({"machine": machine(), "decode_layouts": results}, f, indent=2)
+        return results
 
     figures, targets, results = {}, {}, {}
     for shape in a.shapes.split(","):
@@ -446,12 +569,7 @@ def main(argv=None):
         with open(a.out, "w") as f:
             json.dump(
                 {
-                    "machine": {
-                        "platform": platform.platform(),
-                        "cpu_count": os.cpu_count(),
-                        "devices": [str(d) for d in jax.devices()],
-                        "jax": jax.__version__,
-                    },
+                    "machine": machine(),
                     "figures": figures,
                     "targets": targets,
                     "details": results,

@@ -36,6 +36,7 @@ from gspo_jax.models.transformer import (
     decode_mask,
     param_count,
     sequence_layout,
+    slot_mask,
     unembed,
 )
 
@@ -58,6 +59,7 @@ __all__ = [
     "save_hf_checkpoint",
     "scale_logits",
     "sequence_layout",
+    "slot_mask",
     "token_logprob_entropy",
     "unembed",
 ]

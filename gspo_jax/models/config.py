@@ -20,12 +20,22 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from gspo_jax.models.attention import IMPLEMENTATIONS
+
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 MOE_DISPATCHES = ("sparse", "dense")
 MOE_KERNELS = ("auto", "tiled", "ragged_dot", "megablox")
-# Fields that choose how the model is computed, not which function it computes: a warm start
+# Fields that choose how the model is computed, not which function it computes (the same
+# parameters give the same function, to float rounding, whatever their values): a warm start
 # cached under one value serves the others (warmstart.cache_key leaves them out).
-EXECUTION_FIELDS = ("moe_dispatch", "moe_kernel", "remat", "attention")
+EXECUTION_FIELDS = (
+    "moe_dispatch",
+    "moe_kernel",
+    "remat",
+    "attention",
+    "attention_block",
+    "decode_block",
+)
 
 # ModelConfig.remat values: "none", "full", and the jax.checkpoint_policies that are policies
 # themselves (not factories taking names). Resolved in transformer.remat_policy.
@@ -85,6 +95,17 @@ class ModelConfig:
     # keeps every activation, "full" only the layer's input (recomputing the rest), a named
     # jax.checkpoint_policies policy something in between (e.g. the matmul outputs).
     remat: str = "none"
+    # Attention kernel (models/attention.py): "auto" (splash on TPU, cuDNN on GPU where they
+    # apply, else blockwise), "blockwise" (plain-JAX flash attention, no score matrix kept for
+    # the backward pass) or "reference" (dense softmax); key slots per block of the blockwise
+    # kernel.
+    attention: str = "auto"
+    attention_block: int = 512
+    # Generated slots per chunk of the sampler's shared-prefix decode: a step reads the chunks
+    # filled so far, and the sampler compiles one decode loop per chunk (ceil((T - 1) / C) of
+    # them). Smaller reads less per step; larger compiles fewer loops (raise it for long
+    # responses when compile time matters).
+    decode_block: int = 64
 
     def __post_init__(self):
         for f in ("dtype", "param_dtype"):
@@ -119,7 +140,19 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings.")
-        for f in ("vocab_size", "hidden_size", "num_layers", "max_seq_len"):
+        if self.attention not in IMPLEMENTATIONS:
+            raise ValueError(
+                f"attention={self.attention!r} is not one of {IMPLEMENTATIONS}; 'auto' picks "
+                "the platform's kernel (blockwise on CPU)."
+            )
+        for f in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "max_seq_len",
+            "attention_block",
+            "decode_block",
+        ):
             if getattr(self, f) < 1:
                 raise ValueError(f"{f}={getattr(self, f)} must be >= 1.")
 

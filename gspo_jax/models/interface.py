@@ -17,10 +17,10 @@ Nothing outside gspo_jax/models/ calls more of a model than this Protocol:
 - tests and supervised code: ``__call__(tokens)`` -> causal logits [B, S, V] float32.
 
 The masks and positions a caller passes come from the layout helpers in models/transformer.py
-(sequence_layout, attention_mask, decode_mask), and a model is built by models.create_model (or
-loaded by models.load_hf_checkpoint). A new family is config flags on ModelConfig (qk_norm,
-attention_bias, tie_embeddings, num_experts, ...) or, if it cannot be, one module that satisfies
-this Protocol; the sampler and trainer then need no change.
+(sequence_layout, slot_mask, attention_mask, decode_mask), and a model is built by
+models.create_model (or loaded by models.load_hf_checkpoint). A new family is config flags on
+ModelConfig (qk_norm, attention_bias, tie_embeddings, num_experts, ...) or, if it cannot be, one
+module that satisfies this Protocol; the sampler and trainer then need no change.
 """
 
 from __future__ import annotations
@@ -50,9 +50,11 @@ class CausalLM(Protocol):
         routes: jax.Array | None = None,
         return_routes: bool = False,
     ) -> dict[str, Any]:
-        """tokens [B, S] int32, positions [B, S] int32, mask [B, S, Sk] bool ->
-        dict(hidden [B, S, D] final-normed, aux_loss scalar f32, cache (init_cache's pytree,
-        written at slot write_index) or None, routes [L, B, S, k] int32 if return_routes (MoE))."""
+        """tokens [B, S] int32, positions [B, S] int32, mask: transformer.slot_mask(...) or an
+        explicit [B, S, Sk] bool ->
+        dict(hidden [B, S, D] final-normed, aux_loss scalar f32, cache (init_cache's pytree or
+        the sampler's shared-prefix cache, written at slot write_index) or None, routes
+        [L, B, S, k] int32 if return_routes (MoE))."""
         ...
 
     def logits(self, hidden: jax.Array) -> jax.Array:
@@ -65,7 +67,8 @@ class CausalLM(Protocol):
 
     def init_cache(self, batch: int, length: int) -> Any:
         """A zeroed KV cache of `length` slots for `batch` rows: a pytree whose leaves carry a
-        leading [L] layer axis (the per-layer caches, stacked)."""
+        leading [L] layer axis (the per-layer caches, stacked; the sampler turns a prefill cache
+        into its shared-prefix decode cache with attention.shared_prefix_cache)."""
         ...
 
     def __call__(

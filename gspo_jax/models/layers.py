@@ -20,11 +20,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gspo_jax.models import moe_dispatch
+from gspo_jax.models import attention, moe_dispatch
 from gspo_jax.models.config import ModelConfig
 from gspo_jax.sharding import logical_constraint
-
-_NEG_INF = -1e30  # finite: a row with every key masked can never produce NaN
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
@@ -78,23 +76,23 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def write_layer(stack: jax.Array, layer, value: jax.Array, index) -> jax.Array:
-    """stack [L, ...] with value written into layer `layer` at per-layer offsets `index`.
-
-    One dynamic_update_slice of the whole stack: XLA updates it in place, where writing into a
-    sliced-out layer and putting the layer back would copy the layer twice per call.
-    """
-    return jax.lax.dynamic_update_slice(stack, value[None].astype(stack.dtype), (layer, *index))
-
-
 class Attention(nnx.Module):
     """Grouped-query attention with per-head q/k RMSNorm (cfg.qk_norm), optional q/k/v biases
-    (cfg.attention_bias) and an optional KV cache.
+    (cfg.attention_bias) and an optional KV cache; the kernel is models/attention.py's
+    (cfg.attention, cfg.attention_block).
 
-    The cache is a dict {"k": [L, B, K, Dh, Sk], "v": [L, B, K, Sk, Dh]} (every layer's, see
-    Transformer.init_cache); this layer's new keys/values go to layer `layer`, slot
-    `write_index` (one scalar for all rows: the sampler's layout puts every row's t-th generated
-    token at the same slot Lp + t, so the write is a dynamic_update_slice, not a scatter).
+    Caches (attention.init_cache / attention.shared_prefix_cache, built by Transformer and the
+    sampler) hold every layer's part, each leaf stacked on a leading [L] axis; this block is
+    layer `layer` of them, writes its part in place and reads its slices (attention.write_cache,
+    write_generated, layer_cache):
+    - plain {"k": [L, B, K, Dh, Sk], "v": [L, B, K, Sk, Dh]}: new keys/values go to slot
+      `write_index` (one scalar for all rows: the sampler's layout puts every row's t-th
+      generated token at the same slot Lp + t, so the write is a dynamic_update_slice, not a
+      scatter), then the queries attend over all Sk slots;
+    - shared prefix {"prefix_k", "prefix_v", "k", "v"}: the prompts' KV once per prompt and the
+      generated tokens' KV per row in chunks; a one-token decode step writes generated slot
+      write_index - Lp and reads only the chunks the cache holds
+      (attention.shared_prefix_attention).
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -115,15 +113,11 @@ class Attention(nnx.Module):
             self.v_bias = make_param(None, (K, Dh), ("kv_heads", "head_dim"), cfg, init="zeros")
 
     def __call__(self, x, positions, mask, cache=None, write_index=None, layer=0):
-        """x [B,S,D], positions [B,S], mask [B,S,Sk] bool -> (out [B,S,D], new cache or None).
-
-        cache: every layer's cache, each leaf stacked on a leading [L] axis
-        (Transformer.init_cache); this block is layer `layer` of it."""
+        """x [B,S,D], positions [B,S], mask: attention.SlotMask or [B,S,Sk] bool ->
+        (out [B,S,D], the updated cache or None). cache: every layer's, stacked on a leading
+        [L] axis (class docstring); this block is layer `layer` of it."""
         cfg = self.cfg
         cdt = cfg.compute_dtype
-        B, S, _ = x.shape
-        K, Dh = cfg.num_kv_heads, cfg.head_dim
-        Gq = cfg.num_heads // K
         q = jnp.einsum("bsd,dhk->bshk", x, self.q_proj[...].astype(cdt))
         k = jnp.einsum("bsd,dhk->bshk", x, self.k_proj[...].astype(cdt))
         v = jnp.einsum("bsd,dhk->bshk", x, self.v_proj[...].astype(cdt))
@@ -135,31 +129,30 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q, positions, cfg.rope_theta)
         k = apply_rope(k, positions, cfg.rope_theta)
+        q = logical_constraint(q, ("batch", "length", "heads", "head_dim"))
         # Heads-major layouts the two attention matmuls consume without a transpose: keys
         # [B, K, Dh, Sk] (contract Dh, keys in the minor dimension), values [B, K, Sk, Dh].
         # On XLA:CPU a decode step with keys as [B, K, Sk, Dh] was ~4x slower in the score
         # matmul, and a [B, Sk, K, Dh] cache was transposed whole every step.
         k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
         new_cache = None
-        if cache is not None:  # the layers' stacked cache: write and read this layer's part
-            new_cache = {
-                "k": write_layer(cache["k"], layer, k, (0, 0, 0, write_index)),
-                "v": write_layer(cache["v"], layer, v, (0, 0, write_index, 0)),
-            }
-            k, v = new_cache["k"][layer], new_cache["v"][layer]
-        k = logical_constraint(k, ("batch", "kv_heads", "head_dim", "length"))
-        v = logical_constraint(v, ("batch", "kv_heads", "length", "head_dim"))
-        # Queries grouped by kv head: [B, K, Gq * S, Dh] (row = g * S + s).
-        qg = q.reshape(B, S, K, Gq, Dh).transpose(0, 2, 3, 1, 4).reshape(B, K, Gq * S, Dh)
-        qg = logical_constraint(qg, ("batch", "kv_heads", "length", "head_dim"))
-        scores = jnp.einsum(
-            "bkqd,bkdt->bkqt", qg, k.astype(cdt), preferred_element_type=jnp.float32
-        )
-        scores = scores.reshape(B, K, Gq, S, -1) * (Dh**-0.5)
-        scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)  # [B, K, Gq, S, Sk]
-        probs = jax.nn.softmax(scores, axis=-1).astype(cdt).reshape(B, K, Gq * S, -1)
-        out = jnp.einsum("bkqt,bktd->bkqd", probs, v.astype(cdt))
-        out = out.reshape(B, K, Gq, S, Dh).transpose(0, 3, 1, 2, 4).reshape(B, S, K * Gq, Dh)
+        if cache is not None and attention.is_shared_prefix(cache):
+            Lp = cache["prefix_k"].shape[-1]
+            new_cache = attention.write_generated(cache, k, v, write_index - Lp, layer)
+            out = attention.shared_prefix_attention(
+                q, attention.layer_cache(new_cache, layer), mask
+            )
+        else:
+            if cache is not None:
+                new_cache = attention.write_cache(cache, k, v, write_index, layer)
+                own = attention.layer_cache(new_cache, layer)
+                k, v = own["k"], own["v"]
+            k = logical_constraint(k, ("batch", "kv_heads", "head_dim", "length"))
+            v = logical_constraint(v, ("batch", "kv_heads", "length", "head_dim"))
+            # A one-token step over a plain cache has a single score row per head: nothing to
+            # keep for a backward pass, and the dense softmax is exact and cheapest there.
+            impl = "reference" if cache is not None and q.shape[1] == 1 else cfg.attention
+            out = attention.attend(q, k, v, mask, implementation=impl, block=cfg.attention_block)
         out = jnp.einsum("bshk,hkd->bsd", out, self.o_proj[...].astype(cdt))
         return out, new_cache
 

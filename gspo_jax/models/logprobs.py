@@ -18,7 +18,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from gspo_jax.models.transformer import attention_mask, sequence_layout, unembed
+from gspo_jax.models.transformer import sequence_layout, slot_mask, unembed
 
 
 def effective_temperature(temperature: float) -> float:
@@ -140,7 +140,7 @@ def response_logprobs(
         token_mask = key_valid & jnp.concatenate(
             [jnp.ones((B, Lp), bool), response_mask.astype(bool)], axis=1
         )
-    mask = attention_mask(key_valid, jnp.arange(Lp + T, dtype=jnp.int32))
+    mask = slot_mask(key_valid, jnp.arange(Lp + T, dtype=jnp.int32))
     out = model.forward(
         tokens, positions, mask, token_mask=token_mask, routes=routes, return_routes=return_routes
     )

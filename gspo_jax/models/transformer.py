@@ -8,8 +8,9 @@ the right-padded prompt occupies slots [0, Lp) and the response slots [Lp, Lp + 
 prompt length n has valid prompt slots [0, n) at positions 0..n-1 and its t-th response token at
 slot Lp + t, position n + t; the padding slots [n, Lp) are masked out as keys. Every row's t-th
 response token sits at the same slot, so the sampler's KV-cache write is one dynamic_update_slice.
-The masks of this layout are built here only (sequence_layout, attention_mask, decode_mask): the
-teacher-forced pass, the sampler's prefill and its decode steps all call these functions.
+The masks of this layout are built here only (sequence_layout, slot_mask, attention_mask,
+decode_mask): the teacher-forced pass, the sampler's prefill and its decode steps all call these
+functions. slot_mask is the unmaterialised form the attention kernels take (models/attention.py).
 
 create_model is the one constructor of a model (unsharded, or created already sharded on a mesh);
 experiment.py, warmstart.py, models/hf.py and the tests build models through it.
@@ -25,6 +26,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from gspo_jax.models import attention
+from gspo_jax.models.attention import SlotMask
 from gspo_jax.models.config import REMAT_POLICIES, ModelConfig
 from gspo_jax.models.layers import DecoderBlock, RMSNorm, make_param
 from gspo_jax.sharding import logical_constraint, state_shardings
@@ -39,10 +42,16 @@ def sequence_layout(prompt_lengths: jax.Array, prompt_len: int, response_len: in
     return positions, key_valid
 
 
+def slot_mask(key_valid: jax.Array, query_slots: jax.Array) -> SlotMask:
+    """The layout's mask, unmaterialised: key j visible from query slot q iff key_valid[:, j]
+    and j <= q (causal by slot). key_valid [B, Sk] bool, query_slots [Sq] int. What
+    model.forward should get: the attention kernels build each key block's mask from it."""
+    return SlotMask(key_valid.astype(bool), jnp.asarray(query_slots, jnp.int32).reshape(-1))
+
+
 def attention_mask(key_valid: jax.Array, query_slots: jax.Array) -> jax.Array:
-    """[B, Sq, Sk] bool: key j visible from query slot q iff valid and j <= q (causal by slot)."""
-    k_slot = jnp.arange(key_valid.shape[-1], dtype=jnp.int32)
-    return key_valid[:, None, :] & (k_slot[None, None, :] <= query_slots[None, :, None])
+    """[B, Sq, Sk] bool: slot_mask materialised."""
+    return slot_mask(key_valid, query_slots).dense()
 
 
 def decode_mask(
@@ -108,16 +117,14 @@ class Transformer(nnx.Module):
         return unembed(hidden, self.output_matrix(), self.cfg.compute_dtype)
 
     def init_cache(self, batch: int, length: int) -> dict:
-        """Zeroed KV cache: the per-layer cache dict of layers.Attention ({"k": [batch, K, Dh,
-        length], "v": [batch, K, length, Dh]} in the compute dtype) with every leaf stacked on a
-        leading [L] axis. forward's scan carries the stack; layer i writes and reads its part."""
-        K, Dh, dt = self.cfg.num_kv_heads, self.cfg.head_dim, self.cfg.compute_dtype
-        layer_cache = {
-            "k": jnp.zeros((batch, K, Dh, length), dt),
-            "v": jnp.zeros((batch, K, length, Dh), dt),
-        }
-        L = self.cfg.num_layers
-        return jax.tree.map(lambda c: jnp.zeros((L, *c.shape), c.dtype), layer_cache)
+        """Zeroed KV cache in the compute dtype, every layer's stacked on a leading [L] axis:
+        {"k": [L, batch, K, Dh, length], "v": [L, batch, K, length, Dh]} (layouts chosen for the
+        attention matmuls, see layers.Attention). forward's scan carries the stack; layer i
+        writes and reads its part."""
+        cfg = self.cfg
+        return attention.init_cache(
+            cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim, cfg.compute_dtype
+        )
 
     def forward(
         self,
@@ -133,10 +140,11 @@ class Transformer(nnx.Module):
     ):
         """General forward pass.
 
-        tokens [B, S] int32, positions [B, S] int32, mask [B, S, Sk] bool (Sk = S without a cache,
-        the cache length with one), token_mask [B, S] (MoE aux loss counts only these tokens),
-        cache: init_cache's pytree (each per-layer cache leaf stacked on a leading [L] axis),
-        written at slot `write_index`,
+        tokens [B, S] int32, positions [B, S] int32, mask: slot_mask(...) of the layout or an
+        explicit [B, S, Sk] bool (Sk = S without a cache, the cache length with one),
+        token_mask [B, S] (MoE aux loss counts only these tokens), cache: init_cache's pytree or
+        the sampler's shared-prefix cache (layers.Attention; every leaf stacked on a leading [L]
+        axis), written at slot `write_index`,
         routes [L, B, S, k] int32 (MoE Routing Replay) or None.
 
         Returns dict(hidden [B, S, D] final-normed, aux_loss scalar f32 (mean over layers; 0 for
@@ -144,7 +152,7 @@ class Transformer(nnx.Module):
         return_routes and MoE).
         """
         cfg = self.cfg
-        chex.assert_rank([tokens, positions, mask], [2, 2, 3])
+        chex.assert_rank([tokens, positions], 2)
         chex.assert_equal_shape([tokens, positions])
         if routes is not None:
             if not cfg.is_moe:
@@ -175,7 +183,7 @@ class Transformer(nnx.Module):
 
         # scan over the stacked [L, ...] parameters and routes (None is an empty pytree). The
         # stacked cache rides in the carry and layer i writes its part of it in place
-        # (layers.write_layer): as scanned input and output, the scan would build a second
+        # (attention.write_layer): as scanned input and output, the scan would build a second
         # [L, ...] cache every decode step, and slicing a layer out and back copies it.
         layer_ids = jnp.arange(cfg.num_layers, dtype=jnp.int32)
         (x, new_cache), (aux, used_routes) = jax.lax.scan(
@@ -202,7 +210,7 @@ class Transformer(nnx.Module):
             positions = jnp.broadcast_to(jnp.arange(S, dtype=jnp.int32), (B, S))
         if key_valid is None:
             key_valid = jnp.ones((B, S), bool)
-        mask = attention_mask(key_valid, jnp.arange(S, dtype=jnp.int32))
+        mask = slot_mask(key_valid, jnp.arange(S, dtype=jnp.int32))
         return self.logits(self.forward(tokens, positions, mask, token_mask=key_valid)["hidden"])
 
 
