@@ -81,7 +81,7 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     c.model.remat = "none"
     # Attention kernel (models/attention.py): None = the ModelConfig default "auto" (splash on
     # TPU, cuDNN on GPU, else blockwise); "blockwise" or "reference" to force one.
-    c.model.attention = None
+    c.model.attention = config_dict.placeholder(str)
 
     c.init = ml_collections.ConfigDict()
     c.init.kind = "warmstart"  # or "random" (tests that need no good policy), or "hf"

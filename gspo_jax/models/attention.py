@@ -35,7 +35,8 @@ p_j = e^(s_j - m) / l in the backward scan: with D = rowsum(dout * out),
 ModelConfig.attention selects the kernel: "reference" (dense softmax, the definition),
 "blockwise" (the plain-JAX flash above, every platform), or "auto": the Pallas splash kernel on
 TPU and cuDNN flash attention (jax.nn.dot_product_attention) on GPU where their capability checks
-pass, else blockwise. A new kernel is one function here plus one branch in `attend`.
+pass, else blockwise when the keys span more than one block and the dense softmax when they fit
+in one. A new kernel is one function here plus one branch in `attend`.
 """
 
 from __future__ import annotations
@@ -359,6 +360,11 @@ def attend(q, kT, v, mask, *, implementation: str = "auto", block: int = 512) ->
             return splash_attention(q, kT, v, mask)
         if cudnn_supported(q, kT):
             return cudnn_attention(q, kT, v, mask)
+        if kT.shape[-1] <= block:
+            # The keys fit one block: the blockwise loop would be this softmax with extra
+            # bookkeeping and another summation order, and the one [Sq, Sk] block it saves
+            # memory on is small.
+            return reference_attention(q, kT, v, mask)
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
             f"attention={implementation!r} is not one of {IMPLEMENTATIONS}; 'auto' picks the "
