@@ -80,7 +80,7 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     # jax.checkpoint_policies name (models.config.REMAT_POLICIES); memory against recompute.
     c.model.remat = "none"
     # Attention kernel (models/attention.py): None = the ModelConfig default "auto" (splash on
-    # TPU, cuDNN on GPU, else blockwise); "blockwise" or "reference" to force one.
+    # TPU, cuDNN on GPU, else blockwise past one key block); "blockwise" or "reference" forces one.
     c.model.attention = config_dict.placeholder(str)
 
     c.init = ml_collections.ConfigDict()
