@@ -202,22 +202,19 @@ def sparse_experts(x, top_idx, top_w, gate, up, down, *, capacity_factor, kernel
     B, S, D = x.shape
     k, E = top_idx.shape[-1], gate.shape[0]
     kernel = resolve_kernel(kernel)
+
+    def rows_through_experts(x, idx, w, gate, up, down, first, cap):  # [b, S, ...] -> [b, S, D]
+        b = x.shape[0]
+        flat = (x.reshape(b * S, D), idx.reshape(b * S, k), w.reshape(b * S, k))
+        y = local_experts(
+            *flat, gate, up, down, first_expert=first, capacity=cap, kernel=kernel, cdt=cdt
+        )
+        return y.reshape(b, S, D)
+
     mesh = jax.sharding.get_abstract_mesh()
     if mesh is None or mesh.empty:
         cap = capacity_per_expert(capacity_factor, B * S * k, E)
-        y = local_experts(
-            x.reshape(B * S, D),
-            top_idx.reshape(B * S, k),
-            top_w.reshape(B * S, k),
-            gate,
-            up,
-            down,
-            first_expert=0,
-            capacity=cap,
-            kernel=kernel,
-            cdt=cdt,
-        )
-        return y.reshape(B, S, D)
+        return rows_through_experts(x, top_idx, top_w, gate, up, down, 0, cap)
 
     x_spec = logical_to_spec(("batch", "length", "act_embed"), x.shape, mesh)
     idx_spec = logical_to_spec(("batch", "length", None), top_idx.shape, mesh)
@@ -240,19 +237,7 @@ def sparse_experts(x, top_idx, top_w, gate, up, down, *, capacity_factor, kernel
             x, idx, w = (jax.lax.all_gather(t, ep, axis=0, tiled=True) for t in (x, idx, w))
         El = gate.shape[0]
         first = jax.lax.axis_index(ep) * El if ep else 0
-        b = x.shape[0]
-        y = local_experts(
-            x.reshape(b * S, D),
-            idx.reshape(b * S, k),
-            w.reshape(b * S, k),
-            gate,
-            up,
-            down,
-            first_expert=first,
-            capacity=cap,
-            kernel=kernel,
-            cdt=cdt,
-        ).reshape(b, S, D)
+        y = rows_through_experts(x, idx, w, gate, up, down, first, cap)
         f_axes = _axes(gate_spec[2])  # a tensor-sharded Fe leaves partial sums
         if f_axes:
             y = jax.lax.psum(y, f_axes)
