@@ -154,6 +154,22 @@ def test_mismatch_metrics_by_hand():
     np.testing.assert_allclose(m["mismatch_geo_abs_max"], 0.5, rtol=1e-6)
 
 
+def _rollout(rng, B: int, T: int, random_logp: bool):
+    """A fake rollout of B responses of random lengths up to T: (SampleOutput, mask [B, T],
+    0/1 rewards [B]); its log-probs are zero or, with random_logp, drawn negative."""
+    mask = (np.arange(T)[None, :] < rng.integers(1, T + 1, B)[:, None]).astype(np.float32)
+    logp = -rng.exponential(1.0, (B, T)) if random_logp else np.zeros((B, T))
+    sample = sampler.SampleOutput(
+        tokens=jnp.ones((B, T), jnp.int32),
+        mask=jnp.asarray(mask),
+        logp=jnp.asarray(logp, jnp.float32),
+        sample_logp=jnp.zeros((B, T)),
+        lengths=jnp.asarray(mask.sum(-1), jnp.int32),
+    )
+    rewards = jnp.asarray(rng.integers(0, 2, B), jnp.float32)
+    return sample, mask, rewards
+
+
 def test_token_advantages_put_each_response_advantage_on_its_tokens(shared):
     """rl.token_advantages: the RL batch's adv is [B, T], each row its response's [B] advantage
     (the objective's per-token path); without it adv stays [B]."""
@@ -165,15 +181,7 @@ def test_token_advantages_put_each_response_advantage_on_its_tokens(shared):
     P, G, T = base.rl.prompts_per_step, base.rl.group_size, runs[0].config.rl.max_new_tokens
     B = P * G
     rng = np.random.default_rng(0)
-    mask = (np.arange(T)[None, :] < rng.integers(1, T + 1, B)[:, None]).astype(np.float32)
-    sample = sampler.SampleOutput(
-        tokens=jnp.ones((B, T), jnp.int32),
-        mask=jnp.asarray(mask),
-        logp=jnp.zeros((B, T)),
-        sample_logp=jnp.zeros((B, T)),
-        lengths=jnp.asarray(mask.sum(-1), jnp.int32),
-    )
-    rewards = jnp.asarray(rng.integers(0, 2, B), jnp.float32)
+    sample, mask, rewards = _rollout(rng, B, T, random_logp=False)
     prompts, lengths = jnp.ones((P, 4), jnp.int32), jnp.full((P,), 4, jnp.int32)
     adv = {}
     for name, run in zip(("base", "tok"), runs, strict=True):
@@ -207,15 +215,7 @@ def test_reinforce_pp_advantages_and_kl_in_reward_phases(shared):
     P, G, T = cfg.rl.prompts_per_step, cfg.rl.group_size, run.config.rl.max_new_tokens
     B = P * G
     rng = np.random.default_rng(0)
-    mask = (np.arange(T)[None, :] < rng.integers(1, T + 1, B)[:, None]).astype(np.float32)
-    sample = sampler.SampleOutput(
-        tokens=jnp.ones((B, T), jnp.int32),
-        mask=jnp.asarray(mask),
-        logp=jnp.asarray(-rng.exponential(1.0, (B, T)), jnp.float32),
-        sample_logp=jnp.zeros((B, T)),
-        lengths=jnp.asarray(mask.sum(-1), jnp.int32),
-    )
-    rewards = jnp.asarray(rng.integers(0, 2, B), jnp.float32)
+    sample, mask, rewards = _rollout(rng, B, T, random_logp=True)
     prompts, lengths = jnp.ones((P, 4), jnp.int32), jnp.full((P,), 4, jnp.int32)
     with sharding.use_mesh(run.mesh):
         batch, _ = ts.make_prepare_fn(run)(sample, rewards, prompts, lengths, jnp.zeros(B, bool))
