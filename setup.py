@@ -38,6 +38,7 @@ setup(
     extras_require={
         "test": [
             "pytest>=8",
+            "pytest-xdist>=3.5",  # the suite runs in 2 workers (pyproject.toml, tests/conftest.py)
             "hypothesis>=6.100",
             "ruff==0.17.6",
             "scipy>=1.11",

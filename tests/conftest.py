@@ -15,9 +15,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 
 
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
 import jax  # noqa: E402  (after XLA_FLAGS)
 import pytest  # noqa: E402
 import trainer_runs as runs  # noqa: E402  (the shared trainer runs and their helpers)
@@ -28,7 +25,12 @@ def shared(tmp_path_factory):
     """Dirs shared by every trainer run of the session: warm-start cache, TFDS data, and a
     persistent compilation cache (a second run of the same shapes does not recompile)."""
     root = tmp_path_factory.mktemp("trainer")
-    dirs = {k: str(root / k) for k in ("cache", "data", "xla")}
+    # Under pytest-xdist the workers share the caches (their locks make concurrent builders train
+    # or prepare once, and the compilation cache's writes are atomic); runs stay per worker.
+    common = (
+        tmp_path_factory.getbasetemp().parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    )
+    dirs = {k: str(common / k) for k in ("cache", "data", "xla")}
     jax.config.update("jax_compilation_cache_dir", dirs["xla"])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -63,41 +65,55 @@ def two_process(shared, single):  # single: the warm-start cache a pod run only 
     (workdir, outputs of both). Shared by test_trainer.py and test_pod_faults.py (whose fault runs
     start from copies of it and reuse its compiled programs)."""
     wd = os.path.join(shared["root"], "multi")
-    port = runs.free_port()
-    env = dict(os.environ)
-    env.update(
-        PYTHONPATH=runs.REPO,
-        XLA_FLAGS="--xla_force_host_platform_device_count=4",
-        JAX_PLATFORMS="cpu",
-        JAX_COMPILATION_CACHE_DIR=shared["xla"],
-        # every program, however fast to compile: test_pod_faults.py's processes reuse them all
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
-    flags = [f"--config.{k}={v}" for k, v in runs.overrides(shared).items()]
-    procs = []
-    for i in range(2):
-        cmd = [
-            sys.executable,
-            "-m",
-            "gspo_jax.main",
-            f"--config={runs.ARITH}:runlocal",
-            f"--workdir={wd}",
-            f"--coordinator_address=127.0.0.1:{port}",
-            "--num_processes=2",
-            f"--process_id={i}",
-            *flags,
-        ]
-        procs.append(
-            subprocess.Popen(
-                cmd,
-                env=env,
-                cwd=runs.REPO,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    outs = runs.wait_all(procs, timeout=600)
-    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    outs, codes = runs.launch_pod(shared, wd, timeout=600)
+    assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     return wd, outs
+
+
+# Under pytest-xdist (`-n 2`) each group of tests runs in one worker. The session's trainer runs
+# (the fixtures below) are built once, in the worker of the modules that use them.
+RUN_FIXTURES = {"single", "sharded", "two_process"}
+RUN_MODULES = {
+    "test_hf_checkpoint",
+    "test_pod_faults",
+    "test_resilience",
+    "test_rollout_options",
+    "test_signals",
+    "test_trainer",
+}
+FIRST = ("runs", "test_notebooks")  # the longest groups start first
+
+
+def _group(module: str) -> str:
+    """A test module's group: "runs" for the modules that share the trainer runs, else itself."""
+    return "runs" if module in RUN_MODULES else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """One work unit per group (xdist's own --dist loadgroup reads a marker that pytest 9's node
+    ids no longer carry), handed out in collection order (see below)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return _group(os.path.basename(nodeid.split("::", 1)[0])[: -len(".py")])
+
+    config.option.loadscopereorder = False
+    return ByGroup(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Checks that RUN_MODULES names every module using a trainer run; under xdist, puts the
+    longest groups first (every worker collects in this order)."""
+    for item in items:
+        module = item.module.__name__
+        if RUN_FIXTURES & set(item.fixturenames) and module not in RUN_MODULES:
+            raise pytest.UsageError(f"{module} uses a trainer run: add it to RUN_MODULES")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {g: k for k, g in enumerate(FIRST)}
+        order = {
+            id(it): (rank.get(_group(it.module.__name__), len(FIRST)), k)
+            for k, it in enumerate(items)
+        }
+        items.sort(key=lambda it: order[id(it)])

@@ -16,6 +16,7 @@ scenarios run in this order in one pair of processes (JAX starts once); each pri
                   fail with ENOSPC (from step 3's save on): both stop with CheckpointSaveError
   kill            a copy of BASE resumed from step 2; process 1 SIGKILLs itself in step 4:
                   process 0 exits (code 1) with the watchdog's one line; ROOT/kill keeps step 2
+                  (the test then reruns both processes there)
 """
 
 import contextlib
@@ -32,9 +33,11 @@ pid, port, root, base, shared_json = sys.argv[1:6]
 pid = int(pid)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # trainer_runs
 
+import trainer_runs as runs  # noqa: E402
+
 from gspo_jax import distributed  # noqa: E402
 
-TIMEOUT_S = 8.0
+TIMEOUT_S = runs.POD_FAULTS["multihost.timeout_s"]
 distributed.init_distributed(f"127.0.0.1:{port}", 2, pid, timeout_s=TIMEOUT_S)
 os.makedirs(root, exist_ok=True)
 
@@ -44,7 +47,6 @@ import jax  # noqa: E402
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 import orbax.checkpoint as ocp  # noqa: E402
-import trainer_runs as runs  # noqa: E402
 
 from gspo_jax import pod, trainer  # noqa: E402
 from gspo_jax import train_step as ts  # noqa: E402
@@ -53,15 +55,7 @@ shared = json.loads(shared_json)
 
 
 def config(**extra):
-    return runs.make_config(
-        shared,
-        **{
-            "eval.num_problems": 0,
-            "log.tensorboard": False,
-            "multihost.timeout_s": TIMEOUT_S,
-            **extra,
-        },
-    )
+    return runs.make_config(shared, **{**runs.POD_FAULTS, **extra})
 
 
 def result(name, **fields):

@@ -4,7 +4,8 @@ must fall back, stop or refuse together, within config.multihost.timeout_s, each
 One launch of tests/multihost_faults.py runs every scenario in one pair of processes (each launch
 imports JAX and compiles in two processes), starting from copies of the shared 2-process run
 (conftest.two_process), whose compiled programs it reuses: the refusals, the one-host corrupt
-checkpoint, the one-host failed save, then process 1 killed. The launch has a subprocess timeout,
+checkpoint, the one-host failed save, then process 1 killed (and a second launch: both
+processes rerun from the killed run's checkpoint). The launch has a subprocess timeout,
 and every assertion on time names its bound. SIGTERM to one process of two is
 tests/test_signals.py's; the collapse count across a resume is tests/test_resilience.py's
 (in-process: the count is in the checkpoint whatever the process count).
@@ -20,13 +21,11 @@ import pytest
 import trainer_runs as runs
 from trainer_runs import REPO, STEPS, assert_records, assert_trees, final_params, records
 
-from gspo_jax import trainer
-
 # One launch takes ~2.5 min on the shared 2-core CPU (docs/resilience.md), over this file's share of
 # the suite's time: slow (still run in CI).
 pytestmark = pytest.mark.slow
 
-TIMEOUT_S = 8.0  # the worker's config.multihost.timeout_s
+TIMEOUT_S = runs.POD_FAULTS["multihost.timeout_s"]  # the worker's bounded waits
 LAUNCH_S = 400  # the subprocess timeout of the launch (JAX start, every scenario)
 
 
@@ -134,7 +133,7 @@ def test_a_save_failing_on_one_process_stops_both_within_the_timeout(pod_run):
     assert _both(pod_run, "failed_save_steps")[0]["steps"] == [2]  # step 3 never committed
 
 
-def test_a_killed_process_stops_the_other_in_one_line_and_its_checkpoint_resumes(
+def test_a_killed_process_stops_the_other_in_one_line_and_both_resume_exactly(
     shared, pod_run, two_process
 ):
     _, codes, outs, results, ended = pod_run
@@ -150,10 +149,10 @@ def test_a_killed_process_stops_the_other_in_one_line_and_its_checkpoint_resumes
     assert "Traceback" not in outs[0], outs[0][-3000:]
     waited, bound = ended[0] - results["killing"][1]["t"], TIMEOUT_S + 10  # the watchdog, beats
     assert waited < bound, f"process 0 exited {waited:.1f} s after the kill, bound {bound} s"
-    # The rerun: the committed step-2 checkpoint resumes (here on one device of one process).
+    # The rerun of both processes resumes the committed step-2 checkpoint exactly.
     wd = os.path.join(pod_run[0], "kill")
-    cfg = runs.make_config(shared, **{"eval.num_problems": 0, "num_devices": 1})
-    assert trainer.train(cfg, wd)["steps"] == STEPS
-    assert_trees(final_params(wd), final_params(two_process[0]), rtol=2e-5, atol=2e-6)
-    recs, ref = _no_eval(records(wd)), _no_eval(records(two_process[0]))
-    assert_records(recs, ref, rtol=1e-4, atol=1e-5)
+    outs, codes = runs.launch_pod(shared, wd, timeout=LAUNCH_S, **runs.POD_FAULTS)
+    assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    assert f"resumed from step 2 in {wd}" in outs[0], outs[0][-3000:]
+    assert_trees(final_params(wd), final_params(two_process[0]))
+    assert_records(_no_eval(records(wd)), _no_eval(records(two_process[0])))

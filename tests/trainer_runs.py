@@ -9,6 +9,8 @@ run of the session (fixtures in conftest.py), so repeated runs of the same shape
 
 import os
 import socket
+import subprocess
+import sys
 import time
 
 import jax
@@ -22,6 +24,8 @@ from gspo_jax import metrics as metrics_lib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARITH = os.path.join(REPO, "configs", "arith.py")
 STEPS = 4
+# tests/multihost_faults.py's runs (and their reruns): no evaluation, the pod's bounded waits short
+POD_FAULTS = {"eval.num_problems": 0, "log.tensorboard": False, "multihost.timeout_s": 8.0}
 
 
 def overrides(shared) -> dict:
@@ -124,3 +128,44 @@ def wait_all(procs, timeout):
         if p.poll() is None:
             p.kill()
     return [p.communicate()[0] for p in procs]
+
+
+def launch_pod(shared, wd, timeout, **extra):
+    """The runlocal run as 2 processes x 4 simulated devices (`python -m gspo_jax.main`, gloo) in
+    wd, with the overrides of this module and ``extra``: [output of process 0, of process 1] and
+    their return codes, after both end (a failed process stops the other; the timeout kills)."""
+    port = free_port()
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=REPO,
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        JAX_PLATFORMS="cpu",
+        JAX_COMPILATION_CACHE_DIR=shared["xla"],
+        # every program, however fast to compile: later pod launches reuse them all
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
+    flags = [f"--config.{k}={v}" for k, v in {**overrides(shared), **extra}.items()]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gspo_jax.main",
+                f"--config={ARITH}:runlocal",
+                f"--workdir={wd}",
+                f"--coordinator_address=127.0.0.1:{port}",
+                "--num_processes=2",
+                f"--process_id={i}",
+                *flags,
+            ],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outs = wait_all(procs, timeout=timeout)
+    return outs, [p.returncode for p in procs]
