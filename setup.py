@@ -1,5 +1,6 @@
-"""gspo_jax: GRPO-family policy objectives (GRPO, GSPO, GSPO-token, LUSPO, GMPO, DAPO, Dr. GRPO)
-in JAX/Flax NNX, with a pure-JAX group sampler, verifiable tasks and an RL trainer."""
+"""gspo_jax: GRPO-family policy objectives (GRPO, DAPO, Dr. GRPO, GSPO, GSPO-token, LUSPO, GMPO,
+CISPO, SAPO, Clip-Cov, KL-Cov, DPPO) in JAX/Flax NNX, with a pure-JAX group sampler, verifiable
+tasks and an RL trainer."""
 
 from setuptools import find_packages, setup
 
