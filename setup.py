@@ -9,7 +9,7 @@ NOTEBOOKS = ["nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6.29"]
 setup(
     name="gspo_jax",
     version="0.1.0",
-    description=__doc__,
+    description=" ".join(__doc__.split()),  # one line: setuptools keeps only the first
     python_requires=">=3.11",
     packages=find_packages(include=["gspo_jax", "gspo_jax.*"]),
     install_requires=[
