@@ -1,5 +1,6 @@
-"""gspo_jax: GRPO-family policy objectives (GRPO, GSPO, GSPO-token, LUSPO, GMPO, DAPO, Dr. GRPO)
-in JAX/Flax NNX, with a pure-JAX group sampler, verifiable tasks and an RL trainer."""
+"""gspo_jax: GRPO-family policy objectives (GRPO, DAPO, Dr. GRPO, GSPO, GSPO-token, LUSPO, GMPO,
+CISPO, SAPO, Clip-Cov, KL-Cov, DPPO) in JAX/Flax NNX, with a pure-JAX group sampler, verifiable
+tasks and an RL trainer."""
 
 from setuptools import find_packages, setup
 
@@ -8,7 +9,7 @@ NOTEBOOKS = ["nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6.29"]
 setup(
     name="gspo_jax",
     version="0.1.0",
-    description=__doc__,
+    description=" ".join(__doc__.split()),  # one line: setuptools keeps only the first
     python_requires=">=3.11",
     packages=find_packages(include=["gspo_jax", "gspo_jax.*"]),
     install_requires=[

@@ -22,7 +22,7 @@ stability story, train/clip_frac, train/ratio_max and rollout/logp_diff_absmax w
 Routing Replay.
 
 Pod scale (the GSPO paper's model: Qwen3-30B-A3B on GSM8K, configs/qwen3_gsm8k.py's layout for
-v5p-16; every host runs each command, README "From a Qwen3 checkpoint to a pod run"):
+v5p-16; every host runs each command, docs/pods.md "From a Qwen3 checkpoint to a pod run"):
 
     python -m gspo_jax.main --config configs/arith_moe.py:pod=/mnt/shared/Qwen3-30B-A3B,\
 objective=grpo,routing_replay --workdir /mnt/shared/runs/moe_grpo_rr --multihost

@@ -16,7 +16,7 @@ Launch:
     python -m gspo_jax.main --config configs/arith_offpolicy.py:runlocal --workdir /tmp/op_local
 
 Each run starts from the same cached warm start as configs/arith.py. The measured sweep table
-(final held-out accuracy, mismatch, weights and gates, time per step) is in the README.
+(final held-out accuracy, mismatch, weights and gates, time per step) is in docs/results.md.
 
 Arguments: those of configs/arith.py, plus rollout_dtype (str, "bfloat16"), correction (str:
 "", token_tis, token_mis, seq_tis, seq_mis), opsm (float: the off-policy mask threshold δ; unset =

@@ -14,7 +14,7 @@ needed):
     python -m gspo_jax.main --config configs/qwen3_gsm8k.py:model=qwen3_0_6b,slice=v5p-8 \
         --workdir /tmp/plan --dry_run
 
-then run it on every host of the slice (README "From a Qwen3 checkpoint to a pod run"):
+then run it on every host of the slice (docs/pods.md "From a Qwen3 checkpoint to a pod run"):
 
     python -m gspo_jax.main --config configs/qwen3_gsm8k.py:model=qwen3_0_6b,slice=v5p-8,\
 checkpoint=/mnt/shared/Qwen3-0.6B,data=/mnt/shared/gsm8k --workdir /mnt/shared/runs/qwen3_gsm8k \

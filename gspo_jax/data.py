@@ -41,7 +41,7 @@ DEFAULT_DATA_DIR = os.path.join(os.path.expanduser("~"), ".cache", "gspo_jax", "
 
 def _data_dir(data_dir: str | os.PathLike | None) -> str:
     """``data_dir``, else $GSPO_JAX_DATA_DIR, else $GSPO_JAX_CACHE/tfds, else DEFAULT_DATA_DIR
-    (one environment variable moves every cache of a run, as the README says)."""
+    (one environment variable moves every cache of a run, docs/data.md "The cache")."""
     if data_dir is not None:
         return os.fspath(data_dir)
     if "GSPO_JAX_DATA_DIR" in os.environ:

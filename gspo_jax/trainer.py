@@ -9,26 +9,12 @@ This module is the loop around them: resume, log, evaluate, checkpoint.
 Dimension legend: P prompts per step (P_local on this process), G samples per prompt, B = P*G
 response rows (group-contiguous), Lp padded prompt length, T = max_new_tokens.
 
-One RL step (docs/design.md "The data flow of one RL step"):
-
-    prompts (grain, this process's share)  ─► global [P, Lp] array on the mesh
-    sampler.generate (G per prompt)        ─► tokens, mask, logp [B, T]  (jit, batch-sharded)
-    task.score on this process's rows      ─► rewards [B_local] (numpy)  ─► global [B]
-    advantages.group_advantages            ─► adv [B]
-    optional passes (jit): recompute old_logp / ref_logp (MoE Routing Replay: the sampler
-                           returns its expert routes, and every update forward replays them)
-    train_step.update (jit, donated state) ─► μ epochs × K minibatches of AdamW
-    metrics (process 0) ─► periodic evaluation ─► orbax checkpoint
+One RL step, phase by phase, is described once, in docs/design.md "The data flow of one RL step".
 
 Randomness is a pure function of (config.seed, step) (train_step.step_keys), and the data
 iterator's state is checkpointed, so restarting the same command in the same workdir resumes
 exactly: parameters and metrics equal those of an uninterrupted run. The same config gives the same
 results on one device and on a mesh of many (sharding changes only the order of float sums).
-
-old_logp is the sampler's log-prob of each sampled token under the temperature-scaled policy (the
-quantity the trainer recomputes), not the top-k/top-p truncated sampling distribution, so the
-first minibatch's ratio is exactly 1; config.rl.recompute_old_logp=True recomputes it with a
-trainer forward instead, and either way the difference is logged (rollout/logp_diff_*).
 
 Multi-host: every process runs this same loop (SPMD) on its share of the prompts (see
 distributed.py: by default every host reads the global batch and keeps its rows, so results do not

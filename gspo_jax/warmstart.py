@@ -59,12 +59,11 @@ class WarmStartConfig:
     """Supervised warm-start hyperparameters (all of them key the cache).
 
     steps=None takes the task's ``warm_start_steps`` (arith 2400, countdown 4800: where each
-    task's held-out accuracy has levelled off, see the tasks' docstrings and
-    experiments/warmstart_curve.py; 2400 for a task that sets none). A small decoder learns
-    these digit lookups only after a plateau of ~1000 updates, so updates are what is short, not
-    examples: hence batches of 16.
-    On this 2-core CPU, idle, a step of the "small" preset takes ~60 ms on arith and ~45 ms on
-    countdown (experiments/warmstart_report.py measures the wall times).
+    task's held-out accuracy has levelled off, see experiments/warmstart_curve.py and
+    docs/getting_started.md "How good the warm start is"; 2400 for a task that sets none). A small
+    decoder learns these digit lookups only after a long plateau of updates, so updates are what
+    is short, not examples: hence batches of 16. experiments/warmstart_report.py measures the
+    wall times.
     """
 
     steps: int | None = None  # None = task.warm_start_steps

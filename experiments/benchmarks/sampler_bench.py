@@ -3,7 +3,7 @@
 Dimension legend: P prompts, G samples per prompt, B = P * G rows, Lp prompt length,
 T new tokens, S = Lp + T, V vocab, D hidden.
 
-Workload (issue 3): P=16 prompts x G=8 samples, prompt 64, 128 new tokens, temperature 1, full
+Workload: P=16 prompts x G=8 samples, prompt 64, 128 new tokens, temperature 1, full
 vocabulary (top_k 0, top_p 1), no early stop, random weights, at two Qwen3-style shapes:
   small: V 512, D 256, 4 layers, 8 / 4 heads, head_dim 32, SwiGLU 768, tied
   wide:  V 151,936, D 1,024, 4 layers, 16 / 8 heads, head_dim 128, SwiGLU 3,072, tied

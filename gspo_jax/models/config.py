@@ -170,7 +170,7 @@ class ModelConfig:
 
 
 _PRESETS: dict[str, dict] = {
-    # Unit tests: compiles in about a second.
+    # Unit tests: the smallest shapes, quick to compile.
     "tiny": dict(
         vocab_size=64,
         hidden_size=32,
@@ -193,7 +193,7 @@ _PRESETS: dict[str, dict] = {
         moe_mlp_dim=32,
         max_seq_len=256,
     ),
-    # CPU experiments: ~0.8M parameters (+ V*128 embedding), RL-trains in minutes on 2 cores.
+    # CPU experiments (the arith configs): ~0.8M parameters (+ V*128 embedding).
     "small": dict(
         vocab_size=256,
         hidden_size=128,

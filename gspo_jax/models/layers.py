@@ -132,8 +132,8 @@ class Attention(nnx.Module):
         q = logical_constraint(q, ("batch", "length", "heads", "head_dim"))
         # Heads-major layouts the two attention matmuls consume without a transpose: keys
         # [B, K, Dh, Sk] (contract Dh, keys in the minor dimension), values [B, K, Sk, Dh].
-        # On XLA:CPU a decode step with keys as [B, K, Sk, Dh] was ~4x slower in the score
-        # matmul, and a [B, Sk, K, Dh] cache was transposed whole every step.
+        # On XLA:CPU a decode step with keys as [B, K, Sk, Dh] was slower in the score matmul
+        # (docs/benchmarks.md), and a [B, Sk, K, Dh] cache was transposed whole every step.
         k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
         new_cache = None
         if cache is not None and attention.is_shared_prefix(cache):

@@ -16,17 +16,17 @@ a small model does not learn to do in one pass; the scratchpad goes least-signif
 writes each carry down, so every step is a local lookup. A worked answer is therefore far more
 often right, and four times longer (24 vs 6 tokens).
 
-Why the base policy is mediocre by construction (issue item 3): the warm-start demonstrations are
-mostly direct answers written by a demonstrator that *ignores carries* (carry-less addition: right
-only when no column carries, "A0820" above), and only ``worked_fraction`` of them (default 40 %)
-are worked and correct. Trained on that mix, the policy reproduces it: its first token is "A" with
-probability ~0.6, so greedy decoding answers directly and is right only on carry-free problems
-(~41 % of problems with operands of 1-3 digits), while at temperature 1 about 40 % of samples are
-worked and mostly right. Longer supervised training cannot fix that (it only fits the mix
-better); RL can, by moving probability to "W". The fixed width makes both the carry-less direct
-answer and the scratchpad position lookups, which a small model learns within the warm start's
-few-minute CPU budget. Operand lengths are drawn uniformly from [min_digits, max_digits] and each
-operand uniformly among numbers of that length.
+Why the base policy is mediocre by construction: the warm-start demonstrations are mostly direct
+answers written by a demonstrator that *ignores carries* (carry-less addition: right only when no
+column carries, "A0820" above), and only ``worked_fraction`` of them (default 40 %) are worked and
+correct. Trained on that mix, the policy reproduces it: its first token is more often "A" than "W",
+so greedy decoding answers directly and is right only on carry-free problems, while at temperature
+1 part of the samples are worked and mostly right (the measured shares are in
+docs/getting_started.md, "How good the warm start is"). Longer supervised training cannot fix that
+(it only fits the mix better); RL can, by moving probability to "W". The fixed width makes both the
+carry-less direct answer and the scratchpad position lookups, which a small model learns within
+the warm start's CPU budget. Operand lengths are drawn uniformly from [min_digits, max_digits] and
+each operand uniformly among numbers of that length.
 
 Reward: correct (1/0: the digits after the last "A" have the value of the sum, and the response
 ended with eos) + format_weight * format (1/0: the whole response matches one of the two grammars
@@ -88,9 +88,9 @@ class ArithmeticTask(Task):
     formats = ("worked", "direct")
     score_keys = ("reward", "correct", "format", "worked")
     record_fields = ("a", "b", "target")
-    # The scratchpad format is learned last: worked-answer accuracy ~28 % at 2000 steps, ~70 % at
-    # 2400. Greedy accuracy (carry-less direct answers) is fixed by the demonstration mix: 38.5 %
-    # at 2400 steps and at 4800 (experiments/warmstart_report.py).
+    # The scratchpad format is learned last, and greedy accuracy (carry-less direct answers) is
+    # fixed by the demonstration mix: 2400 steps is where the worked format is learned
+    # (experiments/warmstart_report.py; the figures are in docs/getting_started.md).
     warm_start_steps = 2400
 
     def __init__(
