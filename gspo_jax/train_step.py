@@ -50,10 +50,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import chex
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,31 +62,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from gspo_jax import advantages, distributed, models, sampler, sharding
 from gspo_jax import metrics as metrics_lib
-
-if TYPE_CHECKING:  # experiment.py builds the Run and imports this module
-    from gspo_jax.experiment import Run
-
-
-@flax.struct.dataclass
-class TrainState:
-    """Everything an exact resume needs besides the data iterator (checkpointed as one pytree)."""
-
-    step: jax.Array  # int32 []: RL steps completed
-    params: Any  # nnx.State of the trainable nnx.Param leaves
-    opt_state: Any  # optax state
-    rng: jax.Array  # uint32 [2]: raw key data of the run's base key (step keys are fold_ins)
-
-
-def step_keys(rng: jax.Array, step: int) -> dict[str, jax.Array]:
-    """The independent keys of one RL step: fold_in(base, step), then one stream per phase."""
-    key = jax.random.fold_in(jax.random.wrap_key_data(rng), step)
-    return {
-        "rollout": jax.random.key_data(jax.random.fold_in(key, 0)),
-        "shuffle": jax.random.key_data(jax.random.fold_in(key, 1)),
-        # dynamic sampling's extra generation batches g = 1, 2, ...: fold_in(resample, g)
-        "resample": jax.random.key_data(jax.random.fold_in(key, 2)),
-    }
-
+from gspo_jax.experiment import Run, TrainState, step_keys
 
 # ------------------------------------------------------------------------------------ helpers
 
@@ -289,7 +264,9 @@ def make_update_fn(
             raise ValueError(f"adv has shape {batch['adv'].shape}; need {(B,)} or {(B, T)}")
         chex.assert_rank(batch["prompts"], 2)
         if B % K:
-            raise ValueError(f"{B} rows do not split into {K} minibatches; see config.validate")
+            raise ValueError(
+                f"{B} rows do not split into {K} minibatches; see experiment.make_mesh"
+            )
         key = jax.random.wrap_key_data(shuffle_key)
         if shuffle:
             perms = [

@@ -183,7 +183,7 @@ def train(
 ) -> dict | None:
     """Runs (or resumes) the experiment ``config`` in ``workdir``; returns the summary dict.
 
-    Every configuration check runs first (config.validate), so a bad config fails in seconds; a
+    Every configuration check runs first (experiment.build_run), so a bad config fails in seconds; a
     resume with a config that differs from the checkpoint's in a field outside
     rundir.SAFE_TO_CHANGE is refused unless ``allow_config_change``. ``start_fresh`` moves the
     checkpoint folder aside and starts from step 0 (for a folder with no readable checkpoint).

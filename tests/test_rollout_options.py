@@ -136,7 +136,7 @@ def test_bad_rollout_options_are_config_errors(shared, field, value, match):
     if value == "batch":
         cfg.rl.advantage_estimator = "rloo"
     with pytest.raises(config_lib.ConfigError, match=match):
-        config_lib.validate(cfg, None)
+        exp.build_run(cfg, None)
 
 
 def test_mismatch_metrics_by_hand():
@@ -210,7 +210,7 @@ def test_reinforce_pp_advantages_and_kl_in_reward_phases(shared):
             "rl.kl_in_reward": True,
         },
     )
-    config_lib.validate(cfg, None)
+    exp.build_run(cfg, None)
     run = exp.build_run(cfg)
     P, G, T = cfg.rl.prompts_per_step, cfg.rl.group_size, run.config.rl.max_new_tokens
     B = P * G

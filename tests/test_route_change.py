@@ -113,7 +113,7 @@ def test_routes_reach_the_update_only_with_routing_replay(shared, logged):
     b = next(data)
     prompts = distributed.to_global(b["prompt"].astype(np.int32), run.mesh)
     lengths = distributed.to_global(b["prompt_length"].astype(np.int32), run.mesh)
-    key = ts.step_keys(np.asarray(jax.device_get(state.rng)), 0)["rollout"]
+    key = exp.step_keys(np.asarray(jax.device_get(state.rng)), 0)["rollout"]
     B = prompts.shape[0] * run.config.rl.group_size
     rewards, truncated = jnp.zeros(B), jnp.zeros(B, bool)
     rr = exp.build_run(_moe_config(shared, **{"rl.routing_replay": True}))
@@ -144,4 +144,4 @@ def test_turning_the_metric_off_changes_nothing_else(shared, logged):
 def test_log_route_change_on_a_dense_model_is_a_config_error(shared):
     c = make_config(shared, **{"rl.log_route_change": True})
     with pytest.raises(config_lib.ConfigError, match="log_route_change=True .* is dense"):
-        config_lib.validate(c, None)
+        exp.build_run(c, None)

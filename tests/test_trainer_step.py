@@ -10,7 +10,7 @@ from flax import nnx
 
 from gspo_jax import advantages, models, objectives, sampler, sharding
 from gspo_jax import train_step as ts
-from gspo_jax.experiment import make_optimizer, make_schedule
+from gspo_jax.experiment import TrainState, make_optimizer, make_schedule, step_keys
 
 P, G, LP, T = 4, 4, 6, 10
 EOS, PAD, V = 1, 0, 20
@@ -104,7 +104,7 @@ def _update_fn(model, *, U=1, shuffle=True, objective="gspo", K=2, epochs=2, tx=
             aux_loss_coef=1e-3,
         )
     )
-    state = ts.TrainState(
+    state = TrainState(
         step=jnp.int32(0),
         params=params,
         opt_state=tx.init(params),
@@ -230,7 +230,7 @@ def test_schedules_and_step_keys():
     with pytest.raises(ValueError, match="schedule"):
         make_schedule(_opt_cfg(schedule="step"), 10)
     base = jax.random.key_data(jax.random.key(0))
-    k1, k1b, k2 = ts.step_keys(base, 1), ts.step_keys(base, 1), ts.step_keys(base, 2)
+    k1, k1b, k2 = step_keys(base, 1), step_keys(base, 1), step_keys(base, 2)
     np.testing.assert_array_equal(k1["rollout"], k1b["rollout"])
     assert not np.array_equal(k1["rollout"], k2["rollout"])
     assert not np.array_equal(k1["rollout"], k1["shuffle"])
