@@ -18,7 +18,7 @@ import pytest
 from trainer_runs import REPO, assert_trees, make_config, overrides
 
 from gspo_jax import config as config_lib
-from gspo_jax import distributed, sharding
+from gspo_jax import distributed, rl_batch, sharding
 from gspo_jax import experiment as exp
 from gspo_jax import train_step as ts
 
@@ -71,7 +71,7 @@ def test_route_change_frac_by_hand():
     lengths = jnp.array([2, 3])
     old = jnp.zeros((2, L, Lp + T, k), jnp.int32).at[..., 1].set(1)  # experts {0, 1} everywhere
     mask = jnp.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])  # 5 valid tokens x 2 layers = 10 pairs
-    frac = lambda new, m=mask: float(ts.route_change_frac(old, new, lengths, m))  # noqa: E731
+    frac = lambda new, m=mask: float(rl_batch.route_change_frac(old, new, lengths, m))  # noqa: E731
     assert frac(old) == 0.0
     assert frac(old[..., ::-1]) == 0.0  # same sets, other order
     # row 0, layer 1: prompt slot n - 1 = 1 (token 0) and slot Lp = 3 (token 1) change
@@ -121,9 +121,9 @@ def test_routes_reach_the_update_only_with_routing_replay(shared, logged):
         sample = phases.rollout(state.params, prompts, lengths, key)
         assert sample.routes is not None
         batch, _ = phases.prepare(sample, rewards, prompts, lengths, truncated)
-        assert "routes" not in batch
-        batch, _ = ts.make_prepare_fn(rr)(sample, rewards, prompts, lengths, truncated)
-    np.testing.assert_array_equal(batch["routes"], jnp.swapaxes(sample.routes, 0, 1))
+        assert batch.routes is None
+        batch, _ = rl_batch.make_prepare_fn(rr)(sample, rewards, prompts, lengths, truncated)
+    np.testing.assert_array_equal(batch.routes, sample.routes)  # both batch-major
 
 
 def test_turning_the_metric_off_changes_nothing_else(shared, logged):
