@@ -32,11 +32,7 @@ def _runlocal(**fields) -> ml_collections.ConfigDict:
     )
     c.unlock()
     for key, value in fields.items():
-        *path, last = key.split("__")
-        node = c
-        for part in path:
-            node = node[part]
-        node[last] = value
+        config_lib.set_field(c, key.replace("__", "."), value)
     return c
 
 
