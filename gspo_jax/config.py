@@ -7,12 +7,14 @@ an unknown key or a value that does not parse as the default's type is a ValueEr
 valid keys. Nested fields are then overridden with ``--config.objective.eps_low=3e-4`` (handled by
 ml_collections.config_flags on the locked ConfigDict, which rejects unknown keys and wrong types).
 
-``validate(config, ...)`` runs every check that can fail before the first RL step (unknown
-objective or bad ε, unknown task, task knob or model preset, an eval split the task lacks, a
-response length the model's KV cache cannot hold, a NaN or infinite hyperparameter, group size 1, a
-batch that does not divide over the data axis, an unwritable workdir), so that a misconfigured job
-dies in seconds with a message that names the fix instead of after the warm start. Every such
-problem is a ConfigError, which main.py prints as one ``error: ...`` line.
+``validate(config)`` runs the checks that need nothing but the config (a NaN or infinite
+hyperparameter, group size 1, a count below 1, an unknown estimator or rollout dtype, ...).
+experiment.build_run calls it first, then builds the objective, the mesh, the task and the model
+config, each builder checking its own input as it builds (an unknown objective or bad ε, a batch
+that does not divide over the data axis, an unknown task, knob, split or model preset, a response
+length the model's KV cache cannot hold), and probes the workdir last: a misconfigured job dies in
+seconds with a message that names the fix instead of after the warm start. Every such problem is a
+ConfigError, which main.py prints as one ``error: ...`` line.
 
 No array dimensions here.
 """
@@ -20,21 +22,16 @@ No array dimensions here.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import math
 import os
 import tempfile
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ml_collections
 from ml_collections import config_dict
 
 from gspo_jax import objectives
-
-if TYPE_CHECKING:
-    from gspo_jax.models import ModelConfig
-    from gspo_jax.tasks import Task
 
 
 class ConfigError(ValueError):
@@ -264,24 +261,19 @@ def set_field(cfg: ml_collections.ConfigDict, key: str, value: Any) -> None:
     node[leaf] = value
 
 
-def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
-    """Every check that can fail before the first RL step; raises ConfigError naming the fix.
+def validate(config: ml_collections.ConfigDict) -> None:
+    """The checks that need nothing but the config; raises ConfigError naming the fix.
 
-    Covers: finite float hyperparameters, the objective preset and its overrides, the advantage
-    estimator, group size >= 2, divisibility of the batch over processes, the data axis,
-    minibatches and micro-batches, the mesh against the device count, schedule and intervals, the
-    task and its knobs, the model preset and its fields, the eval split, prompt + response lengths
-    against the model's max_seq_len, Routing Replay on a dense model, and a writable workdir
-    (created if missing, and only once everything else passed).
+    Covers: finite float hyperparameters, the advantage estimator and scale_rewards, group size
+    >= 2, positive counts (prompts, minibatches, micro-batches, epochs, steps), temperature,
+    response lengths, the schedule and intervals, and the rollout options. The checks that need a
+    built part (the objective, the mesh, the task, the model config) run where experiment.py builds
+    it, and the workdir is probed last (experiment.build_run).
     """
-    from gspo_jax import advantages, objectives, sharding
+    from gspo_jax import advantages
 
     rl = config.rl
     check_finite(config)
-    try:
-        objectives.get_objective(config.objective.name, **objective_overrides(config.objective))
-    except ValueError as e:
-        raise ConfigError(f"config.objective: {e}") from None
     estimator = resolve_estimator(config)
     if estimator not in advantages.ESTIMATORS:
         raise ConfigError(
@@ -296,42 +288,10 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
             "is 0 for a single sample), so every advantage would be 0 and nothing would train. "
             "Set --config.rl.group_size to 2 or more (8 is the default)."
         )
-    import jax
-
-    process_count = jax.process_count()
-    try:
-        mesh = sharding.make_mesh(dict(config.mesh), devices=mesh_devices(config))
-    except ValueError as e:
-        raise ConfigError(f"config.mesh: {e}") from None
-    dp = sharding.row_shards(mesh)  # rows split over data x fsdp x expert
-    P, G, K, U = rl.prompts_per_step, rl.group_size, rl.num_minibatches, rl.num_microbatches
-    B = P * G
-    if P < 1 or K < 1 or U < 1 or rl.num_epochs < 1:
+    if min(rl.prompts_per_step, rl.num_minibatches, rl.num_microbatches, rl.num_epochs) < 1:
         raise ConfigError(
             "config.rl.prompts_per_step, num_minibatches, num_microbatches and "
             "num_epochs must all be >= 1"
-        )
-    if P % process_count:
-        raise ConfigError(
-            f"config.rl.prompts_per_step={P} is not divisible by the {process_count} processes; "
-            "each process loads an equal share of prompts: use a multiple of the process count"
-        )
-    if P % dp:
-        raise ConfigError(
-            f"config.rl.prompts_per_step={P} does not divide over the data axis: the mesh shards "
-            f"rows over data x fsdp x expert = {dp} devices, and every device needs whole prompts. "
-            f"Use a multiple of {dp} prompts, or shrink config.mesh.data / fsdp / expert"
-        )
-    if B % K or (B // K) % dp:
-        raise ConfigError(
-            f"the rollout batch of {P} prompts x {G} samples = {B} rows must split into "
-            f"config.rl.num_minibatches={K} minibatches whose size divides over the {dp} "
-            "data-parallel devices; change num_minibatches or prompts_per_step"
-        )
-    if (B // K) % U or (B // K // U) % dp:
-        raise ConfigError(
-            f"a minibatch of {B // K} rows must split into config.rl.num_microbatches={U} "
-            f"micro-batches whose size divides over the {dp} data-parallel devices"
         )
     if rl.num_steps < 1:
         raise ConfigError(f"config.rl.num_steps={rl.num_steps} must be >= 1")
@@ -361,48 +321,15 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None) -> None:
             f"config.eval.max_new_tokens={config.eval.max_new_tokens} must be >= 1 (or 0 for "
             "config.rl.max_new_tokens)"
         )
-    task = make_task(config)
-    check_eval_split(config, task)
-    model_cfg = make_model_config(config, task)
-    check_lengths(config, task, model_cfg)
-    if rl.routing_replay:
-        if not model_cfg.is_moe:
-            raise ConfigError(
-                f"config.rl.routing_replay=True needs an MoE model, but preset "
-                f"{config.model.preset!r} is dense; use a *_moe preset or turn routing_replay off"
-            )
-    if rl.log_route_change and not model_cfg.is_moe:
-        raise ConfigError(
-            f"config.rl.log_route_change=True measures how often MoE expert routes change, but "
-            f"preset {config.model.preset!r} is dense; use a *_moe preset or set "
-            "--config.rl.log_route_change=False"
-        )
-    check_advantage_options(config, estimator)
-    if rl.token_advantages:
-        level = objectives.get_objective(
-            config.objective.name, **objective_overrides(config.objective)
-        ).ratio_level
-        if level in ("sequence", "geometric"):
-            raise ConfigError(
-                f"config.rl.token_advantages=True gives every token its response's advantage "
-                f"([B, T]), but {config.objective.name} has one ratio per response; use an "
-                "objective with per-token ratios (grpo, dapo, dr_grpo, cispo, sapo, gspo_token) "
-                "or set --config.rl.token_advantages=False"
-            )
-    check_rollout_options(config, task)
-    if workdir is not None:
-        check_workdir_writable(workdir)
+    check_scale_rewards(config, estimator)
+    check_rollout_options(config)
 
 
-def check_advantage_options(config: ml_collections.ConfigDict, estimator: str) -> None:
-    """scale_rewards, per-token (REINFORCE++) advantages and kl_in_reward against the objective."""
+def check_scale_rewards(config: ml_collections.ConfigDict, estimator: str) -> None:
+    """rl.scale_rewards: a known choice, and one other than "group" only for grpo's std."""
     from gspo_jax import advantages
 
-    rl = config.rl
-    objective = objectives.get_objective(
-        config.objective.name, **objective_overrides(config.objective)
-    )
-    scale = rl.get("scale_rewards", "group")
+    scale = config.rl.get("scale_rewards", "group")
     if scale not in advantages.SCALE_REWARDS:
         raise ConfigError(
             f"config.rl.scale_rewards={scale!r} is unknown; valid: {advantages.SCALE_REWARDS}"
@@ -412,30 +339,15 @@ def check_advantage_options(config: ml_collections.ConfigDict, estimator: str) -
             f"config.rl.scale_rewards={scale!r} chooses grpo's std, but the advantage estimator "
             f"is {estimator!r}: set --config.rl.advantage_estimator=grpo or scale_rewards=group"
         )
-    if estimator in advantages.TOKEN_ESTIMATORS and objective.ratio_level in (
-        "sequence",
-        "geometric",
-    ):
-        raise ConfigError(
-            f"config.rl.advantage_estimator={estimator!r} gives one advantage per token, but "
-            f"{config.objective.name} has one ratio per response; use an objective with per-token "
-            "ratios (grpo, dapo, dr_grpo, cispo, sapo, gspo_token, clip_cov, kl_cov, dppo_tv, "
-            "dppo_kl) or a group estimator (grpo, dr_grpo, rloo)"
-        )
-    if rl.get("kl_in_reward", False) and not objective.kl_coef > 0:
-        raise ConfigError(
-            f"config.rl.kl_in_reward=True subtracts kl_coef · KL from the rewards, but "
-            f"{config.objective.name}'s kl_coef is {objective.kl_coef!r}: set "
-            "--config.objective.kl_coef > 0 (e.g. 0.001) or kl_in_reward=False"
-        )
 
 
 ROLLOUT_DTYPES = ("", "float32", "bfloat16")
 
 
-def check_rollout_options(config: ml_collections.ConfigDict, task: Task) -> None:
-    """The rollout dtype, dynamic sampling, overlong shaping, collapse watch and the objective's
-    use of the rollout's log-probs, each against the rest of the config."""
+def check_rollout_options(config: ml_collections.ConfigDict) -> None:
+    """The rollout dtype, dynamic sampling, collapse watch and the objective's use of the
+    rollout's log-probs, each against the rest of the config (the overlong buffer needs the
+    task's response length: experiment.make_task checks it)."""
     rl, obj = config.rl, config.objective
     if rl.rollout_dtype not in ROLLOUT_DTYPES:
         raise ConfigError(
@@ -446,13 +358,6 @@ def check_rollout_options(config: ml_collections.ConfigDict, task: Task) -> None
         raise ConfigError(
             f"config.rl.max_gen_batches={rl.max_gen_batches} must be >= 1 (rollouts per step "
             "with dynamic sampling)"
-        )
-    T = rl.max_new_tokens or task.max_response_len
-    buffer = rl.overlong_buffer
-    if buffer < 0 or buffer >= T or rl.overlong_penalty < 0:
-        raise ConfigError(
-            f"config.rl.overlong_buffer={buffer} must be in [0, max_new_tokens={T}) and "
-            f"config.rl.overlong_penalty={rl.overlong_penalty} >= 0"
         )
     if rl.collapse_patience < 0:
         raise ConfigError(
@@ -486,158 +391,6 @@ def check_finite(config: ml_collections.ConfigDict) -> None:
             "loss and the parameters NaN at the first step); set a finite value, e.g. "
             f"--{bad[0].split('=')[0]}=<number>"
         )
-
-
-def make_task(config: ml_collections.ConfigDict) -> Task:
-    """``tasks.get_task(config.task.name, **config.task.kwargs)``, or ConfigError naming the valid
-    tasks, the valid knobs, or the knob the task rejects."""
-    from gspo_jax import tasks
-
-    name, knobs = config.task.name, dict(config.task.kwargs)
-    if name not in tasks.TASKS:
-        raise ConfigError(
-            f"config.task.name={name!r} is not a task; valid tasks: {sorted(tasks.TASKS)}. "
-            "Set --config.task.name to one of them"
-        )
-    try:
-        return tasks.get_task(name, **knobs)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(
-            f"config.task.kwargs={knobs} for task {name!r}: {str(e).rstrip('.')}. Fix the knob "
-            "in config.task.kwargs (--config.task.kwargs.<knob>=<value>, or the config file)"
-        ) from None
-
-
-def model_overrides(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """The ModelConfig fields config.model sets beside its preset (None means the preset's)."""
-    return {k: v for k, v in config.model.items() if k != "preset" and v is not None}
-
-
-def make_model_config(config: ml_collections.ConfigDict, task: Task) -> ModelConfig:
-    """The model config of the experiment (preset, the task's vocabulary, config.model
-    overrides), or ConfigError naming the valid presets or the rejected field."""
-    from gspo_jax import models
-
-    preset = config.model.preset
-    if preset not in models.PRESETS:
-        raise ConfigError(
-            f"config.model.preset={preset!r} is not a model preset; valid presets: "
-            f"{list(models.PRESETS)}. Set --config.model.preset to one of them"
-        )
-    # The vocabulary is the tokenizer's unless config.model sets it (a released checkpoint's
-    # embedding is padded past its tokenizer: Qwen3's 151,936 rows for 151,669 tokens).
-    fields = {"vocab_size": task.tokenizer.vocab_size, **model_overrides(config)}
-    try:
-        if config.init.kind == "hf":
-            cfg = checkpoint_model_config(config)
-        else:
-            cfg = models.get_model_config(preset, **fields)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(
-            f"config.model (preset {preset!r}): {str(e).rstrip('.')}. Fix that field of "
-            "config.model"
-        ) from None
-    if cfg.vocab_size < task.tokenizer.vocab_size:
-        raise ConfigError(
-            f"config.model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's "
-            f"{task.tokenizer.vocab_size} ids; unset it (the tokenizer's) or match the checkpoint"
-        )
-    return cfg
-
-
-def checkpoint_model_config(config: ml_collections.ConfigDict) -> ModelConfig:
-    """The model of config.init.checkpoint (its config.json; compute dtype config.model.dtype):
-    a run that starts from a released checkpoint takes its shapes from there, not a preset."""
-    import json
-
-    from gspo_jax import models
-
-    path = config.init.get("checkpoint", "")
-    cfg_file = os.path.join(path, "config.json")
-    if not path or not os.path.exists(cfg_file):
-        raise ConfigError(
-            f"config.init.kind='hf' needs config.init.checkpoint, a Hugging Face checkpoint folder "
-            f"with config.json and *.safetensors; {cfg_file!r} does not exist"
-        )
-    with open(cfg_file) as f:
-        cfg = models.config_from_hf(json.load(f), dtype=config.model.dtype)
-    # The checkpoint fixes the shapes; config.model still chooses how the model is computed (the
-    # MoE dispatch, the remat policy), which Hugging Face's config.json does not say.
-    how = {k: v for k, v in model_overrides(config).items() if k.startswith("moe_") or k == "remat"}
-    return dataclasses.replace(cfg, **how)
-
-
-def check_eval_split(config: ml_collections.ConfigDict, task: Task) -> None:
-    """The held-out evaluation reads config.eval.split: it must be one of the task's splits; a task
-    reading released files must have the train split and that one in its folder (caught here,
-    not after a checkpoint has loaded)."""
-    split = config.eval.split
-    if split not in task.splits:
-        raise ConfigError(
-            f"config.eval.split={split!r} is not a split of task {task.name!r}; valid splits: "
-            f"{list(task.splits)}. Set --config.eval.split=test (the held-out problems)"
-        )
-    if task.data_path:  # released files: the run reads the train split and the eval split
-        from gspo_jax import data_files
-
-        present = data_files.present_splits(task)
-        needed = ["train"] + ([split] if config.eval.num_problems else [])
-        missing = [s for s in dict.fromkeys(needed) if s not in present]
-        if missing:
-            raise ConfigError(
-                f"config.task.kwargs.data_path={task.data_path!r} has no {missing} split "
-                f"(it has {present}); add {missing[0]}.jsonl or {missing[0]}-*.parquet there"
-            )
-
-
-def check_lengths(config: ml_collections.ConfigDict, task: Task, model_cfg: ModelConfig) -> None:
-    """Prompt + response must fit the model's max_seq_len (the slots of the sampler's KV cache).
-
-    Prompts are padded to task.max_prompt_len (Lp) and the sampler allocates Lp + T slots, so a
-    T that does not fit would only fail at the first rollout or evaluation, after the warm start.
-    T is config.rl.max_new_tokens (0 = task.max_response_len), and config.eval.max_new_tokens
-    (0 = the rollout's T).
-    """
-    lp, limit = task.max_prompt_len, model_cfg.max_seq_len
-    t_rl = config.rl.max_new_tokens or task.max_response_len
-    t_eval = config.eval.max_new_tokens or t_rl
-    for field, value, t in (
-        ("rl.max_new_tokens", config.rl.max_new_tokens, t_rl),
-        ("eval.max_new_tokens", config.eval.max_new_tokens, t_eval),
-    ):
-        if lp + t <= limit:
-            continue
-        # (eval's 0 is the rollout's T, which the first iteration checked)
-        what = f"0 (= task.max_response_len {t})" if value == 0 else str(value)
-        room = limit - lp
-        fix = (
-            f"lower --config.{field} to at most {room}"
-            if room >= 1
-            else "shorten the task's prompts (config.task.kwargs)"
-        )
-        raise ConfigError(
-            f"config.{field}={what}: task {task.name!r} prompts take up to {lp} tokens and "
-            f"{lp} + {t} = {lp + t} exceeds max_seq_len={limit} of model preset "
-            f"{model_cfg.name!r} (the prompt + response slots of the sampler's KV cache); {fix}, "
-            "or use a preset with a longer max_seq_len"
-        )
-
-
-def mesh_devices(config: ml_collections.ConfigDict) -> list:
-    """The devices the mesh spans: all of them, or the first config.num_devices (single-process
-    only; lets one process compare a 1-device run with an 8-device run)."""
-    import jax
-
-    n = config.get("num_devices", -1)
-    if n is None or n < 0:
-        return list(jax.devices())
-    if jax.process_count() > 1:
-        raise ConfigError("config.num_devices must be -1 (all devices) in a multi-process run")
-    if not 1 <= n <= jax.device_count():
-        raise ConfigError(
-            f"config.num_devices={n}, but {jax.device_count()} devices exist; use -1 for all"
-        )
-    return list(jax.devices()[:n])
 
 
 def resolve_estimator(config: ml_collections.ConfigDict) -> str:

@@ -59,13 +59,15 @@ def to_global(local: np.ndarray, mesh) -> jax.Array:
 
 
 def to_local(x: jax.Array) -> np.ndarray:
-    """A row-sharded global array -> this process's rows (all rows on a single process)."""
+    """A row-sharded global array -> this process's rows (all rows on a single process), as
+    numpy: an explicit device-to-host transfer (jax.device_get)."""
     if x.is_fully_addressable:
-        return np.asarray(x)
+        return np.asarray(jax.device_get(x))
     by_start = {}
     for s in x.addressable_shards:
         by_start[s.index[0].start or 0] = s  # replicas along other mesh axes: keep one
-    return np.concatenate([np.asarray(by_start[k].data) for k in sorted(by_start)])
+    rows = jax.device_get([by_start[k].data for k in sorted(by_start)])
+    return np.concatenate([np.asarray(r) for r in rows])
 
 
 class ProcessSlice:

@@ -1,11 +1,14 @@
-"""What an experiment is built from: task, model config, objective, optimizer, mesh, base policy.
+"""The one place a run is built: task, model config, objective, mesh, optimizer, train state.
 
-    run = experiment.build_run(config, workdir)      # validates first: ConfigError names the fix
+    run = experiment.build_run(config, workdir)      # checks as it builds (ConfigError: the fix)
     params, seconds = experiment.base_params(run)    # warm start (cached) or random, on the mesh
     state = experiment.initial_state(run, params)
 
-Nothing here runs an RL step (that is trainer.py); notebooks and benchmarks use these functions to
-get the same objects the trainer uses.
+build_run builds each part once, and every builder checks its own input as it builds
+(make_objective, make_mesh, make_task, make_model_config), after config.validate's checks of the
+config alone and before the workdir is probed. Nothing here runs an RL step (that is
+train_step.py, which imports this module; trainer.py is the loop); notebooks and benchmarks use
+these functions to get the same objects the trainer uses.
 
 Dimension legend: none (configuration objects and parameter pytrees).
 """
@@ -14,20 +17,46 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import os
 import time
 from typing import Any
 
+import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
 from flax import nnx
 
+from gspo_jax import advantages, models, objectives, sharding, tasks
 from gspo_jax import config as config_lib
 from gspo_jax import metrics as metrics_lib
-from gspo_jax import models, objectives, sharding
-from gspo_jax import train_step as ts
+from gspo_jax.config import ConfigError
+
+# ------------------------------------------------------------------------------ state and keys
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything an exact resume needs besides the data iterator (checkpointed as one pytree)."""
+
+    step: jax.Array  # int32 []: RL steps completed
+    params: Any  # nnx.State of the trainable nnx.Param leaves
+    opt_state: Any  # optax state
+    rng: jax.Array  # uint32 [2]: raw key data of the run's base key (step keys are fold_ins)
+
+
+def step_keys(rng: jax.Array, step: int) -> dict[str, jax.Array]:
+    """The independent keys of one RL step: fold_in(base, step), then one stream per phase."""
+    key = jax.random.fold_in(jax.random.wrap_key_data(rng), step)
+    return {
+        "rollout": jax.random.key_data(jax.random.fold_in(key, 0)),
+        "shuffle": jax.random.key_data(jax.random.fold_in(key, 1)),
+        # dynamic sampling's extra generation batches g = 1, 2, ...: fold_in(resample, g)
+        "resample": jax.random.key_data(jax.random.fold_in(key, 2)),
+    }
+
 
 # ------------------------------------------------------------------------------------ optimizer
 
@@ -72,6 +101,250 @@ def make_optimizer(opt_cfg: Any, total_updates: int) -> tuple[optax.GradientTran
     return optax.chain(*parts), schedule
 
 
+# ------------------------------------------------------------------------------------ builders
+# Each builder checks its own input as it builds: a ConfigError naming the field and the fix.
+
+
+def make_objective(config: ml_collections.ConfigDict) -> objectives.Objective:
+    """The objective preset with config.objective's overrides, checked against the advantage
+    options that depend on it (per-token advantages need per-token ratios; kl_in_reward needs a
+    kl_coef)."""
+    name = config.objective.name
+    try:
+        objective = objectives.get_objective(
+            name, **config_lib.objective_overrides(config.objective)
+        )
+    except ValueError as e:
+        raise ConfigError(f"config.objective: {e}") from None
+    rl, per_response = config.rl, objective.ratio_level in ("sequence", "geometric")
+    estimator = config_lib.resolve_estimator(config)
+    if estimator in advantages.TOKEN_ESTIMATORS and per_response:
+        raise ConfigError(
+            f"config.rl.advantage_estimator={estimator!r} gives one advantage per token, but "
+            f"{name} has one ratio per response; use an objective with per-token "
+            "ratios (grpo, dapo, dr_grpo, cispo, sapo, gspo_token, clip_cov, kl_cov, dppo_tv, "
+            "dppo_kl) or a group estimator (grpo, dr_grpo, rloo)"
+        )
+    if rl.get("kl_in_reward", False) and not objective.kl_coef > 0:
+        raise ConfigError(
+            f"config.rl.kl_in_reward=True subtracts kl_coef · KL from the rewards, but "
+            f"{name}'s kl_coef is {objective.kl_coef!r}: set "
+            "--config.objective.kl_coef > 0 (e.g. 0.001) or kl_in_reward=False"
+        )
+    if rl.token_advantages and per_response:
+        raise ConfigError(
+            f"config.rl.token_advantages=True gives every token its response's advantage "
+            f"([B, T]), but {name} has one ratio per response; use an "
+            "objective with per-token ratios (grpo, dapo, dr_grpo, cispo, sapo, gspo_token) "
+            "or set --config.rl.token_advantages=False"
+        )
+    return objective
+
+
+def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
+    """The device mesh of config.mesh, checked against the batch: every process loads whole
+    prompts, and the rollout batch, its minibatches and micro-batches divide over the rows'
+    data x fsdp x expert shards."""
+    try:
+        mesh = sharding.make_mesh(dict(config.mesh), devices=mesh_devices(config))
+    except ValueError as e:
+        raise ConfigError(f"config.mesh: {e}") from None
+    rl, process_count = config.rl, jax.process_count()
+    dp = sharding.row_shards(mesh)  # rows split over data x fsdp x expert
+    P, G, K, U = rl.prompts_per_step, rl.group_size, rl.num_minibatches, rl.num_microbatches
+    B = P * G
+    if P % process_count:
+        raise ConfigError(
+            f"config.rl.prompts_per_step={P} is not divisible by the {process_count} processes; "
+            "each process loads an equal share of prompts: use a multiple of the process count"
+        )
+    if P % dp:
+        raise ConfigError(
+            f"config.rl.prompts_per_step={P} does not divide over the data axis: the mesh shards "
+            f"rows over data x fsdp x expert = {dp} devices, and every device needs whole prompts. "
+            f"Use a multiple of {dp} prompts, or shrink config.mesh.data / fsdp / expert"
+        )
+    if B % K or (B // K) % dp:
+        raise ConfigError(
+            f"the rollout batch of {P} prompts x {G} samples = {B} rows must split into "
+            f"config.rl.num_minibatches={K} minibatches whose size divides over the {dp} "
+            "data-parallel devices; change num_minibatches or prompts_per_step"
+        )
+    if (B // K) % U or (B // K // U) % dp:
+        raise ConfigError(
+            f"a minibatch of {B // K} rows must split into config.rl.num_microbatches={U} "
+            f"micro-batches whose size divides over the {dp} data-parallel devices"
+        )
+    return mesh
+
+
+def make_task(config: ml_collections.ConfigDict) -> tasks.Task:
+    """``tasks.get_task(config.task.name, **config.task.kwargs)``, or ConfigError naming the valid
+    tasks, the valid knobs, or the knob the task rejects; then the eval split and the overlong
+    buffer against the task (its splits, its response length)."""
+    name, knobs = config.task.name, dict(config.task.kwargs)
+    if name not in tasks.TASKS:
+        raise ConfigError(
+            f"config.task.name={name!r} is not a task; valid tasks: {sorted(tasks.TASKS)}. "
+            "Set --config.task.name to one of them"
+        )
+    try:
+        task = tasks.get_task(name, **knobs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"config.task.kwargs={knobs} for task {name!r}: {str(e).rstrip('.')}. Fix the knob "
+            "in config.task.kwargs (--config.task.kwargs.<knob>=<value>, or the config file)"
+        ) from None
+    check_eval_split(config, task)
+    T = config.rl.max_new_tokens or task.max_response_len
+    rl = config.rl
+    if rl.overlong_buffer < 0 or rl.overlong_buffer >= T or rl.overlong_penalty < 0:
+        raise ConfigError(
+            f"config.rl.overlong_buffer={rl.overlong_buffer} must be in [0, max_new_tokens={T}) "
+            f"and config.rl.overlong_penalty={rl.overlong_penalty} >= 0"
+        )
+    return task
+
+
+def model_overrides(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The ModelConfig fields config.model sets beside its preset (None means the preset's)."""
+    return {k: v for k, v in config.model.items() if k != "preset" and v is not None}
+
+
+def make_model_config(config: ml_collections.ConfigDict, task: tasks.Task) -> models.ModelConfig:
+    """The model config of the experiment (preset, the task's vocabulary, config.model
+    overrides), or ConfigError naming the valid presets or the rejected field; then prompt +
+    response lengths against its max_seq_len, and the MoE-only options against a dense model."""
+    preset = config.model.preset
+    if preset not in models.PRESETS:
+        raise ConfigError(
+            f"config.model.preset={preset!r} is not a model preset; valid presets: "
+            f"{list(models.PRESETS)}. Set --config.model.preset to one of them"
+        )
+    # The vocabulary is the tokenizer's unless config.model sets it (a released checkpoint's
+    # embedding is padded past its tokenizer: Qwen3's 151,936 rows for 151,669 tokens).
+    fields = {"vocab_size": task.tokenizer.vocab_size, **model_overrides(config)}
+    try:
+        if config.init.kind == "hf":
+            cfg = checkpoint_model_config(config)
+        else:
+            cfg = models.get_model_config(preset, **fields)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"config.model (preset {preset!r}): {str(e).rstrip('.')}. Fix that field of "
+            "config.model"
+        ) from None
+    if cfg.vocab_size < task.tokenizer.vocab_size:
+        raise ConfigError(
+            f"config.model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's "
+            f"{task.tokenizer.vocab_size} ids; unset it (the tokenizer's) or match the checkpoint"
+        )
+    check_lengths(config, task, cfg)
+    if config.rl.routing_replay and not cfg.is_moe:
+        raise ConfigError(
+            f"config.rl.routing_replay=True needs an MoE model, but preset "
+            f"{config.model.preset!r} is dense; use a *_moe preset or turn routing_replay off"
+        )
+    if config.rl.log_route_change and not cfg.is_moe:
+        raise ConfigError(
+            f"config.rl.log_route_change=True measures how often MoE expert routes change, but "
+            f"preset {config.model.preset!r} is dense; use a *_moe preset or set "
+            "--config.rl.log_route_change=False"
+        )
+    return cfg
+
+
+def checkpoint_model_config(config: ml_collections.ConfigDict) -> models.ModelConfig:
+    """The model of config.init.checkpoint (its config.json; compute dtype config.model.dtype):
+    a run that starts from a released checkpoint takes its shapes from there, not a preset."""
+    path = config.init.get("checkpoint", "")
+    cfg_file = os.path.join(path, "config.json")
+    if not path or not os.path.exists(cfg_file):
+        raise ConfigError(
+            f"config.init.kind='hf' needs config.init.checkpoint, a Hugging Face checkpoint folder "
+            f"with config.json and *.safetensors; {cfg_file!r} does not exist"
+        )
+    with open(cfg_file) as f:
+        cfg = models.config_from_hf(json.load(f), dtype=config.model.dtype)
+    # The checkpoint fixes the shapes; config.model still chooses how the model is computed (the
+    # MoE dispatch, the remat policy), which Hugging Face's config.json does not say.
+    how = {k: v for k, v in model_overrides(config).items() if k.startswith("moe_") or k == "remat"}
+    return dataclasses.replace(cfg, **how)
+
+
+def check_eval_split(config: ml_collections.ConfigDict, task: tasks.Task) -> None:
+    """The held-out evaluation reads config.eval.split: it must be one of the task's splits; a task
+    reading released files must have the train split and that one in its folder (caught here,
+    not after a checkpoint has loaded)."""
+    split = config.eval.split
+    if split not in task.splits:
+        raise ConfigError(
+            f"config.eval.split={split!r} is not a split of task {task.name!r}; valid splits: "
+            f"{list(task.splits)}. Set --config.eval.split=test (the held-out problems)"
+        )
+    if task.data_path:  # released files: the run reads the train split and the eval split
+        from gspo_jax import data_files
+
+        present = data_files.present_splits(task)
+        needed = ["train"] + ([split] if config.eval.num_problems else [])
+        missing = [s for s in dict.fromkeys(needed) if s not in present]
+        if missing:
+            raise ConfigError(
+                f"config.task.kwargs.data_path={task.data_path!r} has no {missing} split "
+                f"(it has {present}); add {missing[0]}.jsonl or {missing[0]}-*.parquet there"
+            )
+
+
+def check_lengths(
+    config: ml_collections.ConfigDict, task: tasks.Task, model_cfg: models.ModelConfig
+) -> None:
+    """Prompt + response must fit the model's max_seq_len (the slots of the sampler's KV cache).
+
+    Prompts are padded to task.max_prompt_len (Lp) and the sampler allocates Lp + T slots, so a
+    T that does not fit would only fail at the first rollout or evaluation, after the warm start.
+    T is config.rl.max_new_tokens (0 = task.max_response_len), and config.eval.max_new_tokens
+    (0 = the rollout's T).
+    """
+    lp, limit = task.max_prompt_len, model_cfg.max_seq_len
+    t_rl = config.rl.max_new_tokens or task.max_response_len
+    t_eval = config.eval.max_new_tokens or t_rl
+    for field, value, t in (
+        ("rl.max_new_tokens", config.rl.max_new_tokens, t_rl),
+        ("eval.max_new_tokens", config.eval.max_new_tokens, t_eval),
+    ):
+        if lp + t <= limit:
+            continue
+        # (eval's 0 is the rollout's T, which the first iteration checked)
+        what = f"0 (= task.max_response_len {t})" if value == 0 else str(value)
+        room = limit - lp
+        fix = (
+            f"lower --config.{field} to at most {room}"
+            if room >= 1
+            else "shorten the task's prompts (config.task.kwargs)"
+        )
+        raise ConfigError(
+            f"config.{field}={what}: task {task.name!r} prompts take up to {lp} tokens and "
+            f"{lp} + {t} = {lp + t} exceeds max_seq_len={limit} of model preset "
+            f"{model_cfg.name!r} (the prompt + response slots of the sampler's KV cache); {fix}, "
+            "or use a preset with a longer max_seq_len"
+        )
+
+
+def mesh_devices(config: ml_collections.ConfigDict) -> list:
+    """The devices the mesh spans: all of them, or the first config.num_devices (single-process
+    only; lets one process compare a 1-device run with an 8-device run)."""
+    n = config.get("num_devices", -1)
+    if n is None or n < 0:
+        return list(jax.devices())
+    if jax.process_count() > 1:
+        raise ConfigError("config.num_devices must be -1 (all devices) in a multi-process run")
+    if not 1 <= n <= jax.device_count():
+        raise ConfigError(
+            f"config.num_devices={n}, but {jax.device_count()} devices exist; use -1 for all"
+        )
+    return list(jax.devices()[:n])
+
+
 @dataclasses.dataclass
 class Run:
     """Everything built from the config before the first step."""
@@ -94,11 +367,6 @@ class Run:
     uses_rollout_logp: bool  # the objective reads the rollout's log-probs (correction, masking)
 
 
-# The task and model config of an experiment, built (and checked) the one way config.validate does.
-make_task = config_lib.make_task
-build_model_config = config_lib.make_model_config
-
-
 def _split_model(model):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     return graphdef, params, rest
@@ -113,7 +381,7 @@ def abstract_params(model_cfg, mesh, seed: int):
     return graphdef, abs_params, rest, shardings
 
 
-def abstract_state(run: Run, abs_params) -> ts.TrainState:
+def abstract_state(run: Run, abs_params) -> TrainState:
     """The TrainState's shapes and shardings (the restore target), without allocating.
 
     Every optimizer-state leaf that mirrors a parameter (Adam's moments) takes that parameter's
@@ -134,7 +402,7 @@ def abstract_state(run: Run, abs_params) -> ts.TrainState:
     abs_opt = optax.tree_map_params(
         run.tx, like_param, opt_shapes, abs_params, transform_non_params=not_param
     )
-    return ts.TrainState(
+    return TrainState(
         step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
         params=abs_params,
         opt_state=abs_opt,
@@ -167,7 +435,7 @@ def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
         model = models.create_model(run.model_cfg, seed=config.seed, mesh=run.mesh)
         _, params, _ = _split_model(model)
     else:
-        raise config_lib.ConfigError(
+        raise ConfigError(
             f"config.init.kind={config.init.kind!r}; valid: 'warmstart', 'hf', 'random'"
         )
     return params, time.time() - t0
@@ -189,7 +457,7 @@ def _base_model(config, task, model_cfg, cache_dir: str, *, mesh, progress: bool
             mesh=mesh,
         )
     except FileNotFoundError as e:
-        raise config_lib.ConfigError(str(e)) from None
+        raise ConfigError(str(e)) from None
 
 
 def cache_dir_of(config) -> str:
@@ -199,18 +467,19 @@ def cache_dir_of(config) -> str:
 
 
 def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> Run:
-    """Validates ``config`` (ConfigError naming the fix) and builds everything but the state."""
-    config_lib.validate(config, workdir)
+    """Checks ``config`` and builds everything but the state, each part once; probes ``workdir``
+    (created if missing) last, when everything else passed. ConfigError names the fix."""
+    config_lib.validate(config)
     config = copy.deepcopy(config)  # a private copy (resolving max_new_tokens writes into it)
     rl = config.rl
-    mesh = sharding.make_mesh(dict(config.mesh), devices=config_lib.mesh_devices(config))
+    objective = make_objective(config)
+    mesh = make_mesh(config)
     task = make_task(config)
+    model_cfg = make_model_config(config, task)
+    if workdir is not None:
+        config_lib.check_workdir_writable(workdir)
     if rl.max_new_tokens <= 0:
         rl.max_new_tokens = task.max_response_len
-    model_cfg = build_model_config(config, task)
-    objective = objectives.get_objective(
-        config.objective.name, **config_lib.objective_overrides(config.objective)
-    )
     updates_per_step = rl.num_epochs * rl.num_minibatches
     tx, schedule = make_optimizer(config.optimizer, rl.num_steps * updates_per_step)
     graphdef, abs_params, rest, state_sh = abstract_params(model_cfg, mesh, config.seed)
@@ -245,7 +514,7 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
     )
 
 
-def initial_state(run: Run, params) -> ts.TrainState:
+def initial_state(run: Run, params) -> TrainState:
     """Step 0: the given (base) parameters, a fresh optimizer state, the run's base key; every
     leaf placed as abstract_state says (the same shardings a resumed run restores into)."""
     target = abstract_state(run, run.abs_params)
@@ -254,7 +523,7 @@ def initial_state(run: Run, params) -> ts.TrainState:
     with sharding.use_mesh(run.mesh):
         opt_state = jax.jit(run.tx.init, out_shardings=shardings.opt_state)(params)
     key = jax.random.key_data(jax.random.key(run.config.seed))
-    return ts.TrainState(
+    return TrainState(
         step=jax.device_put(jnp.zeros((), jnp.int32), shardings.step),
         params=params,
         opt_state=opt_state,
@@ -263,21 +532,21 @@ def initial_state(run: Run, params) -> ts.TrainState:
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str | None = None) -> None:
-    """Validates the config, prepares the dataset and trains/caches the warm start, then returns.
+    """Checks and builds the run, prepares the dataset and trains/caches the warm start, then
+    returns.
 
     Run it once single-process before a multi-host run (``main --prepare_only``): the multi-host
     loader reads the cached warm start but does not train it.
     """
     from gspo_jax import data
 
-    config_lib.validate(config, workdir)
-    task = make_task(config)
-    data.prepare(task, config.data.data_dir or None)
+    run = build_run(config, workdir)
+    data.prepare(run.task, config.data.data_dir or None)
     if config.init.kind == "warmstart":
         _base_model(
             config,
-            task,
-            build_model_config(config, task),
+            run.task,
+            run.model_cfg,
             cache_dir_of(config),
             mesh=None,
             progress=config.log.progress,

@@ -146,7 +146,7 @@ def run() -> None:
 
     A configuration problem prints one ``error: ...`` line and exits with code 2, before any work:
     the config file's arguments are checked here (load_config_file turns get_config's ValueError
-    into a ConfigError) before absl parses the flags, and everything else by config.validate,
+    into a ConfigError) before absl parses the flags, and everything else by experiment.build_run,
     the first thing trainer.train and experiment.prepare do.
     """
     try:

@@ -57,6 +57,7 @@ from gspo_jax import config as config_lib
 from gspo_jax import hlo_cost, sampler, sharding
 from gspo_jax import train_step as ts
 from gspo_jax.models import attention
+from gspo_jax.rl_batch import RLBatch
 
 GIB = 2**30
 HEADROOM = 0.9  # keep 10 % of HBM for the runtime, fragmentation and what XLA does not count
@@ -126,33 +127,6 @@ def _peak(compiled) -> int:
     return int(max(total, getattr(m, "peak_memory_in_bytes", 0) or 0))
 
 
-def abstract_batch(run, abs_state) -> dict:
-    """ShapeDtypeStructs of one RL batch at the run's shapes (rows sharded like the trainer's)."""
-    rl, mesh = run.config.rl, run.mesh
-    P, G, T = rl.prompts_per_step, rl.group_size, rl.max_new_tokens
-    B, Lp = P * G, run.task.max_prompt_len
-
-    def rows(shape, dtype):
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding.rows_sharding(mesh, len(shape)))
-
-    batch = {
-        "prompts": rows((B, Lp), jnp.int32),
-        "prompt_lengths": rows((B,), jnp.int32),
-        "responses": rows((B, T), jnp.int32),
-        "mask": rows((B, T), jnp.float32),
-        "old_logp": rows((B, T), jnp.float32),
-        "adv": rows((B,), jnp.float32),
-    }
-    if run.uses_rollout_logp:
-        batch["rollout_logp"] = rows((B, T), jnp.float32)
-    if run.objective.kl_coef > 0:
-        batch["ref_logp"] = rows((B, T), jnp.float32)
-    if rl.routing_replay:
-        cfg = run.model_cfg
-        batch["routes"] = rows((B, cfg.num_layers, Lp + T, cfg.experts_per_token), jnp.int32)
-    return batch
-
-
 def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     """Compiles the rollout and the update of ``config`` on its mesh and returns the plan.
 
@@ -183,7 +157,7 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
         rollout_traced = phases.rollout.trace(abs_state.params, prompts, lengths, key)
         rollout = rollout_traced.lower().compile()
         t1 = clock()
-        update_traced = phases.update.trace(abs_state, abstract_batch(run, abs_state), key)
+        update_traced = phases.update.trace(abs_state, RLBatch.abstract(run), key)
         update = update_traced.lower().compile()
         t2 = clock()
         step_traced = _decode_step_fn(run).trace(*_decode_step_args(run, abs_state))

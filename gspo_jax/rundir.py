@@ -4,6 +4,12 @@
                                    config.1.json, config.2.json, ... (oldest first)
     <workdir>/metrics.jsonl        one record per step, never a step twice (see cut_metrics)
     <workdir>/checkpoints/<step>/  orbax checkpoints; their meta item holds the config and its hash
+    <workdir>/base_eval.json       the base policy's held-out evaluation (written at step 0)
+    <workdir>/summary.json         the closing summary of a finished run (strict JSON: no NaN)
+
+``--start_fresh`` moves the checkpoints (checkpoint.move_aside), summary.json and base_eval.json
+aside (move_run_files_aside), so a new run in the same workdir does not mix with the old one's
+record. The functions that write take ``writer``: only the writer process (process 0) writes.
 
 A restart in the same workdir resumes from the newest checkpoint. It must be the same experiment:
 ``check_resume_config`` compares the checkpoint's config with the new one and refuses a change in
@@ -28,8 +34,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from gspo_jax import config as config_lib
 
@@ -186,3 +195,101 @@ def cut_metrics(workdir: str, keep_until: int) -> str | None:
     aside = _keep_aside(path, "metrics.{}.jsonl")
     _write_replacing(path, "".join(kept))
     return aside
+
+
+# ------------------------------------------------------------------------------ fresh start
+
+
+def move_run_files_aside(workdir: str, *, writer: bool) -> None:
+    """--start_fresh: summary.json and base_eval.json describe the run whose checkpoints were
+    moved aside; they are kept beside themselves as <name>.moved-<time>."""
+    for name in ("summary.json", "base_eval.json"):
+        path = os.path.join(workdir, name)
+        if writer and os.path.exists(path):
+            os.replace(path, f"{path}.moved-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+# ------------------------------------------------------------------------------ base eval, summary
+
+
+def read_base_eval(workdir: str) -> dict[str, float] | None:
+    """The base policy's evaluation recorded at step 0 (None if there is none)."""
+    path = os.path.join(workdir, "base_eval.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_base_eval(workdir: str, base_eval: dict[str, float], *, writer: bool) -> None:
+    """Records the base policy's evaluation."""
+    if writer:
+        with open(os.path.join(workdir, "base_eval.json"), "w") as f:
+            json.dump(base_eval, f, indent=2)
+
+
+def make_summary(
+    objective: str,
+    workdir: str,
+    base_eval: dict[str, float] | None,
+    last_eval: dict[str, float] | None,
+    **figures: float,
+) -> dict:
+    """The closing summary: base and final evaluation (eval/ prefixes dropped), their greedy
+    accuracy difference when both exist, and ``figures`` (steps, wall_s, warmstart_s, rl_s)."""
+    summary = {
+        "base": _eval_summary(base_eval),
+        "final": _eval_summary(last_eval),
+        **figures,
+        "objective": objective,
+        "workdir": workdir,
+    }
+    if summary["base"] and summary["final"]:
+        summary["delta_greedy_accuracy"] = summary["final"].get(
+            "greedy_accuracy", np.nan
+        ) - summary["base"].get("greedy_accuracy", np.nan)
+    return summary
+
+
+def write_summary(workdir: str, summary: dict, *, writer: bool) -> None:
+    """summary.json (strict JSON) and the closing block on stdout."""
+    if writer:
+        with open(os.path.join(workdir, "summary.json"), "w") as f:
+            json.dump(strict_json(summary), f, indent=2, allow_nan=False)
+        print(format_summary(summary), flush=True)
+
+
+def _eval_summary(m: dict[str, float] | None) -> dict[str, float] | None:
+    if m is None:
+        return None
+    return {k.split("/", 1)[1]: v for k, v in m.items()}
+
+
+def strict_json(x):
+    """NaN / inf -> None (JSON null), recursively: summary.json must parse anywhere."""
+    if isinstance(x, dict):
+        return {k: strict_json(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [strict_json(v) for v in x]
+    if isinstance(x, float | np.floating) and not np.isfinite(x):
+        return None
+    return x
+
+
+def format_summary(s: dict) -> str:
+    """The closing block printed at the end of a run."""
+    lines = ["", f"== summary ({s['objective']}, {s['workdir']}) =="]
+    for name in ("base", "final"):
+        e = s.get(name)
+        if e:
+            lines.append(
+                f"{name:5s}  held-out greedy accuracy {e.get('greedy_accuracy', float('nan')):.3f}"
+                f"  mean response length {e.get('mean_response_length', float('nan')):.1f}"
+            )
+    if "delta_greedy_accuracy" in s:
+        lines.append(f"delta  {100 * s['delta_greedy_accuracy']:+.1f} points")
+    lines.append(
+        f"steps {s['steps']}  wall {s['wall_s']:.0f} s  (warm start {s['warmstart_s']:.0f} s,"
+        f" RL {s['rl_s']:.0f} s)"
+    )
+    return "\n".join(lines)

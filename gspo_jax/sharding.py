@@ -28,7 +28,8 @@ update and the checkpoint shardings alike. Change the table here, in one place, 
 
 Batch rows (prompts, responses, every per-row array of the RL step) are sharded by one helper,
 ``rows_sharding(mesh, ndim)``: rows over (data, fsdp, expert), everything else replicated;
-``row_shards(mesh)`` is how many ways the rows split.
+``row_shards(mesh)`` is how many ways the rows split. Inside jit, ``constrain_rows`` and
+``chunk_rows`` keep rows (and the chunks a pass runs in) sharded that way.
 """
 
 from __future__ import annotations
@@ -196,6 +197,29 @@ def rows_sharding(mesh: jax.sharding.Mesh, ndim: int = 2) -> NamedSharding:
     replicated. B must be divisible by row_shards(mesh).
     """
     return NamedSharding(mesh, PartitionSpec(row_spec(mesh), *([None] * (ndim - 1))))
+
+
+def constrain_rows(x: jax.Array, mesh: jax.sharding.Mesh | None) -> jax.Array:
+    """Inside jit: keeps a [B, ...] array's rows sharded over the batch axes (rows_sharding); a
+    no-op without a mesh (a single-device caller)."""
+    if mesh is None:
+        return x
+    return jax.lax.with_sharding_constraint(x, rows_sharding(mesh, x.ndim))
+
+
+def chunk_rows(tree, n: int, mesh: jax.sharding.Mesh | None):
+    """Inside jit: every [B, ...] leaf -> [n, B/n, ...], chunk c holding rows c*B/n ...
+    (c+1)*B/n - 1, each chunk's rows sharded over the batch axes (without a mesh: unconstrained).
+    How a pass runs in sequential chunks (lax.map / scan over the leading axis) to bound memory."""
+
+    def one(x):
+        y = x.reshape(n, x.shape[0] // n, *x.shape[1:])
+        if mesh is None:
+            return y
+        spec = PartitionSpec(None, row_spec(mesh), *([None] * (x.ndim - 1)))
+        return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, spec))
+
+    return jax.tree.map(one, tree)
 
 
 def shard_batch(batch, mesh: jax.sharding.Mesh):

@@ -4,14 +4,15 @@
 
 Setup (task, model, objective, optimizer, mesh, base policy) lives in experiment.py; one RL step
 (its jitted phases and ``rl_step``) in train_step.py; multi-host data placement in distributed.py.
-This module is the loop around them: resume, log, evaluate, checkpoint.
+This module is the loop around them: resume, log, evaluate, checkpoint; the run directory's
+files (base_eval.json, summary.json, the --start_fresh moves) are rundir.py's.
 
 Dimension legend: P prompts per step (P_local on this process), G samples per prompt, B = P*G
 response rows (group-contiguous), Lp padded prompt length, T = max_new_tokens.
 
 One RL step, phase by phase, is described once, in docs/design.md "The data flow of one RL step".
 
-Randomness is a pure function of (config.seed, step) (train_step.step_keys), and the data
+Randomness is a pure function of (config.seed, step) (experiment.step_keys), and the data
 iterator's state is checkpointed, so restarting the same command in the same workdir resumes
 exactly: parameters and metrics equal those of an uninterrupted run. The same config gives the same
 results on one device and on a mesh of many (sharding changes only the order of float sums).
@@ -29,7 +30,6 @@ before any work every process checks that all run the same config in the same sh
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import threading
@@ -83,12 +83,6 @@ def evaluate(run: exp.Run, params) -> dict[str, float] | None:
         except (TypeError, ValueError):
             continue  # non-scalar extras (e.g. examples) are not metrics
     return metrics_lib.with_prefix("eval/", scalars)
-
-
-def _eval_summary(m: dict[str, float] | None) -> dict[str, float] | None:
-    if m is None:
-        return None
-    return {k.split("/", 1)[1]: v for k, v in m.items()}
 
 
 # ------------------------------------------------------------------------------ the loop
@@ -169,7 +163,7 @@ def train(
 ) -> dict | None:
     """Runs (or resumes) the experiment ``config`` in ``workdir``; returns the summary dict.
 
-    Every configuration check runs first (config.validate), so a bad config fails in seconds; a
+    Every configuration check runs first (experiment.build_run), so a bad config fails in seconds; a
     resume with a config that differs from the checkpoint's in a field outside
     rundir.SAFE_TO_CHANGE is refused unless ``allow_config_change``. ``start_fresh`` moves the
     checkpoint folder aside and starts from step 0 (for a folder with no readable checkpoint).
@@ -191,10 +185,7 @@ def train(
         moved = checkpoint_lib.move_aside(ckpt_dir)
         if moved:
             notes.append(f"--start_fresh: moved {ckpt_dir} aside to {moved}")
-        for name in ("summary.json", "base_eval.json"):  # they describe the run moved aside
-            path = os.path.join(workdir, name)
-            if metrics_lib.is_writer_process() and os.path.exists(path):
-                os.replace(path, f"{path}.moved-{time.strftime('%Y%m%d-%H%M%S')}")
+        rundir.move_run_files_aside(workdir, writer=metrics_lib.is_writer_process())
 
     # ---- data, checkpoints, config identity, logs (nothing is written before the config check)
     data_iter = distributed.make_data_iterator(config, run.task)
@@ -242,7 +233,6 @@ def train(
     # ---- initial state: resume, or the base policy
     cache_dir = exp.cache_dir_of(config)
     base_eval, warm_s, prior_wall, ref_params = None, 0.0, 0.0, None
-    base_eval_path = os.path.join(workdir, "base_eval.json")
     pod.set_phase("loading the warm start")
     collapse = metrics_lib.CollapseWatch(rl.collapse_patience)
     if restored is not None:
@@ -250,9 +240,7 @@ def train(
         prior_wall = float(meta.get("wall_s", 0.0))
         collapse.load(meta.get("collapse"))
         notes.append(f"resumed from step {resumed_step} in {workdir}")
-        if os.path.exists(base_eval_path):
-            with open(base_eval_path) as f:
-                base_eval = json.load(f)
+        base_eval = rundir.read_base_eval(workdir)
         if run.objective.kl_coef > 0:
             ref_params, _ = pod.together(
                 "loading the warm start", lambda: exp.base_params(run, cache_dir)
@@ -271,9 +259,7 @@ def train(
             base_eval = evaluate(run, state.params)
             base_eval["time/eval_s"] = time.time() - t0
             writer.write(0, base_eval)
-            if writer.enabled:
-                with open(base_eval_path, "w") as f:
-                    json.dump(base_eval, f, indent=2)
+            rundir.write_base_eval(workdir, base_eval, writer=writer.enabled)
             notes.append("base  " + _fmt_eval(base_eval))
     phases = ts.make_phases(run, state, with_ref=ref_params is not None)
     log = metrics_lib.Progress(
@@ -357,58 +343,21 @@ def train(
 
     if last_eval is None:
         last_eval = evaluate(run, state.params)
-    summary = {
-        "base": _eval_summary(base_eval),
-        "final": _eval_summary(last_eval),
-        "steps": int(jax.device_get(state.step)),
-        "wall_s": prior_wall + time.time() - t_start,
-        "warmstart_s": warm_s,
-        "rl_s": time.time() - t_loop,
-        "objective": config.objective.name,
-        "workdir": workdir,
-    }
-    if summary["base"] and summary["final"]:
-        summary["delta_greedy_accuracy"] = summary["final"].get(
-            "greedy_accuracy", np.nan
-        ) - summary["base"].get("greedy_accuracy", np.nan)
-    if metrics_lib.is_writer_process():
-        with open(os.path.join(workdir, "summary.json"), "w") as f:
-            json.dump(_strict_json(summary), f, indent=2, allow_nan=False)
-        print(format_summary(summary), flush=True)
+    summary = rundir.make_summary(
+        config.objective.name,
+        workdir,
+        base_eval,
+        last_eval,
+        steps=int(jax.device_get(state.step)),
+        wall_s=prior_wall + time.time() - t_start,
+        warmstart_s=warm_s,
+        rl_s=time.time() - t_loop,
+    )
+    rundir.write_summary(workdir, summary, writer=metrics_lib.is_writer_process())
     return summary
-
-
-def _strict_json(x):
-    """NaN / inf -> None (JSON null), recursively: summary.json must parse anywhere."""
-    if isinstance(x, dict):
-        return {k: _strict_json(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_strict_json(v) for v in x]
-    if isinstance(x, float | np.floating) and not np.isfinite(x):
-        return None
-    return x
 
 
 def _fmt_eval(m: dict[str, float]) -> str:
     acc = m.get("eval/greedy_accuracy", float("nan"))
     length = m.get("eval/mean_response_length", float("nan"))
     return f"held-out greedy accuracy {acc:.3f}  mean response length {length:.1f}"
-
-
-def format_summary(s: dict) -> str:
-    """The closing block printed at the end of a run."""
-    lines = ["", f"== summary ({s['objective']}, {s['workdir']}) =="]
-    for name in ("base", "final"):
-        e = s.get(name)
-        if e:
-            lines.append(
-                f"{name:5s}  held-out greedy accuracy {e.get('greedy_accuracy', float('nan')):.3f}"
-                f"  mean response length {e.get('mean_response_length', float('nan')):.1f}"
-            )
-    if "delta_greedy_accuracy" in s:
-        lines.append(f"delta  {100 * s['delta_greedy_accuracy']:+.1f} points")
-    lines.append(
-        f"steps {s['steps']}  wall {s['wall_s']:.0f} s  (warm start {s['warmstart_s']:.0f} s,"
-        f" RL {s['rl_s']:.0f} s)"
-    )
-    return "\n".join(lines)

@@ -2,9 +2,9 @@
 
 A configuration problem (an unknown task, model preset or eval split, a task knob out of range, a
 bad ``config.py:arg``, a response longer than the model's KV cache, a NaN or infinite
-hyperparameter) is a ConfigError raised by config.load_config_file or config.validate, before the
-workdir is created, the dataset prepared or the warm start trained; main.py prints it as one
-``error: ...`` line on stderr and exits with code 2. Most cases call validate directly (no JAX
+hyperparameter) is a ConfigError raised by config.load_config_file or experiment.build_run, before
+the workdir is created, the dataset prepared or the warm start trained; main.py prints it as one
+``error: ...`` line on stderr and exits with code 2. Most cases call build_run directly (no JAX
 start-up per case); a few run ``python -m gspo_jax.main`` to cover the command-line path.
 """
 
@@ -17,6 +17,7 @@ import ml_collections
 import pytest
 
 from gspo_jax import config as config_lib
+from gspo_jax import experiment
 from gspo_jax.config import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,11 +32,7 @@ def _runlocal(**fields) -> ml_collections.ConfigDict:
     )
     c.unlock()
     for key, value in fields.items():
-        *path, last = key.split("__")
-        node = c
-        for part in path:
-            node = node[part]
-        node[last] = value
+        config_lib.set_field(c, key.replace("__", "."), value)
     return c
 
 
@@ -132,11 +129,11 @@ BAD_CONFIGS = [
 def test_validate_rejects_bad_config_before_any_work(fields, pattern, tmp_path):
     workdir = tmp_path / "run"
     with pytest.raises(ConfigError) as e:
-        config_lib.validate(_runlocal(**fields), str(workdir))
+        experiment.build_run(_runlocal(**fields), str(workdir))
     message = str(e.value)
     assert re.search(pattern, message), message
     assert "\n" not in message
-    assert not workdir.exists()  # validate touches the workdir last, only when all else passed
+    assert not workdir.exists()  # build_run touches the workdir last, only when all else passed
 
 
 @pytest.mark.parametrize(
@@ -156,9 +153,9 @@ def test_config_file_argument_errors_are_config_errors(arg, pattern):
 def test_good_configs_still_validate():
     """The new checks do not reject the shipped experiments (dense and MoE, with replay)."""
     for spec in (ARITH, f"{ARITH}:runlocal", f"{MOE}:runlocal,routing_replay", MOE):
-        config_lib.validate(config_lib.load_config_file(os.path.join(REPO, spec)), None)
-    config_lib.validate(_runlocal(task__name="countdown", task__kwargs={}), None)
-    config_lib.validate(_runlocal(eval__split="train", rl__max_new_tokens=249), None)
+        experiment.build_run(config_lib.load_config_file(os.path.join(REPO, spec)), None)
+    experiment.build_run(_runlocal(task__name="countdown", task__kwargs={}), None)
+    experiment.build_run(_runlocal(eval__split="train", rl__max_new_tokens=249), None)
 
 
 # Through `python -m gspo_jax.main`: one line on stderr, exit code 2, nothing written or trained.

@@ -1,5 +1,6 @@
 """Config machinery: typed get_config arguments, CLI overrides, sweeps, early validation."""
 
+import collections
 import json
 import os
 import subprocess
@@ -11,7 +12,7 @@ from ml_collections import config_dict
 from trainer_runs import load_repo_module
 
 from gspo_jax import config as config_lib
-from gspo_jax import objectives
+from gspo_jax import experiment, objectives
 from gspo_jax.config import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -136,8 +137,8 @@ def _cfg(**rl):
 
 
 def test_validate_accepts_default_and_runlocal(tmp_path):
-    config_lib.validate(get_config(), str(tmp_path / "a"))
-    config_lib.validate(get_config("runlocal"), str(tmp_path / "b"))
+    experiment.build_run(get_config(), str(tmp_path / "a"))
+    experiment.build_run(get_config("runlocal"), str(tmp_path / "b"))
 
 
 @pytest.mark.parametrize(
@@ -154,22 +155,45 @@ def test_validate_accepts_default_and_runlocal(tmp_path):
 def test_validate_rejects(change, match, tmp_path):
     # 8 simulated devices (conftest): the data axis has 8 shards.
     with pytest.raises(ConfigError, match=match):
-        config_lib.validate(_cfg(**change), str(tmp_path))
+        experiment.build_run(_cfg(**change), str(tmp_path))
 
 
 def test_validate_objective_and_mesh(tmp_path):
     c = _cfg()
     c.objective.name = "ppo"
     with pytest.raises(ConfigError, match="config.objective.*gspo"):
-        config_lib.validate(c, str(tmp_path))
+        experiment.build_run(c, str(tmp_path))
     c = _cfg()
     c.objective.eps_low = 1.5
     with pytest.raises(ConfigError, match="eps_low"):
-        config_lib.validate(c, str(tmp_path))
+        experiment.build_run(c, str(tmp_path))
     c = _cfg()
     c.mesh.data, c.mesh.tensor = 3, 1
     with pytest.raises(ConfigError, match="config.mesh"):
-        config_lib.validate(c, str(tmp_path))
+        experiment.build_run(c, str(tmp_path))
+
+
+def test_build_run_builds_each_part_once(monkeypatch):
+    """build_run checks and builds the objective, the mesh, the task and the model config once
+    each: no second build to check them (the libraries' constructors are counted)."""
+    from gspo_jax import models, sharding, tasks
+
+    calls = collections.Counter()
+    for module, name in (
+        (objectives, "get_objective"),
+        (sharding, "make_mesh"),
+        (tasks, "get_task"),
+        (models, "get_model_config"),
+    ):
+        real = getattr(module, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+    experiment.build_run(get_config("runlocal"), None)
+    assert calls == {"get_objective": 1, "make_mesh": 1, "get_task": 1, "get_model_config": 1}
 
 
 def test_validate_unwritable_workdir(tmp_path):
@@ -177,7 +201,7 @@ def test_validate_unwritable_workdir(tmp_path):
     blocker.write_text("not a directory")
     # (chmod cannot make a directory unwritable for root; a path under a file fails for everyone)
     with pytest.raises(ConfigError, match="not writable.*--workdir"):
-        config_lib.validate(get_config("runlocal"), str(blocker / "run"))
+        experiment.build_run(get_config("runlocal"), str(blocker / "run"))
 
 
 def test_sweep_expands_to_commands_and_collects_tables(tmp_path, capsys):
@@ -237,7 +261,7 @@ def test_multihost_cold_warm_start_cache_is_a_config_error(tmp_path, monkeypatch
     prints it without a traceback) naming --prepare_only, and trains nothing."""
     import jax
 
-    from gspo_jax import experiment, warmstart
+    from gspo_jax import warmstart
 
     c = get_config("runlocal")
     c.init.cache_dir = str(tmp_path / "cache")
@@ -249,7 +273,7 @@ def test_multihost_cold_warm_start_cache_is_a_config_error(tmp_path, monkeypatch
         experiment._base_model(
             c,
             task,
-            experiment.build_model_config(c, task),
+            experiment.make_model_config(c, task),
             c.init.cache_dir,
             mesh=None,
             progress=False,
@@ -313,10 +337,10 @@ def test_token_advantages_need_a_per_token_ratio():
     with c.unlocked():
         c.rl.token_advantages = True
     with pytest.raises(ConfigError, match="token_advantages=True .* one ratio per response"):
-        config_lib.validate(c, None)
+        experiment.build_run(c, None)
     with c.unlocked():
         c.objective.name = "gspo_token"
-    config_lib.validate(c, None)
+    experiment.build_run(c, None)
 
 
 def test_pod_timeout_must_be_positive():

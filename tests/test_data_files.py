@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from gspo_jax import config as config_lib
-from gspo_jax import data, data_files, tasks, warmstart
+from gspo_jax import data, data_files, experiment, tasks, warmstart
 from gspo_jax.tasks import gsm8k, math_problems
 
 FIXTURE = Path(__file__).parent / "data" / "gsm8k_sample.jsonl"
@@ -194,7 +194,7 @@ def test_bad_files_give_one_line_errors_naming_them(folders, data_dir, tmp_path)
     )
     cfg = ml_collections.ConfigDict(dict(eval=dict(split="test", num_problems=8)))
     with pytest.raises(config_lib.ConfigError, match=r"has no \['train'\] split"):
-        config_lib.check_eval_split(cfg, task)  # a run fails at validation, before any work
+        experiment.check_eval_split(cfg, task)  # a run fails at validation, before any work
     (tmp_path / "csv").mkdir()
     (tmp_path / "csv" / "train.csv").write_text("question,answer\n")
     _one_line_error(

@@ -614,7 +614,7 @@ def test_a_run_starts_from_a_checkpoint_folder(shared, tmp_path):
     cfg = make_config(shared, num_devices=1)
     cfg.rl.num_steps, cfg.eval.num_problems = 1, 0
     task = experiment.make_task(cfg)
-    source = models.create_model(experiment.build_model_config(cfg, task), seed=7)
+    source = models.create_model(experiment.make_model_config(cfg, task), seed=7)
     models.save_hf_checkpoint(source, str(tmp_path / "ckpt"))
     cfg.init.kind = "hf"
     cfg.init.checkpoint = str(tmp_path / "ckpt")
@@ -626,7 +626,7 @@ def test_a_run_starts_from_a_checkpoint_folder(shared, tmp_path):
     assert trainer.train(cfg, str(tmp_path / "run"))["steps"] == 1
     cfg.init.checkpoint = str(tmp_path / "missing")
     with pytest.raises(config_lib.ConfigError, match="needs config.init.checkpoint"):
-        config_lib.validate(cfg, None)
+        experiment.build_run(cfg, None)
 
 
 def test_a_trained_run_exports_to_a_checkpoint_folder(single, tmp_path):

@@ -142,3 +142,47 @@ def test_plan_prints_time_estimates():
     assert "ESTIMATE" in text and "459 TFLOP/s" in text and "2765 GB/s" in text
     assert "decode step" in text and "2.00 ms" in text and "1.00 s" in text
     assert "3 decode steps + prefill" in text
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"objective.name": "gspo_token", "rl.token_advantages": True},  # adv [B, T]
+        {"objective.name": "grpo", "objective.kl_coef": 0.01},  # ref_logp
+        {"objective.name": "grpo", "objective.kl_coef": 0.01, "rl.kl_in_reward": True},  # none
+        {
+            "objective.name": "grpo",
+            "objective.rollout_correction": "token_tis",
+            "rl.recompute_old_logp": True,
+        },
+    ],
+    ids=["plain", "token_adv", "ref", "kl_in_reward", "rollout_logp"],
+)
+def test_the_dry_run_plans_the_batch_the_run_makes(shared, extra):
+    """RLBatch.abstract(run), which the dry run compiles the update with, has the fields, shapes
+    and dtypes of the batch the step's phases make (traced abstractly: nothing runs)."""
+    from trainer_runs import make_config
+
+    from gspo_jax import train_step as ts
+    from gspo_jax.rl_batch import RLBatch
+
+    run = exp.build_run(make_config(shared, num_devices=1, **extra))
+    state = exp.abstract_state(run, run.abs_params)
+    phases = ts.make_phases(run, state, with_ref=run.objective.kl_coef > 0)
+    rl = run.config.rl
+    P, B = rl.prompts_per_step, rl.prompts_per_step * rl.group_size
+    prompts = jax.ShapeDtypeStruct((P, run.task.max_prompt_len), jnp.int32)
+    lengths = jax.ShapeDtypeStruct((P,), jnp.int32)
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32)
+    rewards, truncated = jax.ShapeDtypeStruct((B,), jnp.float32), jax.ShapeDtypeStruct((B,), bool)
+    sample = jax.eval_shape(phases.rollout, state.params, prompts, lengths, key)
+    batch, _ = jax.eval_shape(phases.prepare, sample, rewards, prompts, lengths, truncated)
+    if phases.ref is not None:
+        batch = batch.replace(ref_logp=jax.eval_shape(phases.ref, state.params, batch)["logp"])
+    if phases.kl_reward is not None:
+        batch, _ = jax.eval_shape(phases.kl_reward, batch, rewards)
+    want = RLBatch.abstract(run)
+    assert jax.tree.structure(batch) == jax.tree.structure(want)
+    for got, planned in zip(jax.tree.leaves(batch), jax.tree.leaves(want), strict=True):
+        assert (got.shape, got.dtype) == (planned.shape, planned.dtype)

@@ -131,9 +131,9 @@ def test_collapse_watch_warns_once_per_stretch():
 
 
 def test_summary_json_is_strict():
-    from gspo_jax import trainer
+    from gspo_jax import rundir
 
-    s = trainer._strict_json({"a": math.nan, "b": [1.0, math.inf], "c": {"d": 2}})
+    s = rundir.strict_json({"a": math.nan, "b": [1.0, math.inf], "c": {"d": 2}})
     assert json.loads(json.dumps(s, allow_nan=False)) == {
         "a": None,
         "b": [1.0, None],

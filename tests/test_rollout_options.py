@@ -11,17 +11,18 @@ from trainer_runs import assert_records, assert_trees, final_params, make_config
 
 from gspo_jax import config as config_lib
 from gspo_jax import experiment as exp
-from gspo_jax import sampler, sharding, trainer
-from gspo_jax import train_step as ts
+from gspo_jax import rl_batch, sampler, sharding, trainer
 
 
 def test_overlong_penalty_matches_dapo_eq13_by_hand():
     # L_max = 10, L_cache = 4: free up to 6 tokens, linear to -pen at 10, -pen when truncated.
     lengths = jnp.array([3, 6, 7, 8, 10, 10])
     truncated = jnp.array([False, False, False, False, False, True])
-    got = ts.overlong_penalty(lengths, truncated, max_len=10, buffer=4, penalty=2.0)
+    got = rl_batch.overlong_penalty(lengths, truncated, max_len=10, buffer=4, penalty=2.0)
     np.testing.assert_allclose(got, [0.0, 0.0, -0.5, -1.0, -2.0, -2.0])
-    only_truncation = ts.overlong_penalty(lengths, truncated, max_len=10, buffer=0, penalty=1.0)
+    only_truncation = rl_batch.overlong_penalty(
+        lengths, truncated, max_len=10, buffer=0, penalty=1.0
+    )
     np.testing.assert_allclose(only_truncation, [0, 0, 0, 0, 0, -1.0])
 
 
@@ -45,7 +46,7 @@ def test_dynamic_sampling_keeps_groups_with_signal_in_generated_order(shared):
     cfg = make_config(shared, num_devices=1)
     cfg.rl.prompts_per_step, cfg.rl.group_size = 2, 2
     run = exp.build_run(cfg)
-    select = ts.make_select_fn(run)
+    select = rl_batch.make_select_fn(run)
     s1, s2 = _fake_sample([[1], [2], [3], [4]]), _fake_sample([[5], [6], [7], [8]])
     r1, r2 = jnp.array([1.0, 1.0, 0.0, 1.0]), jnp.array([1.0, 0.0, 0.5, 0.5])
     sig1, sig2 = jnp.array([False, True]), jnp.array([True, False])
@@ -136,13 +137,13 @@ def test_bad_rollout_options_are_config_errors(shared, field, value, match):
     if value == "batch":
         cfg.rl.advantage_estimator = "rloo"
     with pytest.raises(config_lib.ConfigError, match=match):
-        config_lib.validate(cfg, None)
+        exp.build_run(cfg, None)
 
 
 def test_mismatch_metrics_by_hand():
     """Per token, per sequence and per sequence over its length (the geometric-mean ratio's
     log), on rows of 3 tokens and 1 token."""
-    from gspo_jax.train_step import mismatch_metrics
+    from gspo_jax.rl_batch import mismatch_metrics
 
     old = np.array([[0.1, -0.2, 0.3, 9.0], [0.5, 9.0, 9.0, 9.0]], np.float32)  # 9: masked out
     mask = np.array([[1, 1, 1, 0], [1, 0, 0, 0]], np.float32)
@@ -186,10 +187,10 @@ def test_token_advantages_put_each_response_advantage_on_its_tokens(shared):
     adv = {}
     for name, run in zip(("base", "tok"), runs, strict=True):
         with sharding.use_mesh(run.mesh):
-            batch, _ = ts.make_prepare_fn(run)(
+            batch, _ = rl_batch.make_prepare_fn(run)(
                 sample, rewards, prompts, lengths, jnp.zeros(B, bool)
             )
-        adv[name] = np.asarray(batch["adv"])
+        adv[name] = np.asarray(batch.adv)
     assert adv["base"].shape == (B,) and adv["tok"].shape == (B, T)
     np.testing.assert_array_equal(adv["tok"], np.broadcast_to(adv["base"][:, None], (B, T)))
     assert np.abs(adv["base"]).max() > 0
@@ -210,7 +211,7 @@ def test_reinforce_pp_advantages_and_kl_in_reward_phases(shared):
             "rl.kl_in_reward": True,
         },
     )
-    config_lib.validate(cfg, None)
+    exp.build_run(cfg, None)
     run = exp.build_run(cfg)
     P, G, T = cfg.rl.prompts_per_step, cfg.rl.group_size, run.config.rl.max_new_tokens
     B = P * G
@@ -218,21 +219,23 @@ def test_reinforce_pp_advantages_and_kl_in_reward_phases(shared):
     sample, mask, rewards = _rollout(rng, B, T, random_logp=True)
     prompts, lengths = jnp.ones((P, 4), jnp.int32), jnp.full((P,), 4, jnp.int32)
     with sharding.use_mesh(run.mesh):
-        batch, _ = ts.make_prepare_fn(run)(sample, rewards, prompts, lengths, jnp.zeros(B, bool))
+        batch, _ = rl_batch.make_prepare_fn(run)(
+            sample, rewards, prompts, lengths, jnp.zeros(B, bool)
+        )
         want, _ = advantages.group_advantages(rewards, G, "reinforce_pp", mask=mask)
-        np.testing.assert_allclose(batch["adv"], want, rtol=1e-6)
-        ref_logp = batch["old_logp"] - jnp.asarray(rng.normal(0.0, 0.1, (B, T)), jnp.float32)
-        out, m = ts.make_kl_reward_fn(run)({**batch, "ref_logp": ref_logp}, rewards)
+        np.testing.assert_allclose(batch.adv, want, rtol=1e-6)
+        ref_logp = batch.old_logp - jnp.asarray(rng.normal(0.0, 0.1, (B, T)), jnp.float32)
+        out, m = rl_batch.make_kl_reward_fn(run)(batch.replace(ref_logp=ref_logp), rewards)
     beta = run.objective.kl_coef
-    k1 = (np.asarray(batch["old_logp"]) - np.asarray(ref_logp)) * mask
+    k1 = (np.asarray(batch.old_logp) - np.asarray(ref_logp)) * mask
     token_rewards = np.asarray(advantages.outcome_token_rewards(rewards, mask)) - beta * k1
     want, _ = advantages.group_advantages(token_rewards, G, "reinforce_pp", mask=mask)
-    np.testing.assert_allclose(out["adv"], want, rtol=1e-5, atol=1e-6)
-    assert "ref_logp" not in out and not np.allclose(out["adv"], batch["adv"])
+    np.testing.assert_allclose(out.adv, want, rtol=1e-5, atol=1e-6)
+    assert out.ref_logp is None and not np.allclose(out.adv, batch.adv)
     np.testing.assert_allclose(float(m["kl_reward_k1_mean"]), k1.sum() / mask.sum(), rtol=1e-5)
     # a group estimator: the response's reward minus β·Σ_t k1, then the group advantage
     grpo_run = dataclasses.replace(run, estimator="grpo")
     with sharding.use_mesh(run.mesh):
-        out, _ = ts.make_kl_reward_fn(grpo_run)({**batch, "ref_logp": ref_logp}, rewards)
+        out, _ = rl_batch.make_kl_reward_fn(grpo_run)(batch.replace(ref_logp=ref_logp), rewards)
     want, _ = advantages.group_advantages(np.asarray(rewards) - beta * k1.sum(-1), G)
-    np.testing.assert_allclose(out["adv"], want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out.adv, want, rtol=1e-5, atol=1e-6)

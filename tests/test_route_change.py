@@ -18,7 +18,7 @@ import pytest
 from trainer_runs import REPO, assert_trees, make_config, overrides
 
 from gspo_jax import config as config_lib
-from gspo_jax import distributed, sharding
+from gspo_jax import distributed, rl_batch, sharding
 from gspo_jax import experiment as exp
 from gspo_jax import train_step as ts
 
@@ -71,7 +71,7 @@ def test_route_change_frac_by_hand():
     lengths = jnp.array([2, 3])
     old = jnp.zeros((2, L, Lp + T, k), jnp.int32).at[..., 1].set(1)  # experts {0, 1} everywhere
     mask = jnp.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])  # 5 valid tokens x 2 layers = 10 pairs
-    frac = lambda new, m=mask: float(ts.route_change_frac(old, new, lengths, m))  # noqa: E731
+    frac = lambda new, m=mask: float(rl_batch.route_change_frac(old, new, lengths, m))  # noqa: E731
     assert frac(old) == 0.0
     assert frac(old[..., ::-1]) == 0.0  # same sets, other order
     # row 0, layer 1: prompt slot n - 1 = 1 (token 0) and slot Lp = 3 (token 1) change
@@ -113,7 +113,7 @@ def test_routes_reach_the_update_only_with_routing_replay(shared, logged):
     b = next(data)
     prompts = distributed.to_global(b["prompt"].astype(np.int32), run.mesh)
     lengths = distributed.to_global(b["prompt_length"].astype(np.int32), run.mesh)
-    key = ts.step_keys(np.asarray(jax.device_get(state.rng)), 0)["rollout"]
+    key = exp.step_keys(np.asarray(jax.device_get(state.rng)), 0)["rollout"]
     B = prompts.shape[0] * run.config.rl.group_size
     rewards, truncated = jnp.zeros(B), jnp.zeros(B, bool)
     rr = exp.build_run(_moe_config(shared, **{"rl.routing_replay": True}))
@@ -121,9 +121,9 @@ def test_routes_reach_the_update_only_with_routing_replay(shared, logged):
         sample = phases.rollout(state.params, prompts, lengths, key)
         assert sample.routes is not None
         batch, _ = phases.prepare(sample, rewards, prompts, lengths, truncated)
-        assert "routes" not in batch
-        batch, _ = ts.make_prepare_fn(rr)(sample, rewards, prompts, lengths, truncated)
-    np.testing.assert_array_equal(batch["routes"], jnp.swapaxes(sample.routes, 0, 1))
+        assert batch.routes is None
+        batch, _ = rl_batch.make_prepare_fn(rr)(sample, rewards, prompts, lengths, truncated)
+    np.testing.assert_array_equal(batch.routes, sample.routes)  # both batch-major
 
 
 def test_turning_the_metric_off_changes_nothing_else(shared, logged):
@@ -144,4 +144,4 @@ def test_turning_the_metric_off_changes_nothing_else(shared, logged):
 def test_log_route_change_on_a_dense_model_is_a_config_error(shared):
     c = make_config(shared, **{"rl.log_route_change": True})
     with pytest.raises(config_lib.ConfigError, match="log_route_change=True .* is dense"):
-        config_lib.validate(c, None)
+        exp.build_run(c, None)

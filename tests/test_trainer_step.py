@@ -8,9 +8,10 @@ import optax
 import pytest
 from flax import nnx
 
-from gspo_jax import advantages, models, objectives, sampler, sharding
-from gspo_jax import train_step as ts
-from gspo_jax.experiment import make_optimizer, make_schedule
+from gspo_jax import advantages, logprob_passes, models, objectives, sampler, sharding
+from gspo_jax.experiment import TrainState, make_optimizer, make_schedule, step_keys
+from gspo_jax.rl_batch import RLBatch
+from gspo_jax.update import make_update_fn
 
 P, G, LP, T = 4, 4, 6, 10
 EOS, PAD, V = 1, 0, 20
@@ -51,7 +52,7 @@ def _rollout(preset="tiny", seed=0):
     )
     rewards = (out.tokens[:, 0] % 3 == 0).astype(jnp.float32) + 0.1 * out.mask.sum(-1) / T
     adv, _ = advantages.group_advantages(rewards, G)
-    batch = dict(
+    batch = RLBatch(
         prompts=jnp.repeat(prompts, G, 0),
         prompt_lengths=jnp.repeat(lengths, G, 0),
         responses=out.tokens,
@@ -66,21 +67,20 @@ def test_recomputed_old_logp_equals_rollout_logp():
     model, batch = _rollout("tiny")
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     fn = jax.jit(
-        ts.make_logprob_fn(
+        logprob_passes.make_logprob_fn(
             graphdef,
             rest,
             temperature=1.0,
             num_chunks=2,
             return_routes=model.cfg.is_moe,
-            row_spec=None,
             mesh=None,
         )
     )
     out = fn(params, batch)
-    mask = np.asarray(batch["mask"])
+    mask = np.asarray(batch.mask)
     assert mask.sum() > P * G  # responses longer than one token
     np.testing.assert_allclose(
-        np.asarray(out["logp"]) * mask, np.asarray(batch["old_logp"]) * mask, atol=2e-5, rtol=1e-5
+        np.asarray(out["logp"]) * mask, np.asarray(batch.old_logp) * mask, atol=2e-5, rtol=1e-5
     )
 
 
@@ -89,7 +89,7 @@ def _update_fn(model, *, U=1, shuffle=True, objective="gspo", K=2, epochs=2, tx=
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = tx or make_optimizer(_opt_cfg(), 10)[0]
     fn = jax.jit(
-        ts.make_update_fn(
+        make_update_fn(
             graphdef,
             rest,
             objective
@@ -104,7 +104,7 @@ def _update_fn(model, *, U=1, shuffle=True, objective="gspo", K=2, epochs=2, tx=
             aux_loss_coef=1e-3,
         )
     )
-    state = ts.TrainState(
+    state = TrainState(
         step=jnp.int32(0),
         params=params,
         opt_state=tx.init(params),
@@ -148,7 +148,7 @@ def _max_param_diff(a, b) -> float:
 
 
 def test_routing_replay_update_uses_the_routes():
-    """The update's forward takes its experts from batch["routes"].
+    """The update's forward takes its experts from batch.routes.
 
     Replaying the routes the same parameters chose reproduces the rollout (log-probs, loss and
     update equal those of routing afresh); replaying other routes changes all three, so an update
@@ -157,13 +157,12 @@ def test_routing_replay_update_uses_the_routes():
     model, batch = _rollout("tiny_moe")
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     fn = jax.jit(
-        ts.make_logprob_fn(
+        logprob_passes.make_logprob_fn(
             graphdef,
             rest,
             temperature=1.0,
             num_chunks=1,
             return_routes=True,
-            row_spec=None,
             mesh=None,
         )
     )
@@ -171,9 +170,9 @@ def test_routing_replay_update_uses_the_routes():
     cfg = model.cfg
     own = out["routes"]  # [B, L, S, k]: the experts these parameters choose
     assert own.shape == (P * G, cfg.num_layers, LP + T, cfg.experts_per_token)
-    mask = np.asarray(batch["mask"])  # MoE: recomputed old_logp == rollout logp too
+    mask = np.asarray(batch.mask)  # MoE: recomputed old_logp == rollout logp too
     np.testing.assert_allclose(
-        np.asarray(out["logp"]) * mask, np.asarray(batch["old_logp"]) * mask, atol=2e-5, rtol=1e-5
+        np.asarray(out["logp"]) * mask, np.asarray(batch.old_logp) * mask, atol=2e-5, rtol=1e-5
     )
     # Every choice moved to the next expert: still k distinct experts per token, none the router's.
     other = (own + 1) % cfg.num_experts
@@ -182,8 +181,8 @@ def test_routing_replay_update_uses_the_routes():
     # One epoch of one minibatch: the whole update runs at the rollout's parameters.
     update = _update_fn(model, objective="grpo", K=1, epochs=1)
     s_fresh, m_fresh = update(batch)
-    s_own, m_own = update(dict(batch, routes=own))
-    s_other, m_other = update(dict(batch, routes=other))
+    s_own, m_own = update(batch.replace(routes=own))
+    s_other, m_other = update(batch.replace(routes=other))
     # replaying the routes the same parameters chose reproduces the rollout's log-probs ...
     assert abs(float(m_own["logp_diff_mean"])) < 1e-5 and float(m_own["logp_diff_absmax"]) < 1e-4
     # ... and so the loss and the update of routing afresh (with a load-balancing loss)
@@ -198,24 +197,23 @@ def test_routing_replay_update_uses_the_routes():
     assert _max_param_diff(s_other.params, s_fresh.params) > 1e-4  # Adam: ~lr per parameter
 
     # The recomputed old_logp replays the batch's routes too (and not with replay_routes=False).
-    replay = dict(batch, routes=other)
+    replay = batch.replace(routes=other)
     logp_other = np.asarray(fn(params, replay)["logp"]) * mask
-    assert np.abs(logp_other - np.asarray(batch["old_logp"]) * mask).max() > 1e-2
+    assert np.abs(logp_other - np.asarray(batch.old_logp) * mask).max() > 1e-2
     no_replay = jax.jit(
-        ts.make_logprob_fn(
+        logprob_passes.make_logprob_fn(
             graphdef,
             rest,
             temperature=1.0,
             num_chunks=1,
             return_routes=False,
-            row_spec=None,
             mesh=None,
             replay_routes=False,
         )
     )
     np.testing.assert_allclose(
         np.asarray(no_replay(params, replay)["logp"]) * mask,
-        np.asarray(batch["old_logp"]) * mask,
+        np.asarray(batch.old_logp) * mask,
         atol=2e-5,
         rtol=1e-5,
     )
@@ -230,7 +228,7 @@ def test_schedules_and_step_keys():
     with pytest.raises(ValueError, match="schedule"):
         make_schedule(_opt_cfg(schedule="step"), 10)
     base = jax.random.key_data(jax.random.key(0))
-    k1, k1b, k2 = ts.step_keys(base, 1), ts.step_keys(base, 1), ts.step_keys(base, 2)
+    k1, k1b, k2 = step_keys(base, 1), step_keys(base, 1), step_keys(base, 2)
     np.testing.assert_array_equal(k1["rollout"], k1b["rollout"])
     assert not np.array_equal(k1["rollout"], k2["rollout"])
     assert not np.array_equal(k1["rollout"], k1["shuffle"])

@@ -18,13 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import tempfile
 import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from machine import describe  # this folder is on sys.path: the script runs from it
 
 from gspo_jax import data, tasks
 
@@ -77,7 +77,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    results = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs"}
+    results = {"machine": describe()}
     with tempfile.TemporaryDirectory() as root:
         folders = write_folders(root)
         for layout, folder in folders.items():

@@ -18,10 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 
 import jax
 import jax.numpy as jnp
+from machine import describe  # this folder is on sys.path: the script runs from it
 
 from gspo_jax import models
 
@@ -92,11 +92,7 @@ def main(argv=None):
         with open(a.out, "w") as f:
             json.dump(
                 {
-                    "machine": {
-                        "platform": platform.platform(),
-                        "devices": [str(d) for d in jax.devices()],
-                        "jax": jax.__version__,
-                    },
+                    "machine": describe(),
                     "figures": figs,
                     "targets": {
                         "fwd_reduction_x": {"op": ">=", "threshold": 10.0},

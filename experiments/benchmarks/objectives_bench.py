@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from machine import describe  # this folder is on sys.path: the script runs from it
 
 from gspo_jax import objectives
 
@@ -208,14 +207,7 @@ def main(argv=None):
 
     if args.out:
         result = {
-            "machine": {
-                "platform": jax.devices()[0].platform,
-                "devices": [str(d) for d in jax.devices()],
-                "jax": jax.__version__,
-                "cpu": platform.processor() or platform.machine(),
-                "cpu_count": os.cpu_count(),
-                "shape": {"B": args.batch, "T": args.length},
-            },
+            "machine": describe(shape={"B": args.batch, "T": args.length}),
             "figures": figures,
             "targets": targets,
         }

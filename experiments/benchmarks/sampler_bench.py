@@ -40,7 +40,6 @@ import argparse
 import functools
 import json
 import os
-import platform
 import statistics
 import time
 
@@ -49,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 from flax import nnx
+from machine import describe  # this folder is on sys.path: the script runs from it
 
 from gspo_jax import models, sampler
 
@@ -100,6 +100,19 @@ def make_model(shape: str, max_seq_len: int, seed: int = 0, **overrides):
     return models.Transformer(cfg, rngs=nnx.Rngs(seed))
 
 
+def throughput(B: int, T: int, total_s: float, prefill_s: float, **extra) -> dict:
+    """One sampler's figures (ours, a decode layout, a peer): B rows of T new tokens took total_s,
+    prefill_s of it for the first token; decode tokens/s over the other T - 1 steps and total
+    tokens/s, beside the sampler's own ``extra`` entries."""
+    return {
+        **extra,
+        "total_s": total_s,
+        "prefill_s": prefill_s,
+        "decode_tps": B * (T - 1) / max(total_s - prefill_s, 1e-9),
+        "total_tps": B * T / total_s,
+    }
+
+
 def bench_ours(model, prompts, lengths, G, T, repeats):
     kw = dict(num_samples=G, max_new_tokens=T, temperature=1.0, eos_id=-1)
     key = jax.random.key(0)
@@ -132,14 +145,7 @@ def bench_ours(model, prompts, lengths, G, T, repeats):
     )
     _, prefill_s = timed(lambda: pre(state, prompts, lengths), repeats, "ours prefill")
     B = prompts.shape[0] * G
-    return {
-        "compile_s": compile_s,
-        "first_call_s": first,
-        "total_s": total,
-        "prefill_s": prefill_s,
-        "decode_tps": B * (T - 1) / max(total - prefill_s, 1e-9),
-        "total_tps": B * T / total,
-    }
+    return throughput(B, T, total, prefill_s, compile_s=compile_s, first_call_s=first)
 
 
 def bench_decode_layouts(model, prompts, lengths, G, T, repeats):
@@ -179,13 +185,7 @@ def bench_decode_layouts(model, prompts, lengths, G, T, repeats):
     out = {}
     for layout, r in res.items():
         total, prefill = statistics.median(r["total"]), statistics.median(r["prefill"])
-        out[layout] = {
-            "first_call_s": r["first_call_s"],
-            "total_s": total,
-            "prefill_s": prefill,
-            "decode_tps": B * (T - 1) / max(total - prefill, 1e-9),
-            "total_tps": B * T / total,
-        }
+        out[layout] = throughput(B, T, total, prefill, first_call_s=r["first_call_s"])
     out["decode_speedup"] = out["shared_prefix"]["decode_tps"] / out["repeated"]["decode_tps"]
     out["total_speedup"] = out["shared_prefix"]["total_tps"] / out["repeated"]["total_tps"]
     return out
@@ -341,15 +341,8 @@ def bench_hf(shape, prompts_np, G, T, repeats):
 
     first, total = timed(lambda: run(T), repeats, "hf generate")
     _, prefill_s = timed(lambda: run(1), repeats, "hf prefill (1 new token)")
-    B = P * G
-    return {
-        "total_s": total,
-        "prefill_s": prefill_s,
-        "warmup_s": first,
-        "decode_tps": B * (T - 1) / max(total - prefill_s, 1e-9),
-        "total_tps": B * T / total,
-        "torch_threads": torch.get_num_threads(),
-    }
+    threads = torch.get_num_threads()
+    return throughput(P * G, T, total, prefill_s, warmup_s=first, torch_threads=threads)
 
 
 def bench_tunix(shape, prompts_np, G, T, repeats):
@@ -403,14 +396,7 @@ def bench_tunix(shape, prompts_np, G, T, repeats):
 
     first, total = timed(lambda: run(T), repeats, "tunix sampler")
     _, prefill_s = timed(lambda: run(1), repeats, "tunix prefill (1 new token)")
-    B = P * G
-    return {
-        "total_s": total,
-        "prefill_s": prefill_s,
-        "warmup_s": first,
-        "decode_tps": B * (T - 1) / max(total - prefill_s, 1e-9),
-        "total_tps": B * T / total,
-    }
+    return throughput(P * G, T, total, prefill_s, warmup_s=first)
 
 
 class _IdTokenizer:
@@ -437,15 +423,6 @@ class _IdTokenizer:
 
 
 # ----------------------------------------------------------------------------- main
-
-
-def machine():
-    return {
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "devices": [str(d) for d in jax.devices()],
-        "jax": jax.__version__,
-    }
 
 
 def run_shape(shape, a):
@@ -501,7 +478,7 @@ def main(argv=None):
         if a.out:
             os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
             with open(a.out, "w") as f:
-                json.dump({"machine": machine(), "decode_layouts": results}, f, indent=2)
+                json.dump({"machine": describe(), "decode_layouts": results}, f, indent=2)
         return results
 
     figures, targets, results = {}, {}, {}
@@ -569,7 +546,7 @@ def main(argv=None):
         with open(a.out, "w") as f:
             json.dump(
                 {
-                    "machine": machine(),
+                    "machine": describe(),
                     "figures": figures,
                     "targets": targets,
                     "details": results,

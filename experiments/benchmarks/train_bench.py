@@ -32,7 +32,6 @@ import argparse
 import ast
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -44,6 +43,8 @@ import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
+
+from machine import describe  # noqa: E402 (this folder is on sys.path: the script runs from it)
 
 from gspo_jax import config as config_lib  # noqa: E402
 from gspo_jax import distributed, sharding  # noqa: E402
@@ -192,13 +193,7 @@ def main(argv=None) -> int:
 
     if args.out:
         report = {
-            "machine": {
-                "platform": jax.default_backend(),
-                "devices": [str(d) for d in jax.devices()],
-                "jax": jax.__version__,
-                "cpu_count": os.cpu_count(),
-                "processor": platform.processor() or platform.machine(),
-            },
+            "machine": describe(),
             "figures": figures,
             "targets": targets,
         }
