@@ -309,18 +309,46 @@ def _order_statistic(x: jax.Array, valid: jax.Array, k: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(bits, jnp.float32)
 
 
+TOP_K_BLOCK = 128  # entries per block of top_k_indices' first stage
+
+
+def top_k_indices(flat: jax.Array, k: int) -> jax.Array:
+    """int [k]: the indices lax.top_k(flat, k) returns (largest first, ties by the lower index),
+    in two stages when k is small against flat's size N.
+
+    Every one of the k largest entries lies in one of the k blocks (of TOP_K_BLOCK entries) with
+    the largest maxima: a block outside them has k blocks, so k entries, at least as large as its
+    maximum. So a top-k of the N / TOP_K_BLOCK block maxima picks k blocks, and a top-k over their
+    entries, the blocks kept in index order (ties then still go to the lower index), picks what one
+    top-k of all N picks. On XLA:CPU a top-k of N entries is a selection over all of them; this is
+    one pass (the block maxima) and two small selections.
+    """
+    n = flat.size
+    n_blocks = -(-n // TOP_K_BLOCK)
+    if 4 * k > n_blocks:  # the first stage would not be small
+        return jax.lax.top_k(flat, k)[1]
+    padding = n_blocks * TOP_K_BLOCK - n
+    blocks = jnp.pad(flat, (0, padding), constant_values=-jnp.inf).reshape(n_blocks, TOP_K_BLOCK)
+    _, chosen = jax.lax.top_k(blocks.max(-1), k)  # [k] blocks
+    chosen = jnp.sort(chosen)  # index order
+    _, pos = jax.lax.top_k(blocks[chosen].reshape(-1), k)  # [k] in the k·TOP_K_BLOCK entries
+    return chosen[pos // TOP_K_BLOCK] * TOP_K_BLOCK + pos % TOP_K_BLOCK
+
+
 def top_k_mask(score: jax.Array, candidates: jax.Array, fraction: float, mask: jax.Array):
     """bool [B, T]: the k = max(⌊fraction·N⌋, 1) candidates with the largest score, N = Σ mask
     (the response tokens; ties: the lower flat index first); fewer candidates than k: all.
 
-    k is dynamic (N is), so one lax.top_k of its static bound max(⌊fraction·B·T⌋, 1) runs and its
+    k is dynamic (N is), so one top-k of its static bound max(⌊fraction·B·T⌋, 1) runs and its
     first k are kept: for verl's 2e-4 a small partial selection, not a sort of all B·T entries.
     """
     flat = jnp.where(candidates, jax.lax.stop_gradient(score), -jnp.inf).reshape(-1)
     k = jnp.maximum(jnp.floor(fraction * mask.sum()), 1.0)  # dynamic
     k_max = max(1, min(math.floor(fraction * flat.size), flat.size))  # static bound
-    _, idx = jax.lax.top_k(flat, k_max)  # [k_max], largest first, ties by lower index
-    chosen = jnp.zeros(flat.shape, bool).at[idx].set(jnp.arange(k_max) < k)
+    idx = top_k_indices(flat, k_max)  # [k_max], largest first
+    # (an index past the end is a padding entry of top_k_indices, picked only with fewer
+    # candidates than k_max, and dropped)
+    chosen = jnp.zeros(flat.shape, bool).at[idx].set(jnp.arange(k_max) < k, mode="drop")
     return chosen.reshape(score.shape) & candidates
 
 

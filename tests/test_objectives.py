@@ -1394,3 +1394,23 @@ def test_masked_quantile_matches_numpy():
             want = np.quantile(x[mask > 0].astype(np.float64), q)
             assert float(fn(x, mask, q)) == pytest.approx(want, abs=1e-6), (trial, q)
     assert float(fn(x, np.zeros_like(mask), 0.5)) == 0.0
+
+
+def test_two_stage_top_k_picks_what_one_top_k_picks():
+    """The covariance rules' top-k (objectives.top_k_indices): the same indices, in the same order,
+    as one lax.top_k over all entries, with ties (the lower index first), -inf entries (the
+    non-candidates) and a size that is not a multiple of the block."""
+    rng = np.random.default_rng(0)
+    n, k = 40 * objectives.TOP_K_BLOCK + 37, 9  # 41 blocks: the two-stage path (4k <= blocks)
+    fn = jax.jit(objectives.top_k_indices, static_argnums=1)
+    for trial in range(4):
+        x = rng.normal(size=n).astype(np.float32)
+        if trial % 2:  # ties across blocks, some in blocks a larger entry picks first
+            x = rng.integers(0, 4, size=n).astype(np.float32)
+            x[rng.choice(np.arange(n // 2, n), size=3, replace=False)] = 10.0
+        if trial >= 2:
+            x[rng.random(n) < 0.999] = -np.inf  # fewer candidates than k in trial 3's draw
+        want = np.asarray(jax.lax.top_k(x, k)[1])
+        got = np.asarray(fn(x, k))
+        finite = np.isfinite(x[want])
+        np.testing.assert_array_equal(got[finite], want[finite], err_msg=str(trial))
