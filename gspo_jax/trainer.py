@@ -5,7 +5,9 @@
 Setup (task, model, objective, optimizer, mesh, base policy) lives in experiment.py; one RL step
 (its jitted phases and ``rl_step``) in train_step.py; multi-host data placement in distributed.py.
 This module is the loop around them: resume, log, evaluate, checkpoint; the run directory's
-files (base_eval.json, summary.json, the --start_fresh moves) are rundir.py's.
+files (base_eval.json, summary.json, the --start_fresh moves) are rundir.py's. ``Session`` holds
+what one invocation sets up before the first step and finishes after the last; ``train`` is the
+loop over steps.
 
 Dimension legend: P prompts per step (P_local on this process), G samples per prompt, B = P*G
 response rows (group-contiguous), Lp padded prompt length, T = max_new_tokens.
@@ -34,6 +36,7 @@ import os
 import signal
 import threading
 import time
+from typing import NoReturn
 
 import jax
 import jax.numpy as jnp
@@ -144,6 +147,246 @@ class StopSignals:
         return max(int(s) for s in pod.gather("the stop-signal check", str(self.signum)))
 
 
+class Session:
+    """One invocation of ``train``: the run, its data, checkpoints, logs and training state.
+
+    Constructing it does everything before the first step, in the order every process of a pod
+    takes the same agreed decisions (pod.py): the config and workdir checks, --start_fresh, the
+    resume config check, the restore with its fallback, config.json and metrics.jsonl, then the
+    initial state (the resumed one, or the base policy with its evaluation) and the reference
+    parameters. The loop in ``train`` advances ``state``; ``finish`` ends a completed run.
+    """
+
+    def __init__(
+        self,
+        config: ml_collections.ConfigDict,
+        workdir: str,
+        *,
+        allow_config_change: bool,
+        start_fresh: bool,
+    ):
+        self.t_start = time.time()
+        # printed above the progress bar, which starts after the warm start
+        self.notes: list[str] = []
+        self.run = _checked_run(config, workdir, start_fresh=start_fresh, notes=self.notes)
+        self.config, self.workdir = self.run.config, self.run.workdir
+        self.ckpt_dir = os.path.join(self.workdir, "checkpoints")
+        # nothing is written before the config check
+        self.data_iter = distributed.make_data_iterator(self.config, self.run.task)
+        self.ckpt = checkpoint_lib.Checkpointer(
+            self.ckpt_dir,
+            save_every=self.config.checkpoint.every,
+            max_to_keep=self.config.checkpoint.max_to_keep,
+            async_save=self.config.checkpoint.async_save,
+            timeout_s=pod.timeout_of(self.config),
+        )
+        pod.describe_kept(self.ckpt.describe)
+        latest, restored = self._restore(allow_config_change)
+        resumed_step = restored[0] if restored is not None else None
+        self.writer = self._open_writer(resumed_step)
+        self.meta_config = {
+            "config": rundir.config_dict(self.config),
+            "config_hash": rundir.config_hash(self.config),
+        }
+        self.base_eval, self.warm_s, self.prior_wall, self.ref_params = None, 0.0, 0.0, None
+        pod.set_phase("loading the warm start")
+        self.collapse = metrics_lib.CollapseWatch(self.config.rl.collapse_patience)
+        if restored is not None:
+            self._resume(*restored)
+        else:
+            self._start(no_checkpoint=latest is None)
+        self.phases = ts.make_phases(self.run, self.state, with_ref=self.ref_params is not None)
+        self.log = metrics_lib.Progress(
+            total=self.config.rl.num_steps,
+            initial=resumed_step or 0,
+            enabled=None if self.config.log.progress else False,
+        )
+        for note in self.notes:
+            self.log.write(note)
+
+    def _restore(self, allow_config_change: bool) -> tuple[int | None, tuple | None]:
+        """(the newest checkpoint's step, (step, state, meta) restored from it or a fallback)."""
+        latest = self.ckpt.latest_step()
+        if latest is not None:
+            self.notes += pod.together(
+                "comparing the config with the checkpoint's",
+                lambda: rundir.check_resume_config(
+                    _saved_config(self.ckpt, latest, self.workdir),
+                    self.config,
+                    latest,
+                    allow_change=allow_config_change,
+                ),
+            )
+        pod.set_phase("restoring the newest checkpoint")
+        writes = metrics_lib.is_writer_process()
+        restored = self.ckpt.restore_latest(
+            exp.abstract_state(self.run, self.run.abs_params),
+            self.data_iter,
+            # every host says it in its own log (a fault may be one host's alone)
+            report=self.notes.append if writes else lambda s: print(s, flush=True),
+            any_process_count=self.config.data.process_sharding == "slice",
+        )
+        return latest, restored
+
+    def _open_writer(self, resumed_step: int | None) -> metrics_lib.MetricWriter:
+        """The metrics writer (metrics.jsonl cut back to the resumed step) and config.json."""
+        writer = metrics_lib.MetricWriter(
+            self.workdir, resume_step=resumed_step, tensorboard=self.config.log.tensorboard
+        )
+        kept = writer.write_config(self.config)
+        if kept:
+            self.notes.append(f"config.json changed; the earlier one is kept as {kept}")
+        if writer.metrics_aside:
+            self.notes.append(
+                f"metrics.jsonl cut back to step {resumed_step or 0}; the full earlier "
+                f"file is kept as {writer.metrics_aside}"
+            )
+        return writer
+
+    def _resume(self, step: int, state: exp.TrainState, meta: dict) -> None:
+        """The restored state; the reference parameters are the base policy's, loaded again."""
+        self.state = state
+        self.prior_wall = float(meta.get("wall_s", 0.0))
+        self.collapse.load(meta.get("collapse"))
+        self.notes.append(f"resumed from step {step} in {self.workdir}")
+        self.base_eval = rundir.read_base_eval(self.workdir)
+        if self.run.objective.kl_coef > 0:
+            self.ref_params, _ = pod.together(
+                "loading the warm start",
+                lambda: exp.base_params(self.run, exp.cache_dir_of(self.config)),
+            )
+
+    def _start(self, *, no_checkpoint: bool) -> None:
+        """Step 0: the base policy (also the reference), evaluated when config.eval.at_start."""
+        if no_checkpoint and self.writer.metrics_aside:
+            self.notes.append(f"no checkpoint in {self.ckpt_dir}: starting from step 0")
+        params, self.warm_s = pod.together(
+            "loading the warm start",
+            lambda: exp.base_params(self.run, exp.cache_dir_of(self.config)),
+        )
+        if self.run.objective.kl_coef > 0:
+            self.ref_params = jax.tree.map(jnp.copy, params)
+        self.state = exp.initial_state(self.run, params)
+        if self.config.eval.at_start and self.config.eval.num_problems > 0:
+            t0 = time.time()
+            self.base_eval = evaluate(self.run, self.state.params)
+            self.base_eval["time/eval_s"] = time.time() - t0
+            self.writer.write(0, self.base_eval)
+            rundir.write_base_eval(self.workdir, self.base_eval, writer=self.writer.enabled)
+            self.notes.append("base  " + _fmt_eval(self.base_eval))
+
+    # ---- what the loop calls
+
+    def step(self, step: int) -> dict[str, float]:
+        """Runs RL step ``step + 1``; returns its host metrics."""
+        pod.set_phase(f"in RL step {step + 1}")
+        self.state, m = ts.rl_step(
+            self.run,
+            self.phases,
+            self.state,
+            next(self.data_iter),
+            ref_params=self.ref_params,
+            more_batches=lambda: next(self.data_iter),  # dynamic sampling's extra draws
+        )
+        return m
+
+    def check(self, m: dict[str, float], done: int) -> None:
+        """Raises on a non-finite metric or on a failed save of an earlier step."""
+        if metrics_lib.non_finite(m):
+            on_disk = self.ckpt.describe()
+            try:  # the last good checkpoint is committed before the error
+                self.ckpt.check_background(wait=True)
+                on_disk = self.ckpt.describe()
+            except checkpoint_lib.CheckpointSaveError as e:
+                on_disk += f" (and: {e})"
+            metrics_lib.check_finite(m, done, on_disk=on_disk)
+        self.ckpt.check_background()  # a failed save of an earlier step surfaces here
+
+    def eval_due(self, done: int) -> bool:
+        ev = self.config.eval
+        due = done == self.config.rl.num_steps or (ev.every and done % ev.every == 0)
+        return bool(due and ev.num_problems > 0)
+
+    def evaluate_into(self, m: dict[str, float], done: int) -> dict[str, float]:
+        """Evaluates the current policy, adds the figures to the step's metrics, returns them."""
+        te = time.time()
+        result = evaluate(self.run, self.state.params)
+        m.update(result)
+        m["time/eval_s"] = time.time() - te
+        self.log.write(f"step {done:4d} " + _fmt_eval(result))
+        return result
+
+    def save(self, done: int, force: bool) -> None:
+        meta = {
+            "wall_s": self.prior_wall + time.time() - self.t_start,
+            "collapse": self.collapse.state(),
+            **self.meta_config,
+        }
+        pod.set_phase(f"saving step {done}")
+        self.ckpt.save(done, self.state, self.data_iter, meta, force=force)
+
+    def collapsed(self, done: int, warning: str) -> None:
+        """Prints the collapse warning; stops the run with config.rl.stop_on_collapse."""
+        self.log.write(warning)
+        if self.config.rl.stop_on_collapse:
+            reason = warning.removeprefix("warning: ")
+            self.stop(
+                done,
+                metrics_lib.CollapseError(
+                    f"stopped at step {done} (config.rl.stop_on_collapse): {reason}"
+                ),
+            )
+
+    def stop(self, done: int, error: Exception) -> NoReturn:
+        """Saves step ``done``, waits for every save in flight, and raises ``error``."""
+        self.save(done, force=True)
+        self.ckpt.close()
+        raise error
+
+    def steps_done(self) -> int:
+        return int(jax.device_get(self.state.step))
+
+    def finish(self, last_eval: dict[str, float] | None, t_loop: float) -> dict:
+        """The end of a completed run: the final evaluation (unless the last step had one) and
+        summary.json; returns the summary."""
+        if last_eval is None:
+            last_eval = evaluate(self.run, self.state.params)
+        summary = rundir.make_summary(
+            self.config.objective.name,
+            self.workdir,
+            self.base_eval,
+            last_eval,
+            steps=self.steps_done(),
+            wall_s=self.prior_wall + time.time() - self.t_start,
+            warmstart_s=self.warm_s,
+            rl_s=time.time() - t_loop,
+        )
+        rundir.write_summary(self.workdir, summary, writer=metrics_lib.is_writer_process())
+        return summary
+
+
+def _checked_run(
+    config: ml_collections.ConfigDict, workdir: str, *, start_fresh: bool, notes: list[str]
+) -> exp.Run:
+    """The run, once every process agrees it runs this valid config in this shared workdir.
+
+    ``start_fresh`` then moves the earlier run's checkpoints and files aside.
+    """
+    pod.configure(pod.timeout_of(config))
+    pod.set_phase("checking the config")
+    pod.check_same_config(config)  # every host runs the same config,
+    run = pod.together("checking the config", lambda: exp.build_run(config, workdir))
+    pod.check_same_workdir(workdir)  # in the same shared workdir
+    ckpt_dir = os.path.join(run.workdir, "checkpoints")
+    checkpoint_lib.check_directory(ckpt_dir)  # a file in its place: an error before any work
+    if start_fresh:
+        moved = checkpoint_lib.move_aside(ckpt_dir)
+        if moved:
+            notes.append(f"--start_fresh: moved {ckpt_dir} aside to {moved}")
+        rundir.move_run_files_aside(run.workdir, writer=metrics_lib.is_writer_process())
+    return run
+
+
 def _saved_config(ckpt: checkpoint_lib.Checkpointer, step: int, workdir: str) -> dict | None:
     """The config a checkpoint was written with (its meta; config.json for older checkpoints)."""
     try:
@@ -171,190 +414,36 @@ def train(
     evaluation, like a crash (tests use it); it returns None then. SIGTERM / SIGINT save the
     current step and raise Preempted.
     """
-    t_start = time.time()
-    pod.configure(pod.timeout_of(config))
-    pod.set_phase("checking the config")
-    pod.check_same_config(config)  # every host runs the same config,
-    run = pod.together("checking the config", lambda: exp.build_run(config, workdir))
-    pod.check_same_workdir(workdir)  # in the same shared workdir
-    config, rl, workdir = run.config, run.config.rl, run.workdir
-    ckpt_dir = os.path.join(workdir, "checkpoints")
-    checkpoint_lib.check_directory(ckpt_dir)  # a file in its place: an error before any work
-    notes = []  # printed above the progress bar, which starts after the warm start
-    if start_fresh:
-        moved = checkpoint_lib.move_aside(ckpt_dir)
-        if moved:
-            notes.append(f"--start_fresh: moved {ckpt_dir} aside to {moved}")
-        rundir.move_run_files_aside(workdir, writer=metrics_lib.is_writer_process())
-
-    # ---- data, checkpoints, config identity, logs (nothing is written before the config check)
-    data_iter = distributed.make_data_iterator(config, run.task)
-    ckpt = checkpoint_lib.Checkpointer(
-        ckpt_dir,
-        save_every=config.checkpoint.every,
-        max_to_keep=config.checkpoint.max_to_keep,
-        async_save=config.checkpoint.async_save,
-        timeout_s=pod.timeout_of(config),
-    )
-    pod.describe_kept(ckpt.describe)
-    latest = ckpt.latest_step()
-    if latest is not None:
-        notes += pod.together(
-            "comparing the config with the checkpoint's",
-            lambda: rundir.check_resume_config(
-                _saved_config(ckpt, latest, workdir),
-                config,
-                latest,
-                allow_change=allow_config_change,
-            ),
-        )
-    pod.set_phase("restoring the newest checkpoint")
-    restored = ckpt.restore_latest(
-        exp.abstract_state(run, run.abs_params),
-        data_iter,
-        # every host says it in its own log (a fault may be one host's alone)
-        report=notes.append if metrics_lib.is_writer_process() else lambda s: print(s, flush=True),
-        any_process_count=config.data.process_sharding == "slice",
-    )
-    resumed_step = restored[0] if restored is not None else None
-    writer = metrics_lib.MetricWriter(
-        workdir, resume_step=resumed_step, tensorboard=config.log.tensorboard
-    )
-    kept = writer.write_config(config)
-    if kept:
-        notes.append(f"config.json changed; the earlier one is kept as {kept}")
-    if writer.metrics_aside:
-        notes.append(
-            f"metrics.jsonl cut back to step {resumed_step or 0}; the full earlier "
-            f"file is kept as {writer.metrics_aside}"
-        )
-    meta_config = {"config": rundir.config_dict(config), "config_hash": rundir.config_hash(config)}
-
-    # ---- initial state: resume, or the base policy
-    cache_dir = exp.cache_dir_of(config)
-    base_eval, warm_s, prior_wall, ref_params = None, 0.0, 0.0, None
-    pod.set_phase("loading the warm start")
-    collapse = metrics_lib.CollapseWatch(rl.collapse_patience)
-    if restored is not None:
-        _, state, meta = restored
-        prior_wall = float(meta.get("wall_s", 0.0))
-        collapse.load(meta.get("collapse"))
-        notes.append(f"resumed from step {resumed_step} in {workdir}")
-        base_eval = rundir.read_base_eval(workdir)
-        if run.objective.kl_coef > 0:
-            ref_params, _ = pod.together(
-                "loading the warm start", lambda: exp.base_params(run, cache_dir)
-            )
-    else:
-        if latest is None and writer.metrics_aside:
-            notes.append(f"no checkpoint in {ckpt_dir}: starting from step 0")
-        params, warm_s = pod.together(
-            "loading the warm start", lambda: exp.base_params(run, cache_dir)
-        )
-        if run.objective.kl_coef > 0:
-            ref_params = jax.tree.map(jnp.copy, params)
-        state = exp.initial_state(run, params)
-        if config.eval.at_start and config.eval.num_problems > 0:
-            t0 = time.time()
-            base_eval = evaluate(run, state.params)
-            base_eval["time/eval_s"] = time.time() - t0
-            writer.write(0, base_eval)
-            rundir.write_base_eval(workdir, base_eval, writer=writer.enabled)
-            notes.append("base  " + _fmt_eval(base_eval))
-    phases = ts.make_phases(run, state, with_ref=ref_params is not None)
-    log = metrics_lib.Progress(
-        total=rl.num_steps,
-        initial=resumed_step or 0,
-        enabled=None if config.log.progress else False,
-    )
-    for note in notes:
-        log.write(note)
-
-    # ---- the loop
-    start = int(jax.device_get(state.step))
-    last_eval = None
-    t_loop = time.time()
-
-    def save(done: int, force: bool) -> None:
-        meta = {
-            "wall_s": prior_wall + time.time() - t_start,
-            "collapse": collapse.state(),
-            **meta_config,
-        }
-        pod.set_phase(f"saving step {done}")
-        ckpt.save(done, state, data_iter, meta, force=force)
-
+    s = Session(config, workdir, allow_config_change=allow_config_change, start_fresh=start_fresh)
+    rl = s.config.rl
+    start, last_eval, t_loop = s.steps_done(), None, time.time()
     try:
         with StopSignals() as signals:
             for step in range(start, rl.num_steps):
                 if stop_after is not None and step - start >= stop_after:
                     break
-                pod.set_phase(f"in RL step {step + 1}")
-                state, m = ts.rl_step(
-                    run,
-                    phases,
-                    state,
-                    next(data_iter),
-                    ref_params=ref_params,
-                    more_batches=lambda: next(data_iter),  # dynamic sampling's extra draws
-                )
+                m = s.step(step)
                 done = step + 1
-                if metrics_lib.non_finite(m):
-                    on_disk = ckpt.describe()
-                    try:  # the last good checkpoint is committed before the error
-                        ckpt.check_background(wait=True)
-                        on_disk = ckpt.describe()
-                    except checkpoint_lib.CheckpointSaveError as e:
-                        on_disk += f" (and: {e})"
-                    metrics_lib.check_finite(m, done, on_disk=on_disk)
-                ckpt.check_background()  # a failed save of an earlier step surfaces here
-                due = done == rl.num_steps or (config.eval.every and done % config.eval.every == 0)
-                if due and config.eval.num_problems > 0:
-                    te = time.time()
-                    last_eval = evaluate(run, state.params)
-                    m.update(last_eval)
-                    m["time/eval_s"] = time.time() - te
-                    log.write(f"step {done:4d} " + _fmt_eval(last_eval))
-                writer.write(done, m)
-                warning = collapse.update(done, m)  # before the save: the count is run state
-                save(done, force=done == rl.num_steps)
-                log.update(m)
+                s.check(m, done)
+                if s.eval_due(done):
+                    last_eval = s.evaluate_into(m, done)
+                s.writer.write(done, m)
+                warning = s.collapse.update(done, m)  # before the save: the count is run state
+                s.save(done, force=done == rl.num_steps)
+                s.log.update(m)
                 if warning:
-                    log.write(warning)
-                    if rl.stop_on_collapse:
-                        save(done, force=True)
-                        ckpt.close()
-                        raise metrics_lib.CollapseError(
-                            f"stopped at step {done} (config.rl.stop_on_collapse): "
-                            f"{warning.removeprefix('warning: ')}"
-                        )
+                    s.collapsed(done, warning)
                 signum = signals.agreed()
                 if signum and done < rl.num_steps:
-                    save(done, force=True)
-                    ckpt.close()  # waits for every save in flight
-                    raise Preempted(signum, done)
+                    s.stop(done, Preempted(signum, done))
     finally:
-        log.close()
-        writer.flush()
-    ckpt.close()
-    writer.close()
-    if stop_after is not None and int(jax.device_get(state.step)) < rl.num_steps:
+        s.log.close()
+        s.writer.flush()
+    s.ckpt.close()
+    s.writer.close()
+    if stop_after is not None and s.steps_done() < rl.num_steps:
         return None
-
-    if last_eval is None:
-        last_eval = evaluate(run, state.params)
-    summary = rundir.make_summary(
-        config.objective.name,
-        workdir,
-        base_eval,
-        last_eval,
-        steps=int(jax.device_get(state.step)),
-        wall_s=prior_wall + time.time() - t_start,
-        warmstart_s=warm_s,
-        rl_s=time.time() - t_loop,
-    )
-    rundir.write_summary(workdir, summary, writer=metrics_lib.is_writer_process())
-    return summary
+    return s.finish(last_eval, t_loop)
 
 
 def _fmt_eval(m: dict[str, float]) -> str:
