@@ -271,7 +271,7 @@ MAX_ABS_LOG_W = (
     "(max(log ratio_max, -log ratio_min); GMPO's token_ratio_*)"
 )
 # GMPO's and DAPO's claims need the update off-policy enough that token ratios reach the clip:
-# 16 minibatches x 2 epochs per batch (the sweep "offpolicy", arm suffix _k16x2).
+# 16 minibatches x 2 epochs per batch (the sweep "ratio_doses", arm suffix _k16x2).
 OFF = "_k16x2"
 RATIOS_AT_CLIP = Precondition(
     name="token ratios reaching GRPO's clip",
@@ -476,12 +476,12 @@ ENTRIES: tuple[Claim, ...] = (
         claim="GMPO keeps the token importance ratios in a narrower range than GRPO",
         paper="GMPO (Zhao et al. 2025): narrower, steadier ratio range; up to +4.1 % Pass@1",
         notebook="gmpo_ratio_range",
-        sweeps=("arith", "offpolicy"),
+        sweeps=("ratio_doses",),
         arms=(
             "gmpo: log-space clip +-0.4",
             "gmpo_eps0.2: GMPO at +-0.2",
             "grpo_nokl: GRPO without its KL term",
-            "each at the off-policy doses _k4x1 (the arith sweep), _k8x2, _k16x2",
+            "each at the off-policy doses _k4x1, _k8x2, _k16x2",
         ),
         doses="minibatches x epochs per batch: 4x1, 8x2, 16x2 (ratios leave 1 as it grows)",
         primary=Criterion(
@@ -657,7 +657,7 @@ ENTRIES: tuple[Claim, ...] = (
         claim="DAPO's clip-higher (0.2 / 0.28) keeps the policy's entropy up against 0.2 / 0.2",
         paper="DAPO (Yu et al. 2025): entropy collapse without clip-higher",
         notebook="dapo_clip_higher (planned)",
-        sweeps=("offpolicy",),
+        sweeps=("ratio_doses",),
         arms=("dapo" + OFF + ": 0.2 / 0.28 token-mean", "dapo_eps0.2" + OFF + ": 0.2 / 0.2"),
         primary=Criterion(
             statistic="mean train/entropy over the second half of the steps",
@@ -719,7 +719,7 @@ ENTRIES: tuple[Claim, ...] = (
         claim="GMPO keeps a higher policy entropy than GRPO",
         paper="GMPO: higher entropy (more exploration) than GRPO",
         notebook="gmpo_ratio_range (planned: a second entry it prints)",
-        sweeps=("offpolicy",),
+        sweeps=("ratio_doses",),
         arms=("gmpo" + OFF, "grpo_nokl" + OFF),
         primary=Criterion(
             statistic="mean train/entropy over the steps",
@@ -737,7 +737,7 @@ ENTRIES: tuple[Claim, ...] = (
         claim="GMPO stays closer to the reference policy (lower KL) than GRPO",
         paper="GMPO: lower KL divergence from the reference than GRPO",
         notebook="gmpo_ratio_range (planned: a third entry it prints)",
-        sweeps=("offpolicy",),
+        sweeps=("ratio_doses",),
         arms=("gmpo" + OFF, "grpo_nokl" + OFF),
         primary=Criterion(
             statistic="mean train/kl_ref over the steps (logged with kl_coef 0: needs code)",
