@@ -253,7 +253,10 @@ def describe(claim: Claim) -> list[str]:
             f"precondition ({p.name}): {p.statistic} of {p.arm} {p.direction} {p.threshold:g} "
             f"{over}"
         )
-    lines += [f"secondary check (does not change the outcome): {s}" for s in claim.secondary]
+    if claim.secondary:
+        lines.append(
+            "secondary checks (printed, never change the outcome): " + "; ".join(claim.secondary)
+        )
     if claim.confounds:
         lines.append(f"confounds: {claim.confounds}")
     return lines
