@@ -24,6 +24,7 @@ import importlib.util
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -165,9 +166,12 @@ def switch_step(run: analysis.RunData, key: str = "rollout/worked", level: float
 
 
 def window_change(run: analysis.RunData, key: str, last: int = 10, first: int = 5) -> float:
-    """The mean of ``key`` over the run's last ``last`` steps minus over its first ``first``."""
+    """The mean of ``key`` over the run's last ``last`` steps minus over its first ``first``
+    (steps logging NaN skipped: rollout/len_wrong_mean is NaN when no response was wrong)."""
     _, v = analysis.series(run, key)
-    return float(v[-last:].mean() - v[:first].mean())
+    with warnings.catch_warnings():  # an all-NaN window is NaN, said once by the verdict
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(np.nanmean(v[-last:]) - np.nanmean(v[:first]))
 
 
 def second_half_mean(run: analysis.RunData, key: str) -> float:

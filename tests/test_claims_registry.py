@@ -186,3 +186,22 @@ def test_verdict_lines_have_one_of_three_outcomes():
         with pytest.raises(ValueError, match="claim_verdict"):
             verdicts.outcome_of(bad)
     assert re.match(verdicts.VERDICT_LINE, "VERDICT: reproduced: 1")
+
+
+def test_response_length_by_correctness():
+    """rollout/len_correct_mean and len_wrong_mean (the drgrpo_length_bias entry's statistic):
+    over every generation batch, NaN when no response is wrong."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from gspo_jax import train_step
+
+    parts = [
+        {"correct": jnp.array([1.0, 0.0, 0.0]), "length": jnp.array([4.0, 10.0, 20.0])},
+        {"correct": jnp.array([1.0]), "length": jnp.array([6.0])},
+    ]
+    m = train_step._step_means(parts, None, None)
+    assert "length" not in m and np.isclose(float(m["correct"]), (1 / 3 + 1) / 2)  # batch means
+    assert float(m["len_correct_mean"]) == 5.0 and float(m["len_wrong_mean"]) == 15.0
+    m = train_step._step_means(parts[1:], None, None)
+    assert np.isnan(float(m["len_wrong_mean"])) and float(m["len_correct_mean"]) == 6.0
