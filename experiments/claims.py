@@ -10,7 +10,7 @@ Runs go to <runs_dir>/<sweep>/<run> (default runs/claims; a run that finished is
 interrupted one resumes), at laptop scale: 5 seeds (paired: seed s of every arm has the same
 prompts and base), 60 RL steps (a sweep's own flags may say more: the clip sweep runs 150),
 held-out greedy accuracy on 500 problems every 10 steps (FULL_FLAGS). Several notebooks read the
-same sweep (the arith sweep serves four claims), so it runs once. Each claim's design and primary
+same sweep (the arith sweep serves three claims), so it runs once. Each claim's design and primary
 criterion are in experiments/claims_registry.py, committed before its runs; PLANNED names the
 registry's claims whose notebooks come with their runs (``--runs_only`` makes those runs). The
 notebook is executed in place with nbclient (its outputs are what is committed); it finds the
