@@ -252,11 +252,14 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     eps_low = eps_high). grpo at 0.2 is the grpo preset itself and is not repeated; gspo at a
     symmetric 3e-4 differs from the preset's 3e-4 / 4e-4 and is kept. Arguments: seeds (int),
     study (str: "eps", the default, is this sweep; "token_adv" is gspo_token with every token
-    given its response's advantage, rl.token_advantages; "family" is family_sweep).
+    given its response's advantage, rl.token_advantages; "family" is family_sweep; "clip" and
+    "ratio_doses" are CLAIM_STUDIES).
     """
     a = config_lib.parse_arg(arg, seeds=1, study="eps")
     if a.study == "family":
         return family_sweep(a.seeds)
+    if a.study in CLAIM_STUDIES:  # experiments/claims_registry.py's designs
+        return arm_sweep(CLAIM_STUDIES[a.study], a.seeds)
     if a.study == "token_adv":  # notebooks/gspo_token_equals_gspo.ipynb
         return [
             dict(
@@ -270,7 +273,10 @@ def get_sweep(arg: str | None = None) -> list[dict]:
             for seed in range(a.seeds)
         ]
     if a.study != "eps":
-        raise ValueError(f"study must be 'eps', 'token_adv' or 'family', got {a.study!r}")
+        raise ValueError(
+            f"study must be 'eps', 'token_adv', 'family' or one of {sorted(CLAIM_STUDIES)}, "
+            f"got {a.study!r}"
+        )
     runs = []
     for seed in range(a.seeds):
         for name in OBJECTIVES:
@@ -320,3 +326,45 @@ def family_sweep(seeds: int) -> list[dict]:
                 )
             )
     return runs
+
+
+# Arms of the claims registry's designs (experiments/claims_registry.py), as (name, overrides).
+NO_KL = {"objective.kl_coef": 0.0}  # comparisons against GRPO: the KL term is not the confound
+CLIP_ARMS = (  # clip_fraction_vs_eps: GSPO's clipping against GRPO with and without its KL
+    ("gspo", {"objective.name": "gspo"}),
+    ("grpo_nokl", {"objective.name": "grpo", **NO_KL}),
+    ("grpo", {"objective.name": "grpo"}),
+    (
+        "gspo_eps0.2",
+        {"objective.name": "gspo", "objective.eps_low": 0.2, "objective.eps_high": 0.2},
+    ),
+)
+# How far the update moves off the rollout's policy: minibatches x epochs per batch. Token ratios
+# leave 1 as the dose grows (gmpo_ratio_range, gmpo_entropy, gmpo_kl_ref, dapo_clip_higher_entropy).
+RATIO_DOSES = ((4, 1), (8, 2), (16, 2))
+_RATIO_ARMS = (
+    ("grpo_nokl", {"objective.name": "grpo", **NO_KL}),
+    ("gmpo", {"objective.name": "gmpo"}),  # log-space ±0.4
+    (
+        "gmpo_eps0.2",
+        {"objective.name": "gmpo", "objective.eps_low": 0.2, "objective.eps_high": 0.2},
+    ),
+    ("dapo", {"objective.name": "dapo"}),  # clip-higher 0.2 / 0.28, token-mean
+    ("dapo_eps0.2", {"objective.name": "dapo", "objective.eps_high": 0.2}),
+)
+RATIO_DOSE_ARMS = tuple(
+    (f"{name}_k{k}x{e}", {**o, "rl.num_minibatches": k, "rl.num_epochs": e})
+    for k, e in RATIO_DOSES
+    for name, o in _RATIO_ARMS
+)
+CLAIM_STUDIES = {"clip": CLIP_ARMS, "ratio_doses": RATIO_DOSE_ARMS}
+
+
+def arm_sweep(arms, seeds: int) -> list[dict]:
+    """Every arm at every seed, seed by seed (a sweep cut short has every arm at its first seeds;
+    the same seed in two arms: the same prompts and base, for the registry's paired tests)."""
+    return [
+        dict(name=f"{name}_s{seed}", overrides={**overrides, "seed": seed})
+        for seed in range(seeds)
+        for name, overrides in arms
+    ]

@@ -70,26 +70,34 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     return c
 
 
+# Route volatility (moe_routing_replay's dose-response): v0 is the config's own (aux loss 1e-3, 4
+# minibatches x 1 epoch); without the load-balancing loss and with more updates per batch the
+# routes drift further from the rollout's before each update.
+VOLATILITY_DOSES = {
+    "_v1": {"rl.aux_loss_coef": 0.0, "rl.num_minibatches": 8, "rl.num_epochs": 2},
+    "_v2": {"rl.aux_loss_coef": 0.0, "rl.num_minibatches": 16, "rl.num_epochs": 2},
+}
+
+
 def get_sweep(arg: str | None = None) -> list[dict]:
     """Token-level objectives with and without Routing Replay, GSPO without, x seeds.
 
     Arguments: seeds (int); gspo_token (bool, default True): include GSPO-token with and
     without Routing Replay (notebooks/moe_routing_replay.ipynb leaves it out: grpo, grpo_rr and
-    gspo).
+    gspo); doses (bool, default False): every arm also at the volatility doses _v1 and _v2
+    (VOLATILITY_DOSES).
     """
-    a = config_lib.parse_arg(arg, seeds=1, gspo_token=True)
+    a = config_lib.parse_arg(arg, seeds=1, gspo_token=True, doses=False)
     arms = [("grpo", False), ("grpo", True)]
     if a.gspo_token:
         arms += [("gspo_token", False), ("gspo_token", True)]
     arms.append(("gspo", False))
+    doses = {"": {}, **(VOLATILITY_DOSES if a.doses else {})}
     runs = []
     for seed in range(a.seeds):
-        for name, rr in arms:
-            tag = f"{name}{'_rr' if rr else ''}_s{seed}"
-            runs.append(
-                dict(
-                    name=tag,
-                    overrides={"objective.name": name, "rl.routing_replay": rr, "seed": seed},
-                )
-            )
+        for suffix, dose in doses.items():
+            for name, rr in arms:
+                tag = f"{name}{'_rr' if rr else ''}{suffix}_s{seed}"
+                overrides = {"objective.name": name, "rl.routing_replay": rr, **dose, "seed": seed}
+                runs.append(dict(name=tag, overrides=overrides))
     return runs

@@ -50,12 +50,15 @@ ARMS = (
     ("grpo", "grpo", None),  # z-score advantages, KL 0.04, per-response token mean
     ("grpo_nostd", "grpo", "dr_grpo"),  # the same objective without the std division
     ("dr_grpo", "dr_grpo", None),  # the Dr. GRPO preset: no std, no KL, constant normaliser
+    # the claims registry's design (std_normalisation): both GRPO arms without the KL term
+    ("grpo_nokl", "grpo", None),
+    ("grpo_nokl_nostd", "grpo", "dr_grpo"),
 )
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
-    """grpo, grpo without the std division (only the advantage differs), and dr_grpo, x seeds.
-    Argument: seeds (int)."""
+    """grpo, grpo without the std division (only the advantage differs), dr_grpo, and the two
+    grpo arms with kl_coef 0, x seeds. Argument: seeds (int)."""
     a = config_lib.parse_arg(arg, seeds=1)
     runs = []
     for seed in range(a.seeds):
@@ -63,5 +66,7 @@ def get_sweep(arg: str | None = None) -> list[dict]:
             overrides = {"objective.name": name, "seed": seed}
             if estimator:
                 overrides["rl.advantage_estimator"] = estimator
+            if "nokl" in stem:
+                overrides["objective.kl_coef"] = 0.0
             runs.append(dict(name=f"{stem}_s{seed}", overrides=overrides))
     return runs

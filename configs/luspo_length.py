@@ -68,17 +68,38 @@ ARMS = (
     ("gspo_cliphigher", "gspo", None),  # preset: eps_low 3e-4, eps_high 4e-4
     ("gspo_sym", "gspo", 3e-4),
     ("luspo_cliphigher", "luspo", None),  # preset: the same 3e-4 / 4e-4
+    ("grpo_nokl", "grpo", None),  # token ratios, KL off (the claims registry's GRPO arm)
+)
+# drgrpo_length_bias (experiments/claims_registry.py): only the aggregation differs, on this task
+# whose short and long answers are both often right: GRPO's 1/|o| (seq-mean-token-mean) without
+# std and KL, against Dr. GRPO's constant normaliser.
+DRGRPO_ARMS = (
+    (
+        "grpo_nostd_nokl",
+        {"objective.name": "grpo", "objective.kl_coef": 0.0, "rl.advantage_estimator": "dr_grpo"},
+    ),
+    ("dr_grpo", {"objective.name": "dr_grpo"}),
 )
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
-    """GSPO with and without clip-higher, and LUSPO, x seeds. Argument: seeds (int)."""
-    a = config_lib.parse_arg(arg, seeds=1)
+    """GSPO with and without clip-higher, LUSPO and GRPO without KL, x seeds; study=drgrpo:
+    DRGRPO_ARMS. Arguments: seeds (int), study (str: "length", the default, or "drgrpo")."""
+    a = config_lib.parse_arg(arg, seeds=1, study="length")
+    if a.study not in ("length", "drgrpo"):
+        raise ValueError(f"study must be 'length' or 'drgrpo', got {a.study!r}")
     runs = []
     for seed in range(a.seeds):
+        if a.study == "drgrpo":
+            runs += [
+                dict(name=f"{n}_s{seed}", overrides={**o, "seed": seed}) for n, o in DRGRPO_ARMS
+            ]
+            continue
         for stem, name, eps in ARMS:
             overrides = {"objective.name": name, "seed": seed}
             if eps is not None:
                 overrides.update({"objective.eps_low": eps, "objective.eps_high": eps})
+            if stem == "grpo_nokl":
+                overrides["objective.kl_coef"] = 0.0
             runs.append(dict(name=f"{stem}_s{seed}", overrides=overrides))
     return runs

@@ -7,11 +7,15 @@
     python experiments/claims.py luspo_length --notebook_only
 
 Runs go to <runs_dir>/<sweep>/<run> (default runs/claims; a run that finished is skipped, an
-interrupted one resumes), at laptop scale: 3 seeds, 60 RL steps, held-out evaluation every 20
-steps (FULL_FLAGS). Several notebooks read the same sweep (the arith sweep serves five claims), so
-it runs once. The notebook is executed in place with nbclient (its outputs are what is
-committed); it finds the runs through the GSPO_CLAIMS_RUNS environment variable, which this
-launcher sets. tests/test_notebooks.py executes every notebook on tiny runlocal runs.
+interrupted one resumes), at laptop scale: 5 seeds (paired: seed s of every arm has the same
+prompts and base), 60 RL steps (a sweep's own flags may say more: the clip sweep runs 150),
+held-out greedy accuracy on 500 problems every 10 steps (FULL_FLAGS). Several notebooks read the
+same sweep (the arith sweep serves three claims), so it runs once. Each claim's design and primary
+criterion are in experiments/claims_registry.py, committed before its runs; PLANNED names the
+registry's claims whose notebooks come with their runs (``--runs_only`` makes those runs). The
+notebook is executed in place with nbclient (its outputs are what is committed); it finds the
+runs through the GSPO_CLAIMS_RUNS environment variable, which this launcher sets.
+tests/test_notebooks.py executes every notebook on tiny runlocal runs.
 
 This file holds launcher logic only; no library code (docs/design.md "Layout").
 """
@@ -39,6 +43,7 @@ class Sweep(NamedTuple):
     name: str
     config: str  # relative to the repository root
     arg: str = ""
+    flags: tuple[str, ...] = ()  # --config.x=y flags after FULL_FLAGS (the later flag wins)
 
     def sweep_arg(self, seeds: int) -> str:
         return ",".join(a for a in (self.arg, f"seeds={seeds}") if a)
@@ -52,25 +57,39 @@ SWEEPS = {
         Sweep("luspo_length", "configs/luspo_length.py"),
         Sweep("countdown", "configs/countdown.py"),
         Sweep("old_logp", "configs/arith_offpolicy.py", "study=old_logp"),
-        Sweep("moe", "configs/arith_moe.py", "gspo_token=False"),
+        Sweep("moe", "configs/arith_moe.py", "gspo_token=False,doses=True"),
+        # the claims registry's designs (experiments/claims_registry.py)
+        Sweep("clip", "configs/arith.py", "study=clip", ("--config.rl.num_steps=150",)),
+        Sweep("ratio_doses", "configs/arith.py", "study=ratio_doses"),
+        Sweep("drgrpo_length", "configs/luspo_length.py", "study=drgrpo"),
     )
 }
 
 # notebook (notebooks/<name>.ipynb) -> the sweeps it reads
 NOTEBOOKS = {
-    "clip_fraction_vs_eps": ("arith",),
+    "clip_fraction_vs_eps": ("clip",),
     "seq_ratio_eps02": ("arith",),
     "gspo_token_equals_gspo": ("arith", "gspo_token"),
     "luspo_length": ("luspo_length",),
-    "gmpo_ratio_range": ("arith",),
+    "gmpo_ratio_range": ("ratio_doses",),
     "std_normalisation": ("countdown",),
     "rollout_logprobs": ("old_logp",),
     "moe_routing_replay": ("moe",),
     "eps_objective_sweep": ("arith",),
 }
 
-SEEDS = 3
-FULL_FLAGS = ("--config.rl.num_steps=60", "--config.eval.every=20")
+# registry claims without a notebook yet -> the sweeps their runs come from
+PLANNED = {
+    "dapo_clip_higher": ("ratio_doses",),
+    "drgrpo_length_bias": ("drgrpo_length",),
+}
+
+SEEDS = 5  # the registry's minimum for a criterion that compares two arms
+FULL_FLAGS = (
+    "--config.rl.num_steps=60",
+    "--config.eval.every=10",
+    "--config.eval.num_problems=500",
+)
 
 
 def _sweep_module():
@@ -84,10 +103,14 @@ def _sweep_module():
 
 def sweeps_of(names: Sequence[str]) -> list[Sweep]:
     """The distinct sweeps the notebooks ``names`` read, in first-use order."""
-    unknown = [n for n in names if n not in NOTEBOOKS]
+    known = {**NOTEBOOKS, **PLANNED}
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise SystemExit(f"unknown notebook(s) {unknown}; known: {sorted(NOTEBOOKS)} or 'all'")
-    keys = dict.fromkeys(k for n in names for k in NOTEBOOKS[n])
+        raise SystemExit(
+            f"unknown notebook(s) {unknown}; known: {sorted(NOTEBOOKS)}, planned (--runs_only): "
+            f"{sorted(PLANNED)}, or 'all'"
+        )
+    keys = dict.fromkeys(k for n in names for k in known[n])
     return [SWEEPS[k] for k in keys]
 
 
@@ -102,16 +125,18 @@ def run_sweeps(
     *,
     seeds: int = SEEDS,
     parallel: int = 1,
-    extra: Sequence[str] = FULL_FLAGS,
+    extra: Sequence[str] = (),
 ) -> list[str]:
-    """Launches every run of ``sweeps`` that has not finished; returns the failed run names."""
+    """Launches every run of ``sweeps`` that has not finished, with FULL_FLAGS, the sweep's own
+    flags and then ``extra`` (the later flag wins); returns the failed run names."""
     sw = _sweep_module()
     failed = []
     for s in sweeps:
         root = os.path.join(runs_dir, s.name)
         runs = sweep_runs(s, seeds)
         print(f"[claims] sweep {s.name}: {len(runs)} runs in {root}", flush=True)
-        codes = sw.launch(os.path.join(REPO, s.config), runs, root, parallel, extra)
+        flags = [*FULL_FLAGS, *s.flags, *extra]
+        codes = sw.launch(os.path.join(REPO, s.config), runs, root, parallel, flags)
         sw.write_tables(sw.collect(runs, root), root)
         failed += [f"{s.name}/{n}" for n, c in codes.items() if c != 0]
     return failed
@@ -173,6 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if not args.notebooks:
         p.error("name a notebook (or all); --list shows them")
+    if not args.runs_only and any(n in PLANNED for n in names):
+        p.error(f"{sorted(PLANNED)} have no notebook yet: make their runs with --runs_only")
     failed = []
     if not args.notebook_only:
         t0 = time.time()
@@ -181,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.runs_dir,
             seeds=args.seeds,
             parallel=args.parallel,
-            extra=list(FULL_FLAGS) + list(extra),
+            extra=extra,
         )
         print(f"[claims] runs done in {time.time() - t0:.0f}s; failed: {failed or 'none'}")
     if failed:

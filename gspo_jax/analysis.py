@@ -1,4 +1,4 @@
-"""Reading finished runs back for the notebooks: records, arms over seeds, spreads, verdict lines.
+"""Reading finished runs back for the notebooks: records, arms over seeds, spreads, figures.
 
 A sweep writes one workdir per run (experiments/sweep.py), named ``<arm>_s<seed>``; every workdir
 holds config.json, metrics.jsonl (one record per RL step, plus the eval records) and, once the run
@@ -9,7 +9,9 @@ has ended, summary.json. Here:
     s = analysis.spread([analysis.run_mean(r, "train/clip_frac") for r in arms["gspo"]])
     print(s)                                                # 0.2156 [0.2101, 0.2203] (3 seeds)
     analysis.plot_arms(ax, {"GSPO": arms["gspo"]}, "rollout/reward")
-    analysis.verdict("reproduced", "GSPO clips ...")        # prints and returns the line
+
+The verdicts are not made here: gspo_jax/verdicts.py decides them from the claims registry
+(experiments/claims_registry.py), on per-seed numbers read with these functions.
 
 The spread of an arm is its mean over seeds with the min and max over seeds (not a confidence
 interval: three seeds do not support one). Nothing here trains; it only reads files.
@@ -30,7 +32,6 @@ import numpy as np
 
 from gspo_jax import metrics as metrics_lib
 
-OUTCOMES = ("reproduced", "partly reproduced", "not reproduced at this scale")
 _SEED_SUFFIX = re.compile(r"^(?P<arm>.+)_s(?P<seed>\d+)$")
 
 
@@ -244,24 +245,6 @@ def plot_arms(
     ax.set_xlabel("RL wall time (s)" if wall else "RL step")
     ax.set_ylabel(key)
     ax.grid(alpha=0.3)
-
-
-def outcome(*checks: bool) -> str:
-    """ "reproduced" when every check holds, "partly reproduced" when some do, else "not
-    reproduced at this scale"; the notebook names each check next to its numbers."""
-    if all(checks):
-        return OUTCOMES[0]
-    return OUTCOMES[1] if any(checks) else OUTCOMES[2]
-
-
-def verdict(outcome: str, detail: str) -> str:
-    """The notebook's verdict line, printed and returned; ``outcome`` is one of OUTCOMES, chosen
-    by the notebook's code from its numbers."""
-    if outcome not in OUTCOMES:
-        raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
-    line = f"VERDICT: {outcome}: {detail}"
-    print(line)
-    return line
 
 
 def fmt_table(rows: Sequence[Mapping[str, Any]], cols: Sequence[str]) -> str:

@@ -91,8 +91,16 @@ def _resample_key(resample: jax.Array, g: int) -> jax.Array:
 def _step_means(score_parts: list[dict], shaping, valid) -> dict[str, jax.Array]:
     """The step's means over rows (jitted: the metric arithmetic stays on the devices): each of
     the verifier's scores over every response generated this step (all generation batches), the
-    overlong shaping (when on) and dynamic sampling's share of groups with signal (when on)."""
-    m = {k: jnp.mean(jnp.stack([jnp.mean(p[k]) for p in score_parts])) for k in score_parts[0]}
+    mean response length of the right and of the wrong ones (NaN when there are none: Dr. GRPO's
+    length bias is about the wrong ones), the overlong shaping (when on) and dynamic sampling's
+    share of groups with signal (when on). A part's "length" [B] is used for the lengths only."""
+    parts = [{k: v for k, v in p.items() if k != "length"} for p in score_parts]
+    m = {k: jnp.mean(jnp.stack([jnp.mean(p[k]) for p in parts])) for k in parts[0]}
+    if "length" in score_parts[0]:
+        right = jnp.concatenate([p["correct"] for p in parts])  # [N] 0/1
+        n = jnp.concatenate([p["length"] for p in score_parts])  # [N] tokens
+        for name, w in (("len_correct_mean", right), ("len_wrong_mean", 1.0 - right)):
+            m[name] = jnp.where(w.sum() > 0, (n * w).sum() / jnp.maximum(w.sum(), 1.0), jnp.nan)
     if shaping is not None:
         m["overlong_shaping_mean"] = shaping.mean()
     if valid is not None:
@@ -210,15 +218,17 @@ def rl_step(
             sample = phases.rollout(state.params, prompts, lengths, key)
             jax.block_until_ready(sample.tokens)
         t1 = time.time()
+        mask_local = distributed.to_local(sample.mask)
         scores = run.task.score(
-            batch_local,
-            distributed.to_local(sample.tokens),
-            distributed.to_local(sample.mask),
-            rl.group_size,
+            batch_local, distributed.to_local(sample.tokens), mask_local, rl.group_size
         )
         rewards = distributed.to_global(scores["reward"].astype(np.float32), mesh)
+        lens = mask_local.sum(-1).astype(np.float32)  # [B] tokens
         score_parts.append(
-            {k: distributed.to_global(v.astype(np.float32), mesh) for k, v in scores.items()}
+            {
+                k: distributed.to_global(v.astype(np.float32), mesh)
+                for k, v in {**scores, "length": lens}.items()
+            }
         )
         with sharding.use_mesh(mesh):
             shaped, shaping, truncated, signal = phases.shape(sample, rewards)

@@ -291,7 +291,10 @@ def test_claim_sweeps_and_pod_variants():
         "gspo_cliphigher_s0",
         "gspo_sym_s0",
         "luspo_cliphigher_s0",
+        "grpo_nokl_s0",  # the claims registry's GRPO arm, KL off
     ]
+    dr = {r["name"]: r["overrides"] for r in luspo.get_sweep("study=drgrpo,seeds=1")}
+    assert dr["grpo_nostd_nokl_s0"]["objective.kl_coef"] == 0.0 and "dr_grpo_s0" in dr
     assert luspo.get_config().task.kwargs.direct_style == "correct"
     assert [r["name"] for r in moe.get_sweep("gspo_token=False,seeds=1")] == [
         "grpo_s0",
@@ -299,10 +302,19 @@ def test_claim_sweeps_and_pod_variants():
         "gspo_s0",
     ]
     assert len(moe.get_sweep("seeds=2")) == 10  # with gspo_token, with and without replay
+    doses = {r["name"]: r["overrides"] for r in moe.get_sweep("gspo_token=False,doses,seeds=1")}
+    assert len(doses) == 9 and doses["grpo_rr_v2_s0"]["rl.aux_loss_coef"] == 0.0
     c = countdown.get_config()
     assert c.task.name == "countdown" and c.init.warmstart.steps == 4800
     cd = {r["name"]: r["overrides"] for r in countdown.get_sweep("seeds=1")}
-    assert sorted(cd) == ["dr_grpo_s0", "grpo_nostd_s0", "grpo_s0"]
+    assert sorted(cd) == [
+        "dr_grpo_s0",
+        "grpo_nokl_nostd_s0",
+        "grpo_nokl_s0",
+        "grpo_nostd_s0",
+        "grpo_s0",
+    ]
+    assert cd["grpo_nokl_nostd_s0"]["objective.kl_coef"] == 0.0
     assert cd["grpo_nostd_s0"] == {
         "objective.name": "grpo",
         "seed": 0,
@@ -316,6 +328,10 @@ def test_claim_sweeps_and_pod_variants():
     estimators = {o.get("rl.advantage_estimator") for o in fam.values()}
     assert estimators == {None, "rloo", "reinforce_pp", "reinforce_pp_baseline", "grpo"}
     assert fam["grpo_scale_batch_s0"]["rl.scale_rewards"] == "batch"
+    clip = {r["name"]: r["overrides"] for r in arith.get_sweep("study=clip,seeds=1")}
+    assert clip["grpo_nokl_s0"] == {"objective.name": "grpo", "objective.kl_coef": 0.0, "seed": 0}
+    ratio = {r["name"]: r["overrides"] for r in arith.get_sweep("study=ratio_doses,seeds=1")}
+    assert len(ratio) == 15 and ratio["gmpo_k16x2_s0"]["rl.num_minibatches"] == 16
     old = {r["name"]: r["overrides"] for r in offpolicy.get_sweep("study=old_logp,seeds=1")}
     assert old["gspo_sampler_s0"]["rl.recompute_old_logp"] is False
     assert old["grpo_recompute_tis_s0"]["objective.rollout_correction"] == "token_tis"

@@ -41,6 +41,8 @@ def test_run_writes_metrics_tensorboard_checkpoints_summary(single):
         "rollout/correct",
         "rollout/format",
         "rollout/response_len_mean",
+        "rollout/len_correct_mean",  # by correctness (NaN when none): Dr. GRPO's length bias
+        "rollout/len_wrong_mean",
         "rollout/response_len_max",
         "rollout/truncated_frac",
         "rollout/frac_zero_std_groups",

@@ -1,0 +1,785 @@
+"""The claims registry: one entry per claim, its design and ONE primary criterion, fixed before
+the runs that test it (issue 20). git history shows the order: an entry is committed before its
+runs are made, and a criterion changed after a run is a new entry (``supersedes`` the old
+version, with its ``reason``), never an edit; each notebook prints its entry and those it
+supersedes.
+
+Outcomes, decided by the primary criterion alone (the secondary checks are printed beside it and
+never change it):
+
+    inconclusive: <precondition> absent   the mechanism the claim is about did not occur (routes
+                                          did not move, nothing clipped, ...) or fewer paired
+                                          seeds than the criterion needs ("5 paired seeds absent")
+    reproduced                            the criterion holds
+    not reproduced                        it does not
+
+The preconditions are checked in the entry's order, then the seed count; the first that fails
+gives the outcome. Per-seed numbers come in as ``{arm: {seed: value}}``; a criterion on two arms
+tests the paired difference ``arms[0] - arms[1]`` over the seeds both arms have (same seed: same
+prompts, same base, same sampling keys while the parameters agree), a criterion on one arm (or on
+a pair's own per-seed statistic, such as "pair(gspo, gspo_token_tokadv)") its values. Tests:
+
+    every_seed   the value (or paired difference) is on the threshold's side in every seed (a
+                 sign test: with 5 seeds it holds by chance with probability 1/32 for a
+                 difference whose sign is a coin toss)
+    bootstrap    the percentile bootstrap interval of the mean over seeds (``confidence``,
+                 ``resamples``, fixed generator seed 0) lies entirely on the threshold's side
+
+Plain data and pure functions over numbers: nothing here reads runs (gspo_jax/analysis.py does,
+and its ``claim_verdict`` prints an entry and its verdict). The arm names are those of the sweeps
+in experiments/claims.py (SWEEPS), "<arm>_s<seed>" on disk. Loaded by path (experiments/ is not a
+package): ``analysis.registry()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+OUTCOMES = ("reproduced", "not reproduced", "inconclusive")
+TESTS = ("every_seed", "bootstrap")
+DIRECTIONS = (">", "<")
+MIN_SEEDS_DIFFERENCE = 5  # issue 20: at least 5 seeds where the criterion compares two arms
+MIN_SEEDS_LEVEL = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Criterion:
+    """A statistic per seed, a direction and a threshold, and the test over seeds."""
+
+    statistic: str  # what one seed's number is (computed by the notebook from the run's records)
+    arms: tuple[str, ...]  # (arm,): its values; (a, b): the paired difference a - b per seed
+    direction: str  # ">" or "<": the side of ``threshold`` the claim predicts
+    threshold: float
+    test: str  # one of TESTS
+    min_seeds: int
+    confidence: float = 0.95  # bootstrap only
+    resamples: int = 10_000  # bootstrap only
+
+    def __post_init__(self):
+        if (
+            self.direction not in DIRECTIONS
+            or self.test not in TESTS
+            or len(self.arms) not in (1, 2)
+        ):
+            raise ValueError(
+                f"criterion {self.statistic!r}: direction in {DIRECTIONS}, test in {TESTS} and "
+                f"one or two arms, got {self.direction!r}, {self.test!r}, {self.arms}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Precondition:
+    """The mechanism the claim is about, measured: absent, the verdict is inconclusive."""
+
+    name: str  # printed as "inconclusive: <name> absent"
+    statistic: str
+    arm: str
+    direction: str
+    threshold: float
+    over: str = "mean"  # "mean": the mean over seeds; "every_seed": each seed's value
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    key: str  # the claim's name; with ``version`` it names the entry
+    version: int  # 1, 2, ...: independent of dates and commits
+    claim: str
+    paper: str
+    notebook: str  # notebooks/<notebook>.ipynb prints the entry ("planned" ones do not exist yet)
+    sweeps: tuple[str, ...]  # experiments/claims.py SWEEPS
+    arms: tuple[str, ...]  # "<arm>: what it is" (the design)
+    primary: Criterion
+    preconditions: tuple[Precondition, ...] = ()
+    secondary: tuple[str, ...] = ()  # printed, never change the outcome
+    doses: str = ""  # the variable of the dose-response and its values ("" = no dose-response)
+    negative_control: str = ""
+    confounds: str = ""
+    supersedes: int | None = None  # the version this entry replaces
+    reason: str = ""  # why (required with supersedes)
+
+    @property
+    def name(self) -> str:
+        return f"{self.key} v{self.version}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """A criterion evaluated: the outcome line's outcome and the numbers behind it."""
+
+    outcome: str  # "reproduced", "not reproduced" or "inconclusive: <precondition> absent"
+    numbers: str
+    seeds: tuple[int, ...] = ()
+    values: tuple[float, ...] = ()  # per paired seed: the value or the difference
+    interval: tuple[float, float] | None = None
+
+
+# --- pure functions over per-seed numbers -------------------------------------------------------
+
+
+def _finite(per_seed: Mapping[int, float]) -> dict[int, float]:
+    return {
+        int(s): float(v) for s, v in per_seed.items() if v is not None and math.isfinite(float(v))
+    }
+
+
+def paired_values(
+    values: Mapping[str, Mapping[int, float]], arms: Sequence[str]
+) -> tuple[tuple[int, ...], np.ndarray]:
+    """(seeds, per-seed value or difference arms[0] - arms[1]) over the seeds every arm has with
+    a finite value; an arm missing from ``values`` has no seeds."""
+    per_arm = [_finite(values.get(a, {})) for a in arms]
+    seeds = tuple(sorted(set.intersection(*(set(d) for d in per_arm))))
+    x = np.asarray([per_arm[0][s] for s in seeds], dtype=np.float64)
+    if len(arms) == 2:
+        x = x - np.asarray([per_arm[1][s] for s in seeds], dtype=np.float64)
+    return seeds, x
+
+
+def on_side(x, direction: str, threshold: float):
+    """x > threshold or x < threshold (elementwise for arrays)."""
+    return np.greater(x, threshold) if direction == ">" else np.less(x, threshold)
+
+
+def bootstrap_interval(
+    x: Sequence[float], confidence: float = 0.95, resamples: int = 10_000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``x`` (resampled with replacement)."""
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return (math.nan, math.nan)
+    idx = np.random.default_rng(seed).integers(0, x.size, size=(resamples, x.size))
+    means = x[idx].mean(-1)
+    a = (1.0 - confidence) / 2
+    return float(np.quantile(means, a)), float(np.quantile(means, 1.0 - a))
+
+
+def holds(c: Criterion, x: np.ndarray) -> tuple[bool, tuple[float, float] | None]:
+    """(the criterion holds on the per-seed values ``x``, the bootstrap interval or None)."""
+    if c.test == "every_seed":
+        return bool(x.size and np.all(on_side(x, c.direction, c.threshold))), None
+    lo, hi = bootstrap_interval(x, c.confidence, c.resamples)
+    return bool(on_side(lo if c.direction == ">" else hi, c.direction, c.threshold)), (lo, hi)
+
+
+def precondition_holds(p: Precondition, per_seed: Mapping[int, float]) -> tuple[bool, float]:
+    """(present, the number compared: the mean over seeds, or the worst seed); no values: absent."""
+    v = np.asarray(list(_finite(per_seed).values()), dtype=np.float64)
+    if v.size == 0:
+        return False, math.nan
+    if p.over == "every_seed":
+        worst = float(v.min() if p.direction == ">" else v.max())
+        return bool(on_side(worst, p.direction, p.threshold)), worst
+    m = float(v.mean())
+    return bool(on_side(m, p.direction, p.threshold)), m
+
+
+def _g(x: float) -> str:
+    return f"{x:.3g}"
+
+
+def evaluate(
+    claim: Claim,
+    values: Mapping[str, Mapping[int, float]],
+    preconditions: Mapping[str, Mapping[int, float]] | None = None,
+) -> Result:
+    """The outcome of ``claim`` on per-seed numbers: ``values`` {arm: {seed: statistic}} for the
+    primary criterion, ``preconditions`` {precondition name: {seed: statistic}}."""
+    c = claim.primary
+    seeds, x = paired_values(values, c.arms)
+    what = " - ".join(c.arms)
+    per_seed = ", ".join(f"s{s} {_g(v)}" for s, v in zip(seeds, x, strict=True)) or "none"
+    numbers = f"{what} per paired seed: {per_seed}"
+    for p in claim.preconditions:
+        ok, m = precondition_holds(p, (preconditions or {}).get(p.name, {}))
+        if not ok:
+            how = "worst seed" if p.over == "every_seed" else "mean over seeds"
+            return Result(
+                f"inconclusive: {p.name} absent",
+                f"{p.statistic} ({p.arm}, {how}) {_g(m)}, needs {p.direction} "
+                f"{_g(p.threshold)}; {numbers}",
+                seeds,
+                tuple(x.tolist()),
+            )
+    if len(seeds) < c.min_seeds:
+        return Result(
+            f"inconclusive: {c.min_seeds} paired seeds absent",
+            f"{len(seeds)} paired seed(s); {numbers}",
+            seeds,
+            tuple(x.tolist()),
+        )
+    ok, interval = holds(c, x)
+    if interval is not None:
+        numbers += (
+            f"; mean {_g(float(x.mean()))}, {c.confidence:.0%} bootstrap interval "
+            f"[{_g(interval[0])}, {_g(interval[1])}] against {c.direction} {_g(c.threshold)}"
+        )
+    else:
+        numbers += f"; every seed {c.direction} {_g(c.threshold)}: {ok}"
+    return Result(OUTCOMES[0] if ok else OUTCOMES[1], numbers, seeds, tuple(x.tolist()), interval)
+
+
+def describe(claim: Claim) -> list[str]:
+    """The entry as printed lines (the notebook prints these above its verdict)."""
+    c = claim.primary
+    subject = f"{c.arms[0]} - {c.arms[1]} (paired by seed)" if len(c.arms) == 2 else c.arms[0]
+    if c.test == "every_seed":
+        test = f"{c.direction} {c.threshold:g} in every seed"
+    else:
+        test = (
+            f"the {c.confidence:.0%} bootstrap interval of the mean over seeds "
+            f"{'above' if c.direction == '>' else 'below'} {c.threshold:g}"
+        )
+    lines = [
+        f"registry entry {claim.name}"
+        + (f" (supersedes v{claim.supersedes}: {claim.reason})" if claim.supersedes else ""),
+        f"claim: {claim.claim}",
+        f"paper: {claim.paper}",
+        f"sweeps: {', '.join(claim.sweeps)}; arms: " + "; ".join(claim.arms),
+    ]
+    if claim.doses:
+        lines.append(f"doses: {claim.doses}")
+    if claim.negative_control:
+        lines.append(f"negative control: {claim.negative_control}")
+    lines.append(
+        f"primary criterion: {c.statistic}, {subject}: {test}; at least {c.min_seeds} paired seeds"
+    )
+    for p in claim.preconditions:
+        over = "in every seed" if p.over == "every_seed" else "on the mean over seeds"
+        lines.append(
+            f"precondition ({p.name}): {p.statistic} of {p.arm} {p.direction} {p.threshold:g} "
+            f"{over}"
+        )
+    if claim.secondary:
+        lines.append(
+            "secondary checks (printed, never change the outcome): " + "; ".join(claim.secondary)
+        )
+    if claim.confounds:
+        lines.append(f"confounds: {claim.confounds}")
+    return lines
+
+
+# --- the entries ----------------------------------------------------------------------------------
+
+# Statistics shared by several entries (the notebooks compute them per seed).
+AUC_CORRECT = (
+    "learning speed: the mean of the per-step training correctness rollout/correct over every RL "
+    "step (the area under the training curve)"
+)
+MAX_ABS_LOG_W = (
+    "the mean over steps of the per-step largest |log w_i,t| of the token ratios "
+    "(max(log ratio_max, -log ratio_min); GMPO's token_ratio_*)"
+)
+# GMPO's and DAPO's claims need the update off-policy enough that token ratios reach the clip:
+# 16 minibatches x 2 epochs per batch (the sweep "ratio_doses", arm suffix _k16x2).
+OFF = "_k16x2"
+RATIOS_AT_CLIP = Precondition(
+    name="token ratios reaching GRPO's clip",
+    statistic="the mean over steps of the per-step largest |log w_i,t|",
+    arm="grpo_nokl" + OFF,
+    direction=">",
+    threshold=math.log(1.2),
+)
+
+ENTRIES: tuple[Claim, ...] = (
+    Claim(
+        key="clip_fraction_vs_eps",
+        version=1,
+        claim=(
+            "GSPO at eps 3e-4 / 4e-4 clips about two orders of magnitude more tokens than GRPO "
+            "at 0.2, yet learns at least as fast"
+        ),
+        paper="GSPO (Zheng et al. 2025), clip-fraction figure: ~15 % vs ~0.13 %",
+        notebook="clip_fraction_vs_eps",
+        sweeps=("clip",),
+        arms=(
+            "gspo: the gspo preset (3e-4 / 4e-4)",
+            "grpo_nokl: the grpo preset with kl_coef 0 (the KL is not the confound)",
+            "grpo: the grpo preset (KL 0.04)",
+            "gspo_eps0.2: GSPO at GRPO's 0.2",
+        ),
+        primary=Criterion(
+            statistic=AUC_CORRECT + ", 150 steps",
+            arms=("gspo", "grpo_nokl"),
+            direction=">",
+            threshold=-0.02,  # non-inferiority margin: "at least as fast", within 2 points
+            test="bootstrap",
+            min_seeds=MIN_SEEDS_DIFFERENCE,
+        ),
+        preconditions=(
+            Precondition(
+                name="GSPO clipping (>= 5 % of tokens)",
+                statistic="mean train/clip_frac over steps",
+                arm="gspo",
+                direction=">",
+                threshold=0.05,
+            ),
+        ),
+        secondary=(
+            "clip-fraction ratio GSPO / GRPO (the paper: ~100x)",
+            "each seed's switch step (first step with rollout/worked >= 0.5), paired",
+            "held-out greedy accuracy (500 problems every 10 steps): mean over evaluations",
+            "the same difference against grpo (KL on) and for gspo_eps0.2",
+            "median seconds per RL step",
+        ),
+        confounds="GSPO and GRPO differ in the ratio's level and in eps; 14-token responses",
+    ),
+    Claim(
+        key="seq_ratio_eps02",
+        version=1,
+        claim="eps = 0.2 on GSPO's sequence ratio (almost) never clips",
+        paper="GSPO: derived from the geometric mean (the paper sets 3e-4 / 4e-4 instead)",
+        notebook="seq_ratio_eps02",
+        sweeps=("arith",),
+        arms=("gspo_eps0.2: GSPO at 0.2", "gspo: GSPO at 3e-4 / 4e-4 (the clip's reach)"),
+        primary=Criterion(
+            statistic="the fraction of clipped responses, mean train/seq_clip_frac over steps",
+            arms=("gspo_eps0.2",),
+            direction="<",
+            threshold=0.01,
+            test="every_seed",
+            min_seeds=MIN_SEEDS_LEVEL,
+        ),
+        preconditions=(
+            Precondition(
+                name="sequence ratios moving past 3e-4 (GSPO at 3e-4 clips >= 5 % of responses)",
+                statistic="mean train/seq_clip_frac over steps",
+                arm="gspo",
+                direction=">",
+                threshold=0.05,
+            ),
+        ),
+        secondary=("the largest |s_i - 1| against 0.2", "share of steps with any clip"),
+    ),
+    Claim(
+        key="gspo_token_equals_gspo",
+        version=1,
+        claim=(
+            "GSPO-token with one advantage per sequence has GSPO's value and gradient, so its run "
+            "follows GSPO's"
+        ),
+        paper="GSPO, section 4.3 (identical value and gradient)",
+        notebook="gspo_token_equals_gspo",
+        sweeps=("arith", "gspo_token"),
+        arms=(
+            "gspo",
+            "gspo_token_tokadv: gspo_token through its per-token path (rl.token_advantages)",
+        ),
+        primary=Criterion(
+            statistic=(
+                "the largest relative difference |a - b| / (1e-4 max(|a|, |b|)) over every step "
+                "of loss, grad_norm, clip_frac, reward and response length"
+            ),
+            arms=("pair(gspo, gspo_token_tokadv)",),
+            direction="<",
+            threshold=1.0 + 1e-9,  # <= 1: every figure within 1e-4 relative
+            test="every_seed",
+            min_seeds=MIN_SEEDS_LEVEL,
+        ),
+    ),
+    Claim(
+        key="gspo_token_equals_gspo",
+        version=2,
+        supersedes=1,
+        reason=(
+            "changed after the first execution, which gave 'not reproduced' on the loss alone: a "
+            "group's advantages sum to 0, so the loss is a mean of cancelling terms (1e-7 to "
+            "1e-4) and the two computations' float32 rounding differs by ~1e-8 absolute, far "
+            "above 1e-4 relative near 0, while every other figure agreed at every step; an "
+            "absolute floor of 1e-7 was added"
+        ),
+        claim=(
+            "GSPO-token with one advantage per sequence has GSPO's value and gradient, so its run "
+            "follows GSPO's"
+        ),
+        paper="GSPO, section 4.3 (identical value and gradient)",
+        notebook="gspo_token_equals_gspo",
+        sweeps=("arith", "gspo_token"),
+        arms=(
+            "gspo",
+            "gspo_token_tokadv: gspo_token through its per-token path (rl.token_advantages)",
+        ),
+        primary=Criterion(
+            statistic=(
+                "the largest |a - b| / (1e-4 max(|a|, |b|) + 1e-7) over every step of loss, "
+                "grad_norm, clip_frac, reward and response length"
+            ),
+            arms=("pair(gspo, gspo_token_tokadv)",),
+            direction="<",
+            threshold=1.0 + 1e-9,
+            test="every_seed",
+            min_seeds=MIN_SEEDS_LEVEL,
+        ),
+        preconditions=(
+            Precondition(
+                name="GSPO's clip active (>= 1 % of tokens)",
+                statistic="mean train/clip_frac over steps",
+                arm="gspo",
+                direction=">",
+                threshold=0.01,
+            ),
+        ),
+        secondary=(
+            "the first step's largest relative difference per seed",
+            "gspo_token with [B] advantages (GSPO's own code path) against gspo",
+            "final held-out accuracy per seed",
+        ),
+    ),
+    Claim(
+        key="luspo_length",
+        version=1,
+        claim=(
+            "GSPO shortens responses (most with clip-higher) where LUSPO's length weight keeps them"
+        ),
+        paper="LUSPO: responses ~1.5x longer than GSPO's",
+        notebook="luspo_length",
+        sweeps=("luspo_length",),
+        arms=(
+            "gspo_cliphigher: gspo preset (3e-4 / 4e-4)",
+            "gspo_sym: GSPO at a symmetric 3e-4",
+            "luspo_cliphigher: luspo preset",
+            "grpo_nokl: the grpo preset without its KL term",
+        ),
+        primary=Criterion(
+            statistic=(
+                "length change: mean rollout/response_len_mean over the last 10 steps minus over "
+                "the first 5 (tokens)"
+            ),
+            arms=("luspo_cliphigher", "gspo_cliphigher"),
+            direction=">",
+            threshold=0.0,
+            test="every_seed",
+            min_seeds=MIN_SEEDS_DIFFERENCE,
+        ),
+        preconditions=(
+            Precondition(
+                name="a task whose formats are equally right at the start (|gap| <= 0.05)",
+                statistic=(
+                    "|eval/worked_accuracy - eval/direct_accuracy| of the base policy (samples)"
+                ),
+                arm="gspo_cliphigher",
+                direction="<",
+                threshold=0.05 + 1e-9,
+            ),
+        ),
+        secondary=(
+            "GSPO clip-higher's own length change (< 0?)",
+            "clip-higher against symmetric GSPO",
+            "the GRPO arm's length change",
+            "final held-out accuracy and greedy length",
+        ),
+        confounds="the formats' accuracies at the start (the precondition's calibration)",
+    ),
+    Claim(
+        key="gmpo_ratio_range",
+        version=1,
+        claim="GMPO keeps the token importance ratios in a narrower range than GRPO",
+        paper="GMPO (Zhao et al. 2025): narrower, steadier ratio range; up to +4.1 % Pass@1",
+        notebook="gmpo_ratio_range",
+        sweeps=("ratio_doses",),
+        arms=(
+            "gmpo: log-space clip +-0.4",
+            "gmpo_eps0.2: GMPO at +-0.2",
+            "grpo_nokl: GRPO without its KL term",
+            "each at the off-policy doses _k4x1, _k8x2, _k16x2",
+        ),
+        doses="minibatches x epochs per batch: 4x1, 8x2, 16x2 (ratios leave 1 as it grows)",
+        primary=Criterion(
+            statistic=MAX_ABS_LOG_W + " at 16 minibatches x 2 epochs",
+            arms=("gmpo" + OFF, "grpo_nokl" + OFF),
+            direction="<",
+            threshold=0.0,
+            test="every_seed",
+            min_seeds=MIN_SEEDS_DIFFERENCE,
+        ),
+        preconditions=(RATIOS_AT_CLIP,),
+        secondary=(
+            "the dose-response: the paired difference at each dose",
+            "GMPO at +-0.2 against GRPO",
+            "per-step percentiles of |log w| (once logged)",
+            "final held-out accuracy",
+        ),
+    ),
+    Claim(
+        key="std_normalisation",
+        version=1,
+        claim=(
+            "GRPO's division by the group's reward std blows up groups whose rewards barely "
+            "differ, so it learns an irrelevant reward bonus that Dr. GRPO (no std) ignores"
+        ),
+        paper="Dr. GRPO (Liu et al. 2025), the question-level difficulty bias",
+        notebook="std_normalisation",
+        sweeps=("countdown",),
+        arms=(
+            "grpo_nokl: z-score advantages, KL off",
+            "grpo_nokl_nostd: the same without the std division",
+            "dr_grpo: the Dr. GRPO preset",
+            "(task: arith correctness + a tiny irrelevant bonus: needs code, docs/results.md)",
+        ),
+        primary=Criterion(
+            statistic=(
+                "growth of the bonus feature: its share in the rollouts over the last 10 steps "
+                "minus over the first 5 (rollout/bonus)"
+            ),
+            arms=("grpo_nokl", "grpo_nokl_nostd"),
+            direction=">",
+            threshold=0.0,
+            test="every_seed",
+            min_seeds=MIN_SEEDS_DIFFERENCE,
+        ),
+        preconditions=(
+            Precondition(
+                name="low-spread groups (0 < std < 0.1: >= 10 % of groups with a signal)",
+                statistic="share of the base policy's groups with a signal whose std < 0.1",
+                arm="grpo_nokl",
+                direction=">",
+                threshold=0.10,
+            ),
+        ),
+        secondary=(
+            "GRPO's share of advantage mass on low-spread groups against Dr. GRPO's",
+            "final held-out accuracy and entropy per arm",
+        ),
+        negative_control="grpo_nokl_nostd: the bonus should not grow without the std division",
+    ),
+    Claim(
+        key="rollout_logprobs",
+        version=1,
+        claim="GSPO can train on the rollout engine's log-probs as old_logp, without recomputing",
+        paper="GSPO: the sequence likelihood tolerates the precision mismatch",
+        notebook="rollout_logprobs",
+        sweeps=("old_logp",),
+        arms=(
+            "{grpo,gspo}_sampler: bf16 rollout log-probs as old_logp",
+            "{grpo,gspo}_recompute: float32 recomputation",
+            "{grpo,gspo}_recompute_tis: recomputation + truncated IS",
+        ),
+        doses="injected log-prob noise 1e-3, 1e-2, 1e-1 per token (needs code)",
+        negative_control="GRPO: the same difference on token ratios at eps 0.2",
+        primary=Criterion(
+            statistic=AUC_CORRECT,
+            arms=("gspo_sampler", "gspo_recompute"),
+            direction=">",
+            threshold=-0.02,
+            test="bootstrap",
+            min_seeds=MIN_SEEDS_DIFFERENCE,
+        ),
+        preconditions=(
+            Precondition(
+                name="a mismatch of at least GSPO's eps per sequence",
+                statistic="mean rollout/mismatch_geo_abs_mean over steps",
+                arm="gspo_recompute",
+                direction=">",
+                threshold=3e-4,
+            ),
+        ),
+        secondary=(
+            "per-token against geometric-mean mismatch",
+            "GRPO's sampler - recompute difference",
+            "the truncated-IS arms",
+            "final held-out accuracy",
+        ),
+    ),
+    Claim(
+        key="moe_routing_replay",
+        version=1,
+        claim="On an MoE model GRPO needs Routing Replay to learn; GSPO does not",
+        paper="GSPO: GRPO on Qwen3-30B-A3B did not converge without it; ~10 % routes change",
+        notebook="moe_routing_replay",
+        sweeps=("moe",),
+        arms=(
+            "grpo, grpo_rr (Routing Replay), gspo at each volatility dose _v0 (no suffix), "
+            "_v1, _v2",
+        ),
+        doses=(
+            "route volatility: v0 aux loss 1e-3, 4 minibatches x 1 epoch; v1 no aux loss, 8x2; "
+            "v2 no aux loss, 16x2 (more experts, top-k, router noise need code)"
+        ),
+        negative_control="gspo: no token ratios, so no need for the replay",
+        primary=Criterion(
+            statistic=AUC_CORRECT + " at dose v2",
+            arms=("grpo_rr_v2", "grpo_v2"),
+            direction=">",
+            threshold=0.0,
+            test="bootstrap",
+            min_seeds=MIN_SEEDS_DIFFERENCE,
+        ),
+        preconditions=(
+            Precondition(
+                name="routes that change (>= 5 % per step)",
+                statistic="mean train/route_change_frac over steps",
+                arm="grpo_v2",
+                direction=">",
+                threshold=0.05,
+            ),
+        ),
+        secondary=(
+            "the dose-response: route change and the replay's AUC gain at each dose",
+            "GSPO against GRPO + Routing Replay",
+            "GRPO's token-ratio range with and without the replay",
+        ),
+    ),
+    Claim(
+        key="eps_objective_sweep",
+        version=1,
+        claim=(
+            "eps belongs to the ratio's level: a sequence-level eps (3e-4) on GRPO's token "
+            "ratios stops it learning, while every preset learns at its own eps"
+        ),
+        paper="the presets' papers' settings (GRPO 0.2, DAPO 0.2 / 0.28, GSPO 3e-4 / 4e-4, ...)",
+        notebook="eps_objective_sweep",
+        sweeps=("arith",),
+        arms=("every preset at its own eps", "grpo_eps0.0003, gspo_eps0.2, gspo_eps0.0003"),
+        primary=Criterion(
+            statistic=AUC_CORRECT,
+            arms=("grpo", "grpo_eps0.0003"),
+            direction=">",
+            threshold=0.05,
+            test="every_seed",
+            min_seeds=MIN_SEEDS_DIFFERENCE,
+        ),
+        preconditions=(
+            Precondition(
+                name="GRPO at 3e-4 clipping (>= 1 % of tokens)",
+                statistic="mean train/clip_frac over steps",
+                arm="grpo_eps0.0003",
+                direction=">",
+                threshold=0.01,
+            ),
+        ),
+        secondary=("every preset's held-out gain over the base", "GSPO at 0.2's clip fraction"),
+        confounds="both GRPO arms carry the KL term (0.04); paired, it cancels in the difference",
+    ),
+    # --- claims without a notebook yet (issue 20, item 4): notebooks come with their runs -------
+    Claim(
+        key="dapo_clip_higher_entropy",
+        version=1,
+        claim="DAPO's clip-higher (0.2 / 0.28) keeps the policy's entropy up against 0.2 / 0.2",
+        paper="DAPO (Yu et al. 2025): entropy collapse without clip-higher",
+        notebook="dapo_clip_higher (planned)",
+        sweeps=("ratio_doses",),
+        arms=("dapo" + OFF + ": 0.2 / 0.28 token-mean", "dapo_eps0.2" + OFF + ": 0.2 / 0.2"),
+        primary=Criterion(
+            statistic="mean train/entropy over the second half of the steps",
+            arms=("dapo" + OFF, "dapo_eps0.2" + OFF),
+            direction=">",
+            threshold=0.0,
+            test="every_seed",
+            min_seeds=MIN_SEEDS_DIFFERENCE,
+        ),
+        preconditions=(
+            Precondition(
+                name="clipped tokens (>= 0.5 % in the symmetric arm)",
+                statistic="mean train/clip_frac over steps",
+                arm="dapo_eps0.2" + OFF,
+                direction=">",
+                threshold=0.005,
+            ),
+        ),
+        secondary=("held-out accuracy", "the difference at the other off-policy doses"),
+    ),
+    Claim(
+        key="drgrpo_length_bias",
+        version=1,
+        claim="Under GRPO's 1/|o| normalisation wrong answers grow longer; Dr. GRPO's do not",
+        paper="Dr. GRPO (Liu et al. 2025): the response-level length bias",
+        notebook="drgrpo_length_bias (planned)",
+        sweeps=("drgrpo_length",),
+        arms=(
+            "grpo_nostd_nokl: GRPO's 1/|o| aggregation, no std, no KL",
+            "dr_grpo: the same with Dr. GRPO's constant normaliser",
+        ),
+        primary=Criterion(
+            statistic=(
+                "growth of the wrong responses' length: mean rollout/len_wrong_mean over the last "
+                "10 steps minus over the first 5 (tokens)"
+            ),
+            arms=("grpo_nostd_nokl", "dr_grpo"),
+            direction=">",
+            threshold=0.0,
+            test="every_seed",
+            min_seeds=MIN_SEEDS_DIFFERENCE,
+        ),
+        preconditions=(
+            Precondition(
+                name="wrong responses (>= 10 % of rollouts over training)",
+                statistic="1 - mean rollout/correct over steps",
+                arm="grpo_nostd_nokl",
+                direction=">",
+                threshold=0.10,
+            ),
+        ),
+        secondary=("the right responses' length", "held-out accuracy"),
+        negative_control="the right responses' length change (the bias is for wrong answers)",
+        confounds="only the aggregation differs between the arms (the task: luspo_length's)",
+    ),
+    Claim(
+        key="gmpo_entropy",
+        version=1,
+        claim="GMPO keeps a higher policy entropy than GRPO",
+        paper="GMPO: higher entropy (more exploration) than GRPO",
+        notebook="gmpo_ratio_range (planned: a second entry it prints)",
+        sweeps=("ratio_doses",),
+        arms=("gmpo" + OFF, "grpo_nokl" + OFF),
+        primary=Criterion(
+            statistic="mean train/entropy over the steps",
+            arms=("gmpo" + OFF, "grpo_nokl" + OFF),
+            direction=">",
+            threshold=0.0,
+            test="every_seed",
+            min_seeds=MIN_SEEDS_DIFFERENCE,
+        ),
+        preconditions=(RATIOS_AT_CLIP,),
+    ),
+    Claim(
+        key="gmpo_kl_ref",
+        version=1,
+        claim="GMPO stays closer to the reference policy (lower KL) than GRPO",
+        paper="GMPO: lower KL divergence from the reference than GRPO",
+        notebook="gmpo_ratio_range (planned: a third entry it prints)",
+        sweeps=("ratio_doses",),
+        arms=("gmpo" + OFF, "grpo_nokl" + OFF),
+        primary=Criterion(
+            statistic="mean train/kl_ref over the steps (logged with kl_coef 0: needs code)",
+            arms=("gmpo" + OFF, "grpo_nokl" + OFF),
+            direction="<",
+            threshold=0.0,
+            test="every_seed",
+            min_seeds=MIN_SEEDS_DIFFERENCE,
+        ),
+        preconditions=(RATIOS_AT_CLIP,),
+    ),
+)
+
+
+def entries(key: str) -> list[Claim]:
+    """Every version of the claim ``key``, oldest first; ValueError naming the known keys."""
+    found = sorted((e for e in ENTRIES if e.key == key), key=lambda e: e.version)
+    if not found:
+        raise ValueError(f"no registry entry {key!r}; known: {sorted({e.key for e in ENTRIES})}")
+    return found
+
+
+def current(key: str) -> Claim:
+    """The newest version of the claim ``key`` (the one that decides the verdict)."""
+    return entries(key)[-1]
+
+
+def check() -> None:
+    """The registry's own consistency: unique (key, version), supersedes point at the previous
+    version with a reason, and every version but the newest is superseded."""
+    seen = set()
+    for e in ENTRIES:
+        if (e.key, e.version) in seen:
+            raise ValueError(f"registry entry {e.name} twice: a changed criterion is a new version")
+        seen.add((e.key, e.version))
+        if e.supersedes is not None and (e.supersedes >= e.version or not e.reason):
+            raise ValueError(f"{e.name}: supersedes an earlier version and says why (reason)")
+    for key in {e.key for e in ENTRIES}:
+        versions = entries(key)
+        for old, new in zip(versions, versions[1:], strict=False):
+            if new.supersedes != old.version:
+                raise ValueError(f"{new.name} must supersede v{old.version} (set supersedes)")

@@ -1,0 +1,187 @@
+"""A claim notebook's verdict, decided by its entry in the claims registry
+(experiments/claims_registry.py), from per-seed numbers; and the per-seed statistics the entries
+name. Replaces analysis.outcome, which called a claim "partly reproduced" as soon as any check
+held.
+
+    from gspo_jax import analysis as an, verdicts as vd
+    arms = an.by_arm(an.load_runs(...))
+    vd.claim_verdict(
+        "clip_fraction_vs_eps",
+        {a: vd.per_seed(arms.get(a, []), vd.auc) for a in ("gspo", "grpo_nokl")},
+        preconditions={"GSPO clipping (>= 5 % of tokens)": vd.per_seed(arms["gspo"], clip)},
+        secondary={"clip ratio": "805x"},
+    )
+
+prints the entry (its "primary criterion", preconditions and secondary checks), the versions it
+supersedes with their reasons, the secondary checks' numbers (labelled as such: they never change
+the outcome), and exactly one line ``VERDICT: <outcome>: <numbers>``. Outcomes: "reproduced",
+"not reproduced", "inconclusive: <precondition> absent". Nothing here trains.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from gspo_jax import analysis
+
+REGISTRY_PATH = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "claims_registry.py"
+)
+# "reproduced", "not reproduced" or "inconclusive: <precondition> absent", then ": <numbers>"
+VERDICT_LINE = re.compile(r"^VERDICT: (reproduced|not reproduced|inconclusive: .+? absent): .+")
+_MODULE = "gspo_claims_registry"
+
+
+def registry():
+    """experiments/claims_registry.py as a module (loaded by path once: experiments/ is not a
+    package; registered in sys.modules, which its dataclasses need)."""
+    if _MODULE not in sys.modules:
+        if not os.path.exists(REGISTRY_PATH):
+            raise FileNotFoundError(
+                f"{REGISTRY_PATH} is missing: the verdicts need the repository's claims registry "
+                "(run from a checkout, not an installed wheel)"
+            )
+        spec = importlib.util.spec_from_file_location(_MODULE, REGISTRY_PATH)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[_MODULE] = module
+        spec.loader.exec_module(module)
+        module.check()
+    return sys.modules[_MODULE]
+
+
+def entry(key: str):
+    """The registry's current (newest) entry for the claim ``key``."""
+    return registry().current(key)
+
+
+def outcome_of(line: str) -> str:
+    """The outcome of a ``VERDICT:`` line; ValueError when the line is not one of the three."""
+    m = VERDICT_LINE.match(line)
+    if not m:
+        raise ValueError(
+            f"{line!r} is not 'VERDICT: <reproduced | not reproduced | inconclusive: <x> "
+            "absent>: <numbers>'; print verdicts with verdicts.claim_verdict"
+        )
+    return m[1]
+
+
+def claim_verdict(
+    key: str,
+    values: Mapping[str, Mapping[int, float]],
+    preconditions: Mapping[str, Mapping[int, float]] | None = None,
+    secondary: Mapping[str, Any] | None = None,
+    superseded: Mapping[int, Mapping[str, Mapping[int, float]]] | None = None,
+) -> str:
+    """Prints the claim's registry entry, its secondary checks and its one VERDICT line (the
+    newest entry's primary criterion on ``values`` {arm: {seed: statistic}}), and returns the line.
+
+    ``preconditions``: {precondition name: {seed: statistic}}; ``secondary``: {name: value},
+    printed only; ``superseded``: {old version: values} for the entries the current one replaced,
+    whose outcome on these runs is printed (not as a verdict) next to the reason it was replaced.
+    """
+    reg = registry()
+    versions = reg.entries(key)
+    entry = versions[-1]
+    for line in reg.describe(entry):
+        print(line)
+    for old in versions[:-1]:
+        print(
+            f"superseded entry {old.name} (replaced by v{entry.version} because: "
+            f"{entry.reason if entry.supersedes == old.version else 'see the newer entries'}): "
+            f"primary criterion was {old.primary.statistic}"
+        )
+        if superseded and old.version in superseded:
+            r = reg.evaluate(old, superseded[old.version], preconditions)
+            print(f"    superseded entry {old.name} on these runs (not the verdict): {r.outcome}")
+    for name, value in (secondary or {}).items():
+        print(f"secondary check (does not change the outcome): {name}: {fmt(value)}")
+    result = reg.evaluate(entry, values, preconditions)
+    line = f"VERDICT: {result.outcome}: {result.numbers}"
+    outcome_of(line)  # the line's own format, checked where it is made
+    print(line)
+    return line
+
+
+def fmt(value: Any) -> str:
+    """A secondary check's value: per-seed numbers as "s0 0.123, s1 ...", floats to 3 digits."""
+    if isinstance(value, Mapping):
+        return (
+            ", ".join(
+                f"s{k} {fmt(v)}" if isinstance(k, int) else f"{k} {fmt(v)}"
+                for k, v in value.items()
+            )
+            or "none"
+        )
+    if isinstance(value, float | np.floating):
+        return f"{value:.3g}"
+    return str(bool(value)) if isinstance(value, np.bool_) else str(value)
+
+
+def diff(a: Mapping[int, float], b: Mapping[int, float]) -> dict[int, float]:
+    """{seed: a - b} over the seeds both have (paired by seed)."""
+    return {s: a[s] - b[s] for s in sorted(set(a) & set(b))}
+
+
+def seed_mean(per_seed_values: Mapping[int, float]) -> float:
+    """The mean over seeds of the finite values (NaN when none)."""
+    v = np.asarray([x for x in per_seed_values.values() if np.isfinite(x)], dtype=np.float64)
+    return float(v.mean()) if v.size else float("nan")
+
+
+# --- per-seed statistics the registry's entries name ---------------------------------------------
+
+
+def per_seed(runs: Sequence[analysis.RunData], fn: Callable[[analysis.RunData], float]):
+    """{seed: fn(run)} over an arm's runs; a run that never logged what ``fn`` reads gives NaN
+    (the registry drops it from the pairs)."""
+    out = {}
+    for r in runs:
+        try:
+            out[r.seed] = float(fn(r))
+        except (KeyError, ValueError):
+            out[r.seed] = float("nan")
+    return out
+
+
+def auc(run: analysis.RunData, key: str = "rollout/correct") -> float:
+    """Learning speed: the mean of a per-step training curve over every RL step (the area under
+    it per step)."""
+    return analysis.run_mean(run, key)
+
+
+def switch_step(run: analysis.RunData, key: str = "rollout/worked", level: float = 0.5) -> float:
+    """The first step at which ``key`` reaches ``level`` (arith: the worked format's share of
+    the rollouts), NaN when it never does."""
+    steps, v = analysis.series(run, key)
+    hit = np.flatnonzero(v >= level)
+    return float(steps[hit[0]]) if hit.size else float("nan")
+
+
+def window_change(run: analysis.RunData, key: str, last: int = 10, first: int = 5) -> float:
+    """The mean of ``key`` over the run's last ``last`` steps minus over its first ``first``
+    (steps logging NaN skipped: rollout/len_wrong_mean is NaN when no response was wrong)."""
+    _, v = analysis.series(run, key)
+    with warnings.catch_warnings():  # an all-NaN window is NaN, said once by the verdict
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(np.nanmean(v[-last:]) - np.nanmean(v[:first]))
+
+
+def second_half_mean(run: analysis.RunData, key: str) -> float:
+    steps, v = analysis.series(run, key)
+    return float(v[steps > steps.max() / 2].mean())
+
+
+def max_abs_log_ratio(run: analysis.RunData, prefix: str = "train/ratio_") -> float:
+    """The mean over steps of max(log ratio_max, -log ratio_min): the per-step largest |log w|
+    (``prefix`` "train/token_ratio_" for GMPO's token ratios under its geometric mean)."""
+    _, hi = analysis.series(run, prefix + "max")
+    _, lo = analysis.series(run, prefix + "min")
+    return float(np.mean(np.maximum(np.log(hi), -np.log(lo))))
