@@ -1414,3 +1414,25 @@ def test_two_stage_top_k_picks_what_one_top_k_picks():
         got = np.asarray(fn(x, k))
         finite = np.isfinite(x[want])
         np.testing.assert_array_equal(got[finite], want[finite], err_msg=str(trial))
+
+
+def test_benchmark_minimal_transcriptions_equal_the_presets():
+    """objectives_bench reads clip_cov's, kl_cov's and dppo_kl's ratios against hand-minimal
+    forms of the same losses (experiments/benchmarks/minimal_objectives.py): that reading holds
+    only if they compute the same loss and gradient."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "experiments/benchmarks/minimal_objectives.py"
+    spec = importlib.util.spec_from_file_location("minimal_objectives", path)
+    minimal = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(minimal)
+    logp, old_logp, adv, mask, _ = make_batch(seed=3)
+    adv = np.where(np.arange(B) % 2 == 0, 1.0, -1.0).astype(np.float32)  # ±1: covariances > 1
+    for name, fn in minimal.MINIMAL.items():
+        loss, metrics, grad = run(objectives.get_objective(name), logp, old_logp, adv, mask)
+        want_loss, want_grad = jax.value_and_grad(fn)(logp, old_logp, adv, mask)
+        assert loss == pytest.approx(float(want_loss), rel=1e-5, abs=1e-7), name
+        np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-7, err_msg=name)
+        if name != "dppo_kl":  # the covariance rule acted, so the comparison covers it
+            assert metrics["cov_frac"] > 0, name
