@@ -127,6 +127,9 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     # True: the objective's kl_coef · (old_logp − ref_logp) is subtracted from the token rewards
     # (verl's use_kl_in_reward) instead of entering the loss
     c.rl.kl_in_reward = False
+    # True: log train/kl_ref, the policy's KL to the base policy, also when kl_coef is 0 (one more
+    # forward pass per step and a copy of the parameters; the loss is unchanged)
+    c.rl.log_kl_ref = False
     c.rl.recompute_old_logp = False  # True: old_logp from a trainer forward instead of the sampler
     c.rl.routing_replay = False  # MoE: replay the old policy's expert routes in the update
     # True: every token gets its response's advantage ([B, T] instead of [B]): the objective's

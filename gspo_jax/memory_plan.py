@@ -12,7 +12,7 @@ cache slots; the update: μ·K minibatches of B/K rows), and reads per-device si
 
     parameters         float32 master weights, this device's shard (from the shardings)
     optimizer          Adam moments and count, this device's shard
-    reference          a second copy of the parameters when kl_coef > 0
+    reference          a second copy of the parameters when kl_coef > 0 or rl.log_kl_ref
     update peak        XLA's peak for the update program (arguments: state and batch; temporaries:
                        activations, gradients, the chunked log-softmax)
     rollout peak       XLA's peak for the rollout program (parameters, KV cache in the rollout
@@ -57,6 +57,7 @@ from gspo_jax import config as config_lib
 from gspo_jax import hlo_cost, sampler, sharding
 from gspo_jax import train_step as ts
 from gspo_jax.models import attention
+from gspo_jax import rl_batch
 from gspo_jax.rl_batch import RLBatch
 
 GIB = 2**30
@@ -144,7 +145,7 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
         )
     run = exp.build_run(config)
     abs_state = exp.abstract_state(run, run.abs_params)
-    phases = ts.make_phases(run, abs_state, with_ref=run.objective.kl_coef > 0)
+    phases = ts.make_phases(run, abs_state, with_ref=rl_batch.uses_reference(run))
     rl, mesh = run.config.rl, run.mesh
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
     P, Lp = rl.prompts_per_step, run.task.max_prompt_len
@@ -182,7 +183,7 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     }
     params = shard_bytes(abs_state.params)
     opt = shard_bytes(abs_state.opt_state)
-    ref = params if run.objective.kl_coef > 0 else 0
+    ref = params if rl_batch.uses_reference(run) else 0
     update_peak, rollout_peak = _peak(update), _peak(rollout)
     needed = max(update_peak, rollout_peak + opt) + ref
     hbm = int(slc.hbm_gib * GIB)

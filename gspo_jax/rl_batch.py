@@ -93,10 +93,17 @@ def per_token_advantages(run: Run) -> bool:
     return run.estimator in advantages.TOKEN_ESTIMATORS or bool(run.config.rl.token_advantages)
 
 
+def uses_reference(run: Run) -> bool:
+    """The run keeps the base policy as a reference and runs its forward pass each step: the
+    objective has a KL term (kl_coef > 0), or rl.log_kl_ref logs the KL to it without one."""
+    return run.objective.kl_coef > 0 or bool(run.config.rl.get("log_kl_ref", False))
+
+
 def has_ref_logp(run: Run) -> bool:
-    """The batch carries ref_logp: the objective has a KL term (kl_coef > 0), and the KL is not
-    moved into the rewards (rl.kl_in_reward, where ref_logp leaves the batch)."""
-    return run.objective.kl_coef > 0 and not run.config.rl.get("kl_in_reward", False)
+    """The batch carries ref_logp: the run uses the reference (uses_reference), and the KL is
+    not moved into the rewards (rl.kl_in_reward, where ref_logp leaves the batch). With kl_coef 0
+    the objective only logs train/kl_ref from it (its KL term is 0·KL)."""
+    return uses_reference(run) and not run.config.rl.get("kl_in_reward", False)
 
 
 def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:

@@ -45,7 +45,7 @@ import numpy as np
 from flax import nnx
 
 from gspo_jax import checkpoint as checkpoint_lib
-from gspo_jax import distributed, pod, rundir, sharding
+from gspo_jax import distributed, pod, rl_batch, rundir, sharding
 from gspo_jax import experiment as exp
 from gspo_jax import metrics as metrics_lib
 from gspo_jax import train_step as ts
@@ -250,7 +250,7 @@ class Session:
         self.collapse.load(meta.get("collapse"))
         self.notes.append(f"resumed from step {step} in {self.workdir}")
         self.base_eval = rundir.read_base_eval(self.workdir)
-        if self.run.objective.kl_coef > 0:
+        if rl_batch.uses_reference(self.run):
             self.ref_params, _ = pod.together(
                 "loading the warm start",
                 lambda: exp.base_params(self.run, exp.cache_dir_of(self.config)),
@@ -264,7 +264,7 @@ class Session:
             "loading the warm start",
             lambda: exp.base_params(self.run, exp.cache_dir_of(self.config)),
         )
-        if self.run.objective.kl_coef > 0:
+        if rl_batch.uses_reference(self.run):
             self.ref_params = jax.tree.map(jnp.copy, params)
         self.state = exp.initial_state(self.run, params)
         if self.config.eval.at_start and self.config.eval.num_problems > 0:

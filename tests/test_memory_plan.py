@@ -151,25 +151,28 @@ def test_plan_prints_time_estimates():
         {"objective.name": "gspo_token", "rl.token_advantages": True},  # adv [B, T]
         {"objective.name": "grpo", "objective.kl_coef": 0.01},  # ref_logp
         {"objective.name": "grpo", "objective.kl_coef": 0.01, "rl.kl_in_reward": True},  # none
+        {"objective.name": "gmpo", "rl.log_kl_ref": True},  # ref_logp with kl_coef 0
         {
             "objective.name": "grpo",
             "objective.rollout_correction": "token_tis",
             "rl.recompute_old_logp": True,
         },
     ],
-    ids=["plain", "token_adv", "ref", "kl_in_reward", "rollout_logp"],
+    ids=["plain", "token_adv", "ref", "kl_in_reward", "log_kl_ref", "rollout_logp"],
 )
 def test_the_dry_run_plans_the_batch_the_run_makes(shared, extra):
     """RLBatch.abstract(run), which the dry run compiles the update with, has the fields, shapes
-    and dtypes of the batch the step's phases make (traced abstractly: nothing runs)."""
+    and dtypes of the batch the step's phases make (traced abstractly: nothing runs); the update
+    logs train/kl_ref exactly when the batch carries ref_logp (rl.log_kl_ref: also at kl_coef 0)."""
     from trainer_runs import make_config
 
+    from gspo_jax import rl_batch
     from gspo_jax import train_step as ts
     from gspo_jax.rl_batch import RLBatch
 
     run = exp.build_run(make_config(shared, num_devices=1, **extra))
     state = exp.abstract_state(run, run.abs_params)
-    phases = ts.make_phases(run, state, with_ref=run.objective.kl_coef > 0)
+    phases = ts.make_phases(run, state, with_ref=rl_batch.uses_reference(run))
     rl = run.config.rl
     P, B = rl.prompts_per_step, rl.prompts_per_step * rl.group_size
     prompts = jax.ShapeDtypeStruct((P, run.task.max_prompt_len), jnp.int32)
@@ -186,3 +189,7 @@ def test_the_dry_run_plans_the_batch_the_run_makes(shared, extra):
     assert jax.tree.structure(batch) == jax.tree.structure(want)
     for got, planned in zip(jax.tree.leaves(batch), jax.tree.leaves(want), strict=True):
         assert (got.shape, got.dtype) == (planned.shape, planned.dtype)
+    _, train_m = jax.eval_shape(phases.update, state, batch, key)
+    assert ("kl_ref" in train_m) == (batch.ref_logp is not None)
+    if extra.get("rl.log_kl_ref"):  # gmpo's kl_coef is 0: the reference is there for the log
+        assert run.objective.kl_coef == 0 and batch.ref_logp is not None
