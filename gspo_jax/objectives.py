@@ -128,6 +128,11 @@ identity of min / max). Finalised metrics:
   entropy_kept_frac    (top_entropy_quantile < 1) response tokens in the high-entropy mask
   entropy_loss         (entropy_coef > 0) the aggregated entropy; loss = pg_loss + kl_coef ·
                        kl_loss − entropy_coef · entropy_loss
+  abs_log_w_p50/p90/p99  (log_w_percentiles) percentiles of the token log-ratios |δ_{i,t}| over
+                       response tokens, whatever the ratio level, to a quarter decade: each is
+                       the upper edge of its bin in LOG_W_EDGES (an upper bound within a factor
+                       10^0.25), from counts that add over micro-batches and shards; 0 with no
+                       token, inf past the last finite edge
 
 Performance: experiments/benchmarks/objectives_bench.py times loss + gradient of every preset
 against a masked mean of logp with its gradient (the floor). On CPU each metric costs its own
@@ -150,6 +155,10 @@ import jax
 import jax.numpy as jnp
 
 EXP_CLAMP = 20.0  # exp(±20) ≈ 4.9e8 / 2.1e-9: large but finite
+# Bin edges of the |δ| histogram (log_w_percentiles): quarter decades from 1e-4 to 10^1.75, then
+# inf. Counts below each edge add over parts of a batch, where exact percentiles would not.
+LOG_W_EDGES = tuple(10.0 ** (-4 + k / 4) for k in range(24)) + (math.inf,)
+LOG_W_PERCENTILES = (0.5, 0.9, 0.99)
 
 AGGREGATIONS = (
     "seq-mean-token-mean",
@@ -433,7 +442,9 @@ class Sums(NamedTuple):
 
     num: jax.Array  # scalar: Σ κ_{i,t}·ℓ_{i,t}, policy term + kl_coef · KL term
     den: jax.Array  # scalar: the aggregation's normaliser, a function of the mask only
-    metrics: dict  # str -> scalar: additive sums and counts, *_min / *_max
+    metrics: (
+        dict  # str -> scalar (abs_log_w_below: [edges]): additive sums and counts, *_min / *_max
+    )
 
     def combine(self, other: Sums) -> Sums:
         """The Sums of the union of two disjoint parts of one minibatch."""
@@ -487,7 +498,20 @@ class Sums(NamedTuple):
             out["delta_clip_frac"] = m["delta_clip_tokens"] / tokens
         if "cov_selected_tokens" in m:
             out["cov_frac"] = m["cov_selected_tokens"] / tokens
+        if "abs_log_w_below" in m:
+            out.update(_percentiles_from_counts(m["abs_log_w_below"], m["tokens"], "abs_log_w"))
         return self.num / den, out
+
+
+def _percentiles_from_counts(below: jax.Array, total: jax.Array, prefix: str) -> dict:
+    """{prefix_p50: ...}: for each q in LOG_W_PERCENTILES the first edge of LOG_W_EDGES with at
+    least q·total of the values at or below it (below [edges]: those counts); 0 when total is 0."""
+    edges = jnp.asarray(LOG_W_EDGES, jnp.float32)
+    out = {}
+    for q in LOG_W_PERCENTILES:
+        first = jnp.argmax(below >= q * total)  # the last edge (inf) always holds
+        out[f"{prefix}_p{round(q * 100)}"] = jnp.where(total > 0, edges[first], 0.0)
+    return out
 
 
 def _unit_sums(prefix: str, value: jax.Array, units: jax.Array) -> dict:
@@ -551,6 +575,7 @@ class Objective:
     top_entropy_quantile: float = 1.0  # train only on this top fraction of tokens by entropy
     entropy_coef: float = 0.0  # loss −= entropy_coef · aggregated entropy
     kl_unbiased: bool = False  # KL term weighted by the ratio (DeepSeek-V3.2's unbiased KL)
+    log_w_percentiles: bool = False  # log percentiles of |δ| (one count per LOG_W_EDGES edge)
 
     def __post_init__(self):
         _validate(self)
@@ -674,6 +699,11 @@ class Objective:
             metrics["delta_clip_tokens"] = _tokens_per_row(capped, mask, n_tok).sum()
         if terms.selected is not None:
             metrics["cov_selected_tokens"] = jnp.where(terms.selected, mask, 0.0).sum()
+        if self.log_w_percentiles:  # [edges] tokens with |δ| <= each edge
+            abs_delta = jnp.abs(sg(delta))  # [B, T], 0 on padding
+            metrics["abs_log_w_below"] = jnp.stack(
+                [jnp.where(abs_delta <= e, mask, 0.0).sum() for e in LOG_W_EDGES]
+            )
         metrics = {k: sg(v) for k, v in metrics.items()}
         return Sums(num, self._denominator(n_tok, mask.shape[1]), metrics)
 
@@ -1115,6 +1145,8 @@ def _validate_family_fields(obj: Objective) -> None:
         )
     if not isinstance(obj.kl_unbiased, bool):
         raise ValueError(f"kl_unbiased must be True or False, got {obj.kl_unbiased!r}")
+    if not isinstance(obj.log_w_percentiles, bool):
+        raise ValueError(f"log_w_percentiles must be True or False, got {obj.log_w_percentiles!r}")
     if obj.kl_unbiased and not obj.kl_coef > 0:
         raise ValueError(
             f"kl_unbiased weights the KL term, which {obj.name}'s kl_coef=0 switches off: set "

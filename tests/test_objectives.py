@@ -967,6 +967,7 @@ def test_bf16_inputs_are_upcast():
         ("grpo", {"top_entropy_quantile": 0.0}, ["top_entropy_quantile", "(0, 1]"]),
         ("grpo", {"entropy_coef": -0.1}, ["entropy_coef", ">= 0"]),
         ("dapo", {"kl_unbiased": True}, ["kl_unbiased", "kl_coef"]),
+        ("gmpo", {"log_w_percentiles": 1}, ["log_w_percentiles", "True or False"]),
         ("grpo", {"rollout_correction": "geo"}, ["geo_rs", "token_tis"]),
     ],
 )
@@ -1436,3 +1437,31 @@ def test_benchmark_minimal_transcriptions_equal_the_presets():
         np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-7, err_msg=name)
         if name != "dppo_kl":  # the covariance rule acted, so the comparison covers it
             assert metrics["cov_frac"] > 0, name
+
+
+def test_log_w_percentiles_are_the_quarter_decade_edges_and_add_over_parts():
+    """log_w_percentiles: each percentile of |δ| over the response tokens is the first edge of
+    LOG_W_EDGES with that share of the tokens at or below it (computed here with numpy), the
+    same from the Sums of two halves of the batch combined, and the loss is unchanged."""
+    logp, old_logp, adv, mask, _ = make_batch(seed=5, drift=0.3)
+    logp[0, :3] = old_logp[0, :3] + np.array([0.0, 2e-5, 80.0], np.float32)  # first / last bins
+    plain = objectives.get_objective("gmpo")
+    obj = dataclasses.replace(plain, log_w_percentiles=True)
+    loss, metrics, grad = run(obj, logp, old_logp, adv, mask)
+    want_loss, _, want_grad = run(plain, logp, old_logp, adv, mask)
+    assert loss == want_loss
+    np.testing.assert_array_equal(grad, want_grad)
+    x = np.sort(np.abs(logp - old_logp)[mask > 0])
+    edges = np.asarray(objectives.LOG_W_EDGES, np.float32)
+    halves = [
+        obj.sums(*[a[rows] for a in (logp, old_logp, adv, mask)])
+        for rows in (slice(0, 4), slice(4, None))
+    ]
+    combined = halves[0].combine(halves[1]).finalize()[1]
+    for q in objectives.LOG_W_PERCENTILES:
+        want = edges[np.argmax([np.sum(x <= e) >= q * x.size for e in edges])]
+        assert metrics[f"abs_log_w_p{round(q * 100)}"] == want, q
+        assert float(combined[f"abs_log_w_p{round(q * 100)}"]) == want, q
+    assert metrics["abs_log_w_p99"] == np.inf  # 80 is past the last finite edge (10^1.75)
+    empty = obj(logp, old_logp, adv, np.zeros_like(mask))[1]
+    assert float(empty["abs_log_w_p50"]) == 0.0
