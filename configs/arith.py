@@ -355,8 +355,11 @@ _RATIO_ARMS = (
     ("dapo", {"objective.name": "dapo"}),  # clip-higher 0.2 / 0.28, token-mean
     ("dapo_eps0.2", {"objective.name": "dapo", "objective.eps_high": 0.2}),
 )
+# Every ratio-dose arm logs the KL to the base policy (gmpo_kl_ref; kl_coef stays 0) and the
+# percentiles of |log w| (gmpo_ratio_range's secondary check).
+RATIO_LOGS = {"rl.log_kl_ref": True, "objective.log_w_percentiles": True}
 RATIO_DOSE_ARMS = tuple(
-    (f"{name}_k{k}x{e}", {**o, "rl.num_minibatches": k, "rl.num_epochs": e})
+    (f"{name}_k{k}x{e}", {**o, **RATIO_LOGS, "rl.num_minibatches": k, "rl.num_epochs": e})
     for k, e in RATIO_DOSES
     for name, o in _RATIO_ARMS
 )

@@ -5,6 +5,7 @@
     python experiments/claims.py all                         # every sweep, then every notebook
     python experiments/claims.py luspo_length --runs_only    # only the runs
     python experiments/claims.py luspo_length --notebook_only
+    python experiments/claims.py gmpo_ratio_range --runs_only --only '*_k16x2_*'   # some runs
 
 Runs go to <runs_dir>/<sweep>/<run> (default runs/claims; a run that finished is skipped, an
 interrupted one resumes), at laptop scale: 5 seeds (paired: seed s of every arm has the same
@@ -23,6 +24,7 @@ This file holds launcher logic only; no library code (docs/design.md "Layout").
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import importlib.util
 import os
 import sys
@@ -126,14 +128,21 @@ def run_sweeps(
     seeds: int = SEEDS,
     parallel: int = 1,
     extra: Sequence[str] = (),
+    only: str = "",
 ) -> list[str]:
-    """Launches every run of ``sweeps`` that has not finished, with FULL_FLAGS, the sweep's own
-    flags and then ``extra`` (the later flag wins); returns the failed run names."""
+    """Launches every run of ``sweeps`` that has not finished (``only``: those whose names match
+    one of its comma-separated patterns, in every sweep that has any), with FULL_FLAGS, the
+    sweep's own flags and then ``extra`` (the later flag wins); returns the failed run names."""
     sw = _sweep_module()
     failed = []
     for s in sweeps:
         root = os.path.join(runs_dir, s.name)
         runs = sweep_runs(s, seeds)
+        if only:
+            patterns = [p.strip() for p in only.split(",") if p.strip()]
+            runs = [r for r in runs if any(fnmatch.fnmatch(r["name"], p) for p in patterns)]
+            if not runs:
+                continue
         print(f"[claims] sweep {s.name}: {len(runs)} runs in {root}", flush=True)
         flags = [*FULL_FLAGS, *s.flags, *extra]
         codes = sw.launch(os.path.join(REPO, s.config), runs, root, parallel, flags)
@@ -188,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--runs_only", action="store_true", help="make the runs, do not execute")
     p.add_argument("--notebook_only", action="store_true", help="execute on the existing runs")
     p.add_argument("--list", action="store_true", help="print notebooks, sweeps and run names")
+    p.add_argument("--only", default="", help="comma-separated fnmatch patterns of run names")
     args, extra = p.parse_known_args(argv)  # extra --config.x=y flags go to every run
     names = list(NOTEBOOKS) if args.notebooks in ([], ["all"]) else args.notebooks
     if args.list:
@@ -209,6 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seeds=args.seeds,
             parallel=args.parallel,
             extra=extra,
+            only=args.only,
         )
         print(f"[claims] runs done in {time.time() - t0:.0f}s; failed: {failed or 'none'}")
     if failed:
