@@ -6,13 +6,12 @@ GRPO divides each group's advantages by the group's reward std: such a group's a
 blown up to unit scale, as large as those of a group with a right and a wrong answer. Dr. GRPO
 leaves the std out (and sums over tokens with a constant normaliser, without a KL term). Three
 arms separate the two: grpo, grpo_nostd (the grpo objective with Dr. GRPO's advantages: only the
-std division differs) and the dr_grpo preset. The notebook
-notebooks/std_normalisation.ipynb shows the advantage magnitude against the group's reward spread
-on the base policy's groups, and the two objectives' learning curves.
+std division differs) and the dr_grpo preset.
 
-Launch:
+The claims registry's std-normalisation design now runs on arith with an irrelevant bonus
+(configs/std_bonus.py), where the low-spread groups are common by construction; this sweep stays
+for the countdown comparison. Launch:
 
-    python experiments/claims.py std_normalisation
     python experiments/sweep.py --config configs/countdown.py --sweep seeds=3 \
         --workdir runs/claims/countdown --config.rl.num_steps=60 --config.eval.every=20
     python -m gspo_jax.main --config configs/countdown.py:objective=dr_grpo --workdir runs/cd

@@ -57,7 +57,7 @@ SWEEPS = {
         Sweep("arith", "configs/arith.py"),
         Sweep("gspo_token", "configs/arith.py", "study=token_adv"),
         Sweep("luspo_length", "configs/luspo_length.py"),
-        Sweep("countdown", "configs/countdown.py"),
+        Sweep("std_bonus", "configs/std_bonus.py"),
         Sweep("old_logp", "configs/arith_offpolicy.py", "study=old_logp"),
         Sweep("moe", "configs/arith_moe.py", "gspo_token=False,doses=True"),
         # the claims registry's designs (experiments/claims_registry.py)
@@ -74,7 +74,7 @@ NOTEBOOKS = {
     "gspo_token_equals_gspo": ("arith", "gspo_token"),
     "luspo_length": ("luspo_length",),
     "gmpo_ratio_range": ("ratio_doses",),
-    "std_normalisation": ("countdown",),
+    "std_normalisation": ("std_bonus",),
     "rollout_logprobs": ("old_logp",),
     "moe_routing_replay": ("moe",),
     "eps_objective_sweep": ("arith",),

@@ -512,12 +512,13 @@ ENTRIES: tuple[Claim, ...] = (
         ),
         paper="Dr. GRPO (Liu et al. 2025), the question-level difficulty bias",
         notebook="std_normalisation",
-        sweeps=("countdown",),
+        sweeps=("std_bonus",),
         arms=(
             "grpo_nokl: z-score advantages, KL off",
             "grpo_nokl_nostd: the same without the std division",
             "dr_grpo: the Dr. GRPO preset",
-            "(task: arith correctness + a tiny irrelevant bonus: needs code, docs/results.md)",
+            "(task: arith correctness + a bonus of 0.01 for an irrelevant marker, "
+            "configs/std_bonus.py)",
         ),
         primary=Criterion(
             statistic=(

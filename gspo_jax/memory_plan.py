@@ -54,10 +54,9 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from gspo_jax import config as config_lib
-from gspo_jax import hlo_cost, sampler, sharding
+from gspo_jax import hlo_cost, rl_batch, sampler, sharding
 from gspo_jax import train_step as ts
 from gspo_jax.models import attention
-from gspo_jax import rl_batch
 from gspo_jax.rl_batch import RLBatch
 
 GIB = 2**30

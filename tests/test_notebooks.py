@@ -30,7 +30,6 @@ TINY_ARMS = {
     "clip": {"gspo", "grpo_nokl", "grpo"},
     "ratio_doses": {"gmpo_k16x2", "grpo_nokl_k16x2"},
     "moe": {"grpo", "grpo_rr", "gspo", "grpo_v2", "grpo_rr_v2"},
-    "countdown": {"grpo", "grpo_nostd", "dr_grpo"},
     "luspo_length": {"gspo_cliphigher", "gspo_sym", "luspo_cliphigher"},
 }
 

@@ -136,6 +136,41 @@ def test_arith_verifier_hand_written(arith, text, terminated, correct, fmt, work
     assert v.reward == pytest.approx(correct + 0.1 * fmt)
 
 
+def test_arith_marker_is_irrelevant_and_earns_the_bonus():
+    """marker_fraction > 0: a trailing "+" changes neither correctness nor format and earns the
+    bonus (extra part "bonus"); that share of the demonstrations carry it; off by default, where
+    "+" at the end is malformed and the task's config (the caches' key) is unchanged."""
+    kw = dict(max_digits=4, num_train=200, num_test=20)
+    task = tasks.get_task("arith", **kw, marker_fraction=0.3, bonus=0.01)
+    record = dict(a=1234, b=5678, target=6912)
+    for text, correct, fmt, worked in [
+        ("W48=12,37=11,26=09,15=06A06912+", 1, 1, 1),
+        ("A06912+", 1, 1, 0),
+        ("A06802+", 0, 1, 0),
+    ]:
+        v = task.verify(record, text, True)
+        assert (v.correct, v.format, v.extras["worked"], v.extras["bonus"]) == (
+            correct,
+            fmt,
+            worked,
+            1,
+        ), text
+        assert v.reward == pytest.approx(correct + 0.1 * fmt + 0.01)
+        plain = task.verify(record, text[:-1], True)
+        assert plain.extras["bonus"] == 0 and plain.reward == pytest.approx(v.reward - 0.01)
+    assert task.verify(record, "A06912++", True).correct == 0  # one marker only
+    rng = np.random.default_rng(0)
+    demos = [task.demonstration(record, rng) for _ in range(2000)]
+    assert 0.25 < np.mean([d.endswith("+") for d in demos]) < 0.35
+    assert task.max_response_len == tasks.get_task("arith", **kw).max_response_len + 1
+    assert "bonus" in task.score_keys and task.config["bonus"] == 0.01
+    off = tasks.get_task("arith", **kw)
+    assert off.verify(record, "A06912+", True).correct == 0
+    assert "bonus" not in off.score_keys and "marker_fraction" not in off.config
+    with pytest.raises(ValueError, match="marker_fraction"):
+        tasks.get_task("arith", **kw, bonus=0.01)
+
+
 def _rows(task, texts, terminated=True):
     """Responses [B, T] and mask [B, T] as the sampler returns them (eos in the mask)."""
     T = task.max_response_len

@@ -33,6 +33,13 @@ ended with eos) + format_weight * format (1/0: the whole response matches one of
 with the fixed widths). Extra part "worked" (1 if the response starts with "W") lets the trainer
 track the format shift.
 
+An irrelevant feature, for Dr. GRPO's std-normalisation claim (off by default): with
+``marker_fraction`` > 0 a response may end with the marker "+" before eos ("A0930+"), which
+changes neither its correctness nor its format, and that share of the demonstrations carry it, so
+the base policy writes it sometimes; ``bonus`` is added to the reward when it does. Extra part
+"bonus" (1 if the marker is there) tracks it. A tiny bonus makes groups whose responses differ
+only in the marker: their reward std is tiny, and a std-normalised advantage blows it up.
+
 Dimension legend: none beyond task.py (records are scalars).
 """
 
@@ -48,6 +55,7 @@ from gspo_jax.tasks.task import Task, Verdict, check_split, split_seed
 from gspo_jax.tasks.tokenizer import CharTokenizer
 
 _ALPHABET = "0123456789+=,AW"
+MARKER = "+"  # the irrelevant feature's character (marker_fraction > 0): already in the alphabet
 _MAX_ANSWER_CHARS = 12  # longer digit strings are never a correct answer (and never int()-ed)
 
 
@@ -81,7 +89,8 @@ class ArithmeticTask(Task):
     Knobs (all part of ``config``): min_digits, max_digits, worked_fraction (share of worked
     demonstrations), direct_style ("carryless": direct demonstrations forget carries; "correct":
     they are right), worked_error_rate (share of worked demonstrations with one wrong column),
-    format_weight, num_train, num_test, seed.
+    format_weight, num_train, num_test, seed; and, when set, marker_fraction and bonus (the
+    irrelevant feature above).
     """
 
     name = "arith"
@@ -105,6 +114,8 @@ class ArithmeticTask(Task):
         num_train: int = 20000,
         num_test: int = 1000,
         seed: int = 0,
+        marker_fraction: float = 0.0,
+        bonus: float = 0.0,
     ):
         if not 1 <= min_digits <= max_digits <= 9:
             raise ValueError(
@@ -114,6 +125,16 @@ class ArithmeticTask(Task):
             raise ValueError(
                 f"worked_fraction and worked_error_rate must lie in [0, 1], got "
                 f"{worked_fraction}, {worked_error_rate}."
+            )
+        if not 0.0 <= marker_fraction < 1.0 or not bonus >= 0.0:
+            raise ValueError(
+                f"marker_fraction must lie in [0, 1) and bonus be >= 0, got {marker_fraction}, "
+                f"{bonus}."
+            )
+        if bonus > 0 and marker_fraction == 0:
+            raise ValueError(
+                f"bonus={bonus} pays for the marker, which only marker_fraction > 0 allows: set "
+                "marker_fraction (e.g. 0.3, the share of demonstrations with it) or bonus=0."
             )
         if direct_style not in ("carryless", "correct"):
             raise ValueError(
@@ -141,6 +162,10 @@ class ArithmeticTask(Task):
             num_test=num_test,
             seed=seed,
         )
+        if marker_fraction > 0:  # only when set: the config names the data and warm-start caches
+            self.config.update(marker_fraction=marker_fraction, bonus=bonus)
+            self.score_keys = (*self.score_keys, "bonus")
+        self.marker_fraction, self.bonus = marker_fraction, bonus
         self.min_digits, self.max_digits = min_digits, max_digits
         self.worked_fraction, self.direct_style = worked_fraction, direct_style
         self.worked_error_rate, self.format_weight = worked_error_rate, format_weight
@@ -151,6 +176,7 @@ class ArithmeticTask(Task):
         self.max_prompt_len = 2 * max_digits + 3
         # "W" + columns ("dd=dd" and commas) + "A" + answer (max_digits + 1) + eos.
         self.max_response_len = 1 + 6 * max_digits - 1 + 1 + (max_digits + 1) + 1
+        self.max_response_len += int(marker_fraction > 0)  # the marker
         w = max_digits
         self._worked_re = re.compile(
             rf"W[0-9]{{2}}=[0-9]{{2}}(?:,[0-9]{{2}}=[0-9]{{2}}){{{w - 1}}}A[0-9]{{{w + 1}}}"
@@ -200,15 +226,24 @@ class ArithmeticTask(Task):
             if rng.random() < self.worked_error_rate:  # one slipped digit: a wrong worked answer
                 wrong = a + b + int(rng.choice([-1, 1])) * 10 ** int(rng.integers(len(str(a + b))))
                 text = text[: text.rindex("A")] + f"A{max(wrong, 0):0{self.width + 1}d}"
-            return text
+            return self._with_marker(text, rng)
         answer = carryless_sum(a, b) if self.direct_style == "carryless" else a + b
-        return f"A{answer:0{self.width + 1}d}"
+        return self._with_marker(f"A{answer:0{self.width + 1}d}", rng)
+
+    def _with_marker(self, text: str, rng: np.random.Generator) -> str:
+        """text, ending with the marker in marker_fraction of the demonstrations (none if 0)."""
+        if self.marker_fraction > 0 and rng.random() < self.marker_fraction:
+            return text + MARKER
+        return text
 
     # ---- verifier -----------------------------------------------------------------------------
     def response_format(self, text: str) -> str:
         return "worked" if text.startswith("W") else "direct"
 
     def verify(self, record: Mapping[str, Any], text: str, terminated: bool) -> Verdict:
+        marker = float(self.marker_fraction > 0 and text.endswith(MARKER))
+        if marker:  # irrelevant: judged without it
+            text = text[: -len(MARKER)]
         worked = float(text.startswith("W"))
         grammar = self._worked_re if worked else self._direct_re
         well_formed = float(terminated and grammar.fullmatch(text) is not None)
@@ -224,8 +259,8 @@ class ArithmeticTask(Task):
             and int(answer) == int(record["target"])
         )
         return Verdict(
-            reward=correct + self.format_weight * well_formed,
+            reward=correct + self.format_weight * well_formed + self.bonus * marker,
             correct=correct,
             format=well_formed,
-            extras={"worked": worked},
+            extras={"worked": worked, **({"bonus": marker} if self.marker_fraction > 0 else {})},
         )
