@@ -145,6 +145,9 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     # real training-inference mismatch). With recompute_old_logp=True the sampler's log-probs
     # become rollout_logp (objective.rollout_correction / off_policy_mask read them).
     c.rl.rollout_dtype = ""
+    # Gaussian noise of this std added to each sampled token's reported log-prob (0 = none): a
+    # dose of sampler-trainer mismatch for the rollout-log-probs claim
+    c.rl.rollout_logp_noise = 0.0
     # DAPO dynamic sampling: drop groups whose rewards are all equal and draw more prompts, up to
     # max_gen_batches rollouts per step; overlong shaping (tokens; penalty 0 = off) and masking
     # truncated responses out of the loss.

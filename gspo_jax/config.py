@@ -316,6 +316,11 @@ def validate(config: ml_collections.ConfigDict) -> None:
             "config.checkpoint.every must be >= 1 and config.eval.every >= 0 "
             "(0 = evaluate only at the start and the end)"
         )
+    if not rl.get("rollout_logp_noise", 0.0) >= 0:
+        raise ConfigError(
+            f"config.rl.rollout_logp_noise={rl.rollout_logp_noise} must be >= 0 (the std of the "
+            "noise added to each sampled token's log-prob; 0 = none)"
+        )
     if config.eval.max_new_tokens < 0:
         raise ConfigError(
             f"config.eval.max_new_tokens={config.eval.max_new_tokens} must be >= 1 (or 0 for "

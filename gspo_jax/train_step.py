@@ -36,6 +36,8 @@ from gspo_jax.experiment import Run, TrainState, step_keys
 from gspo_jax.logprob_passes import make_route_change_fn, run_logprob_fn
 from gspo_jax.update import make_update_fn
 
+LOGP_NOISE_STREAM = 0x6C6F6770  # fold_in constant of the log-prob noise's key ("logp")
+
 
 def make_rollout_fn(run: Run):
     """(params, prompts [P, Lp], lengths [P], key) -> SampleOutput, rows sharded over the mesh,
@@ -44,11 +46,15 @@ def make_rollout_fn(run: Run):
     generate() is traced inside this jit so the rollout compiles once with the trainer's
     shardings (its host-side checks then see tracers; the data was checked by the loader). The
     rollout computes in config.rl.rollout_dtype (run.rollout_graphdef) from the float32 parameters.
+    config.rl.rollout_logp_noise > 0 adds Gaussian noise of that std to each response token's
+    reported log-prob (not to the sampling): the claims' dose of sampler-trainer mismatch, which
+    reaches the update as old_logp, or as rollout_logp under recompute_old_logp.
     """
     rl = run.config.rl
     eos_id, pad_id = run.task.tokenizer.eos_id, run.task.tokenizer.pad_id
     # Routing Replay replays the rollout's routes; log_route_change compares them after the update
     with_routes = rl.routing_replay or rl.log_route_change
+    noise_std = float(rl.get("rollout_logp_noise", 0.0))
 
     def fn(params, prompts, lengths, key):
         model = nnx.merge(run.rollout_graphdef, params, run.rest)
@@ -68,6 +74,10 @@ def make_rollout_fn(run: Run):
         )
         if with_routes:  # the model's [L, B, S, k] -> [B, L, S, k], as everywhere in the step
             out = out.replace(routes=jnp.swapaxes(out.routes, 0, 1))
+        if noise_std > 0:  # an engine whose log-probs are off by ~noise_std per token
+            noise_key = jax.random.fold_in(jax.random.wrap_key_data(key), LOGP_NOISE_STREAM)
+            noise = noise_std * jax.random.normal(noise_key, out.logp.shape)  # [B, T]
+            out = out.replace(logp=jnp.where(out.mask > 0, out.logp + noise, out.logp))
         return out
 
     rows = lambda ndim: sharding.rows_sharding(run.mesh, ndim)  # noqa: E731

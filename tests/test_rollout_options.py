@@ -239,3 +239,42 @@ def test_reinforce_pp_advantages_and_kl_in_reward_phases(shared):
         out, _ = rl_batch.make_kl_reward_fn(grpo_run)(batch.replace(ref_logp=ref_logp), rewards)
     want, _ = advantages.group_advantages(np.asarray(rewards) - beta * k1.sum(-1), G)
     np.testing.assert_allclose(out.adv, want, rtol=1e-5, atol=1e-6)
+
+
+def test_rollout_logp_noise_moves_only_the_reported_logp(shared):
+    """rl.rollout_logp_noise: the same tokens are sampled; the reported log-probs of the response
+    tokens move by Gaussian noise of that std (padding untouched), a different draw each key."""
+    import jax
+
+    from gspo_jax import distributed
+    from gspo_jax import train_step as ts
+
+    small = {
+        "init.kind": "random",
+        "rl.prompts_per_step": 8,
+        "rl.group_size": 4,
+        "rl.max_new_tokens": 8,
+        "eval.num_problems": 0,
+    }
+    run = exp.build_run(make_config(shared, num_devices=1, **small))
+    noisy = exp.build_run(
+        make_config(shared, num_devices=1, **small, **{"rl.rollout_logp_noise": 0.1})
+    )
+    params, _ = exp.base_params(run)
+    batch = next(distributed.make_data_iterator(run.config, run.task))
+    prompts, lengths = jnp.asarray(batch["prompt"]), jnp.asarray(batch["prompt_length"])
+    keys = [jax.random.key_data(jax.random.key(k)) for k in (0, 1)]
+    clean = ts.make_rollout_fn(run)(params, prompts, lengths, keys[0])
+    dosed = [ts.make_rollout_fn(noisy)(params, prompts, lengths, k) for k in keys]
+    np.testing.assert_array_equal(dosed[0].tokens, clean.tokens)
+    np.testing.assert_array_equal(dosed[0].sample_logp, clean.sample_logp)
+    mask = np.asarray(clean.mask) > 0
+    diff = np.asarray(dosed[0].logp - clean.logp)
+    assert np.all(diff[~mask] == 0)
+    assert 0.08 < diff[mask].std() < 0.12 and abs(diff[mask].mean()) < 0.03
+    clean_1 = ts.make_rollout_fn(run)(params, prompts, lengths, keys[1])
+    assert not np.array_equal(np.asarray(dosed[1].logp - clean_1.logp), diff)  # a fresh draw
+    with pytest.raises(config_lib.ConfigError, match="rollout_logp_noise"):
+        exp.build_run(
+            make_config(shared, num_devices=1, **small, **{"rl.rollout_logp_noise": -1.0})
+        )
