@@ -67,6 +67,11 @@ OLD_LOGP_ARMS = (
     ("recompute_tis", None),  # recompute + truncated importance sampling (level per objective)
 )
 TIS_LEVEL = {"grpo": "token_tis", "gspo": "seq_tis"}
+# The claims registry's dose-response (rollout_logprobs): log-prob noise of this std per token
+# added between sampler and trainer (rl.rollout_logp_noise), on top of the bf16 mismatch. It
+# reaches the sampler arms' old_logp and the correction arms' rollout_logp; the plain recompute
+# arm never reads the sampler's log-probs, so it has no dose.
+LOGP_NOISE_DOSES = (1e-3, 1e-2, 1e-1)
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
@@ -76,7 +81,8 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     token_tis / seq_mis / off-policy masking; dapo with and without dynamic sampling (float32
     rollout, sampler log-probs as old_logp, as in configs/arith.py).
     study=old_logp: grpo and gspo with a bf16 rollout, old_logp from the sampler, recomputed, or
-    recomputed with truncated importance sampling (token_tis for grpo, seq_tis for gspo).
+    recomputed with truncated importance sampling (token_tis for grpo, seq_tis for gspo); then
+    the sampler and correction arms at each LOGP_NOISE_DOSES ("_noise<std>").
     """
     a = config_lib.parse_arg(arg, seeds=1, study="corrections")
     if a.study not in ("corrections", "old_logp"):
@@ -94,6 +100,24 @@ def get_sweep(arg: str | None = None) -> list[dict]:
                             overrides={"objective.name": name, **extra, "seed": seed},
                         )
                     )
+            for noise in LOGP_NOISE_DOSES:
+                for name in ("grpo", "gspo"):
+                    for tag, extra in OLD_LOGP_ARMS:
+                        if tag == "recompute":
+                            continue  # never reads the sampler's log-probs: no dose
+                        if extra is None:
+                            extra = {"objective.rollout_correction": TIS_LEVEL[name]}
+                        runs.append(
+                            dict(
+                                name=f"{name}_{tag}_noise{noise:g}_s{seed}",
+                                overrides={
+                                    "objective.name": name,
+                                    **extra,
+                                    "rl.rollout_logp_noise": noise,
+                                    "seed": seed,
+                                },
+                            )
+                        )
             continue
         for name in ("grpo", "gspo"):
             for tag, extra in (

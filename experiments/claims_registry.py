@@ -558,7 +558,10 @@ ENTRIES: tuple[Claim, ...] = (
             "{grpo,gspo}_recompute: float32 recomputation",
             "{grpo,gspo}_recompute_tis: recomputation + truncated IS",
         ),
-        doses="injected log-prob noise 1e-3, 1e-2, 1e-1 per token (needs code)",
+        doses=(
+            "injected log-prob noise 1e-3, 1e-2, 1e-1 per token (rl.rollout_logp_noise; arms "
+            "_noise<std>)"
+        ),
         negative_control="GRPO: the same difference on token ratios at eps 0.2",
         primary=Criterion(
             statistic=AUC_CORRECT,

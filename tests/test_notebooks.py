@@ -31,6 +31,16 @@ TINY_ARMS = {
     "ratio_doses": {"gmpo_k16x2", "grpo_nokl_k16x2"},
     "moe": {"grpo", "grpo_rr", "gspo", "grpo_v2", "grpo_rr_v2"},
     "luspo_length": {"gspo_cliphigher", "gspo_sym", "luspo_cliphigher"},
+    # the base arms and one dose (its code path): each dose is two more runs per objective
+    "old_logp": {
+        "grpo_sampler",
+        "grpo_recompute",
+        "grpo_recompute_tis",
+        "gspo_sampler",
+        "gspo_recompute",
+        "gspo_recompute_tis",
+        "gspo_sampler_noise0.1",
+    },
 }
 
 
