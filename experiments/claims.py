@@ -78,13 +78,15 @@ NOTEBOOKS = {
     "rollout_logprobs": ("old_logp",),
     "moe_routing_replay": ("moe",),
     "eps_objective_sweep": ("arith",),
-}
-
-# registry claims without a notebook yet -> the sweeps their runs come from
-PLANNED = {
-    "dapo_clip_higher": ("ratio_doses",),
+    # the claims registry's new claims (issue 20, item 4)
+    "dapo_clip_higher_entropy": ("ratio_doses",),
+    "gmpo_entropy": ("ratio_doses",),
+    "gmpo_kl_ref": ("ratio_doses",),
     "drgrpo_length_bias": ("drgrpo_length",),
 }
+
+# registry claims without a notebook yet -> the sweeps their runs come from (--runs_only)
+PLANNED: dict[str, tuple[str, ...]] = {}
 
 SEEDS = 5  # the registry's minimum for a criterion that compares two arms
 FULL_FLAGS = (

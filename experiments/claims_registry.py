@@ -657,13 +657,13 @@ ENTRIES: tuple[Claim, ...] = (
         secondary=("every preset's held-out gain over the base", "GSPO at 0.2's clip fraction"),
         confounds="both GRPO arms carry the KL term (0.04); paired, it cancels in the difference",
     ),
-    # --- claims without a notebook yet (issue 20, item 4): notebooks come with their runs -------
+    # --- the new claims (issue 20, item 4) -------------------------------------------------------
     Claim(
         key="dapo_clip_higher_entropy",
         version=1,
         claim="DAPO's clip-higher (0.2 / 0.28) keeps the policy's entropy up against 0.2 / 0.2",
         paper="DAPO (Yu et al. 2025): entropy collapse without clip-higher",
-        notebook="dapo_clip_higher (planned)",
+        notebook="dapo_clip_higher_entropy",
         sweeps=("ratio_doses",),
         arms=("dapo" + OFF + ": 0.2 / 0.28 token-mean", "dapo_eps0.2" + OFF + ": 0.2 / 0.2"),
         primary=Criterion(
@@ -690,7 +690,7 @@ ENTRIES: tuple[Claim, ...] = (
         version=1,
         claim="Under GRPO's 1/|o| normalisation wrong answers grow longer; Dr. GRPO's do not",
         paper="Dr. GRPO (Liu et al. 2025): the response-level length bias",
-        notebook="drgrpo_length_bias (planned)",
+        notebook="drgrpo_length_bias",
         sweeps=("drgrpo_length",),
         arms=(
             "grpo_nostd_nokl: GRPO's 1/|o| aggregation, no std, no KL",
@@ -725,7 +725,7 @@ ENTRIES: tuple[Claim, ...] = (
         version=1,
         claim="GMPO keeps a higher policy entropy than GRPO",
         paper="GMPO: higher entropy (more exploration) than GRPO",
-        notebook="gmpo_ratio_range (planned: a second entry it prints)",
+        notebook="gmpo_entropy",
         sweeps=("ratio_doses",),
         arms=("gmpo" + OFF, "grpo_nokl" + OFF),
         primary=Criterion(
@@ -743,7 +743,7 @@ ENTRIES: tuple[Claim, ...] = (
         version=1,
         claim="GMPO stays closer to the reference policy (lower KL) than GRPO",
         paper="GMPO: lower KL divergence from the reference than GRPO",
-        notebook="gmpo_ratio_range (planned: a third entry it prints)",
+        notebook="gmpo_kl_ref",
         sweeps=("ratio_doses",),
         arms=("gmpo" + OFF, "grpo_nokl" + OFF),
         primary=Criterion(
