@@ -42,6 +42,7 @@ routing_replay it is the share of routes the replay overrode). Turn it off with
 from __future__ import annotations
 
 import ml_collections
+from ml_collections import config_dict
 
 from gspo_jax import config as config_lib
 
@@ -63,6 +64,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = arith.base_config(a.runlocal)
     arith.apply_common_args(c, a)
     c.model.preset = "tiny_moe" if a.runlocal else "small_moe"
+    # settable per run (the volatility doses): more experts and more of them per token
+    c.model.num_experts = config_dict.placeholder(int)  # None: the preset's (8; runlocal 4)
+    c.model.experts_per_token = config_dict.placeholder(int)  # None: the preset's (2)
     c.rl.routing_replay = a.routing_replay
     c.rl.aux_loss_coef = a.aux_loss_coef
     c.rl.log_route_change = True  # train/route_change_frac: Routing Replay's case, measured
@@ -72,10 +76,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 # Route volatility (moe_routing_replay's dose-response): v0 is the config's own (aux loss 1e-3, 4
 # minibatches x 1 epoch); without the load-balancing loss and with more updates per batch the
-# routes drift further from the rollout's before each update.
+# routes drift further from the rollout's before each update; v3 adds more experts and more per
+# token (16, top-4: narrower margins between the chosen experts and the next; its own warm start).
 VOLATILITY_DOSES = {
     "_v1": {"rl.aux_loss_coef": 0.0, "rl.num_minibatches": 8, "rl.num_epochs": 2},
     "_v2": {"rl.aux_loss_coef": 0.0, "rl.num_minibatches": 16, "rl.num_epochs": 2},
+    "_v3": {
+        "rl.aux_loss_coef": 0.0,
+        "rl.num_minibatches": 16,
+        "rl.num_epochs": 2,
+        "model.num_experts": 16,
+        "model.experts_per_token": 4,
+    },
 }
 
 
@@ -84,7 +96,7 @@ def get_sweep(arg: str | None = None) -> list[dict]:
 
     Arguments: seeds (int); gspo_token (bool, default True): include GSPO-token with and
     without Routing Replay (notebooks/moe_routing_replay.ipynb leaves it out: grpo, grpo_rr and
-    gspo); doses (bool, default False): every arm also at the volatility doses _v1 and _v2
+    gspo); doses (bool, default False): every arm also at the volatility doses _v1, _v2 and _v3
     (VOLATILITY_DOSES).
     """
     a = config_lib.parse_arg(arg, seeds=1, gspo_token=True, doses=False)

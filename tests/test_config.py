@@ -303,7 +303,13 @@ def test_claim_sweeps_and_pod_variants():
     ]
     assert len(moe.get_sweep("seeds=2")) == 10  # with gspo_token, with and without replay
     doses = {r["name"]: r["overrides"] for r in moe.get_sweep("gspo_token=False,doses,seeds=1")}
-    assert len(doses) == 9 and doses["grpo_rr_v2_s0"]["rl.aux_loss_coef"] == 0.0
+    assert len(doses) == 12 and doses["grpo_rr_v2_s0"]["rl.aux_loss_coef"] == 0.0
+    # the v3 dose: more experts, more per token, on the model the run builds
+    v3 = moe.get_config()
+    for k, v in doses["grpo_v3_s0"].items():
+        config_lib.set_field(v3, k, v)
+    model = experiment.make_model_config(v3, experiment.make_task(v3))
+    assert (model.num_experts, model.experts_per_token) == (16, 4)
     c = countdown.get_config()
     assert c.task.name == "countdown" and c.init.warmstart.steps == 4800
     cd = {r["name"]: r["overrides"] for r in countdown.get_sweep("seeds=1")}
@@ -336,6 +342,9 @@ def test_claim_sweeps_and_pod_variants():
     assert old["gspo_sampler_s0"]["rl.recompute_old_logp"] is False
     assert old["grpo_recompute_tis_s0"]["objective.rollout_correction"] == "token_tis"
     assert old["gspo_recompute_tis_s0"]["objective.rollout_correction"] == "seq_tis"
+    assert old["gspo_sampler_noise0.01_s0"]["rl.rollout_logp_noise"] == 0.01
+    assert "gspo_recompute_noise0.01_s0" not in old  # never reads the sampler's log-probs
+    assert len(old) == 6 + 3 * 4
     with pytest.raises(ValueError, match="study must be"):
         offpolicy.get_sweep("study=nope")
     pod = moe.get_config("pod=/ckpt/Qwen3-30B-A3B,objective=grpo,routing_replay,seed=2")
