@@ -205,3 +205,31 @@ def test_response_length_by_correctness():
     assert float(m["len_correct_mean"]) == 5.0 and float(m["len_wrong_mean"]) == 15.0
     m = train_step._step_means(parts[1:], None, None)
     assert np.isnan(float(m["len_wrong_mean"])) and float(m["len_correct_mean"]) == 6.0
+
+
+def test_launcher_only_launches_the_runs_its_patterns_name(monkeypatch, tmp_path):
+    """claims.py --only: each sweep launches just the runs whose names match a pattern (with
+    FULL_FLAGS), and a sweep with none is skipped."""
+    launched = {}
+
+    class FakeSweep:
+        def launch(self, config, runs, root, parallel, flags):
+            launched[os.path.basename(root)] = ([r["name"] for r in runs], list(flags))
+            return {r["name"]: 0 for r in runs}
+
+        def collect(self, runs, root):
+            return []
+
+        def write_tables(self, rows, root):
+            return ""
+
+    monkeypatch.setattr(claims, "_sweep_module", lambda: FakeSweep())
+    runs = {"a": ["gspo_s0", "grpo_s0", "gspo_s1"], "b": ["dr_grpo_s0"]}
+    monkeypatch.setattr(claims, "sweep_runs", lambda s, seeds: [dict(name=n) for n in runs[s.name]])
+    sweeps = [claims.Sweep("a", "configs/arith.py"), claims.Sweep("b", "configs/arith.py")]
+    failed = claims.run_sweeps(sweeps, str(tmp_path), only="gspo_s*,grpo_s1")
+    assert failed == [] and set(launched) == {"a"}
+    assert launched["a"][0] == ["gspo_s0", "gspo_s1"]
+    assert launched["a"][1][: len(claims.FULL_FLAGS)] == list(claims.FULL_FLAGS)
+    claims.run_sweeps(sweeps, str(tmp_path))  # no pattern: every run
+    assert launched["b"][0] == ["dr_grpo_s0"] and len(launched["a"][0]) == 3
