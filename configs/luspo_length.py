@@ -33,7 +33,8 @@ dense Qwen3-1.7B on GSM8K, configs/qwen3_gsm8k.py's v5p-8 layout; every host run
 objective=luspo --workdir /mnt/shared/runs/luspo --multihost
 
 Arguments: those of configs/arith.py, plus direct_style (str, default "correct"),
-worked_error_rate (float, default 0.0) and pod (str: a dense Qwen3 checkpoint folder; set, it
+worked_error_rate (float, default 0.0), worked_fraction (float, default 0.4: the share of worked
+demonstrations) and pod (str: a dense Qwen3 checkpoint folder; set, it
 selects the pod-scale variant).
 """
 
@@ -47,7 +48,12 @@ from gspo_jax import config as config_lib
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     arith = config_lib.sibling_config(__file__, "arith.py")
     a = config_lib.parse_arg(
-        arg, **arith.common_args(), direct_style="correct", worked_error_rate=0.0, pod=""
+        arg,
+        **arith.common_args(),
+        direct_style="correct",
+        worked_error_rate=0.0,
+        worked_fraction=0.4,
+        pod="",
     )
     if a.pod:  # the pod-scale variant: a dense Qwen3 on GSM8K (configs/qwen3_gsm8k.py)
         qwen = config_lib.sibling_config(__file__, "qwen3_gsm8k.py")
@@ -59,6 +65,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     arith.apply_common_args(c, a)
     c.task.kwargs.direct_style = a.direct_style
     c.task.kwargs.worked_error_rate = a.worked_error_rate
+    c.task.kwargs.worked_fraction = a.worked_fraction
     c.lock()
     return c
 
