@@ -547,6 +547,60 @@ ENTRIES: tuple[Claim, ...] = (
         negative_control="grpo_nokl_nostd: the bonus should not grow without the std division",
     ),
     Claim(
+        key="std_normalisation",
+        version=2,
+        supersedes=1,
+        reason=(
+            "changed while the sweep's first runs were being made, before any was read: v1's "
+            "precondition (0 < std < 0.1) also counts groups whose responses differ only in "
+            "format (format_weight 0.1: std <= 0.05), so it could hold without a single group "
+            "that differs only by the marker; v2 counts groups with 0 < std < 0.02, which only "
+            "the 0.01 bonus makes (std <= 0.005); the primary criterion is unchanged"
+        ),
+        claim=(
+            "GRPO's division by the group's reward std blows up groups whose rewards barely "
+            "differ, so it learns an irrelevant reward bonus that Dr. GRPO (no std) ignores"
+        ),
+        paper="Dr. GRPO (Liu et al. 2025), the question-level difficulty bias",
+        notebook="std_normalisation",
+        sweeps=("std_bonus",),
+        arms=(
+            "grpo_nokl: z-score advantages, KL off",
+            "grpo_nokl_nostd: the same without the std division",
+            "dr_grpo: the Dr. GRPO preset",
+            "(task: arith correctness + a bonus of 0.01 for an irrelevant marker, "
+            "configs/std_bonus.py)",
+        ),
+        primary=Criterion(
+            statistic=(
+                "growth of the bonus feature: its share in the rollouts over the last 10 steps "
+                "minus over the first 5 (rollout/bonus)"
+            ),
+            arms=("grpo_nokl", "grpo_nokl_nostd"),
+            direction=">",
+            threshold=0.0,
+            test="every_seed",
+            min_seeds=MIN_SEEDS_DIFFERENCE,
+        ),
+        preconditions=(
+            Precondition(
+                name="marker-only groups (0 < std < 0.02: >= 10 % of groups with a signal)",
+                statistic=(
+                    "share of the base policy's groups with a signal whose std < 0.02 (one draw "
+                    "of groups: every seed starts from the same warm start)"
+                ),
+                arm="grpo_nokl",
+                direction=">",
+                threshold=0.10,
+            ),
+        ),
+        secondary=(
+            "GRPO's share of advantage mass on low-spread groups against Dr. GRPO's",
+            "final held-out accuracy and entropy per arm",
+        ),
+        negative_control="grpo_nokl_nostd: the bonus should not grow without the std division",
+    ),
+    Claim(
         key="rollout_logprobs",
         version=1,
         claim="GSPO can train on the rollout engine's log-probs as old_logp, without recomputing",
@@ -600,7 +654,7 @@ ENTRIES: tuple[Claim, ...] = (
         ),
         doses=(
             "route volatility: v0 aux loss 1e-3, 4 minibatches x 1 epoch; v1 no aux loss, 8x2; "
-            "v2 no aux loss, 16x2 (more experts, top-k, router noise need code)"
+            "v2 no aux loss, 16x2; v3 as v2 with 16 experts, top-4 (router noise: not built)"
         ),
         negative_control="gspo: no token ratios, so no need for the replay",
         primary=Criterion(

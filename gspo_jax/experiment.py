@@ -131,6 +131,12 @@ def make_objective(config: ml_collections.ConfigDict) -> objectives.Objective:
             f"{name}'s kl_coef is {objective.kl_coef!r}: set "
             "--config.objective.kl_coef > 0 (e.g. 0.001) or kl_in_reward=False"
         )
+    if rl.get("kl_in_reward", False) and rl.get("log_kl_ref", False):
+        raise ConfigError(
+            "config.rl.log_kl_ref=True logs train/kl_ref from the loss's KL term, which "
+            "kl_in_reward=True moves into the rewards (logged there as rollout/kl_reward_*): "
+            "set one of them False"
+        )
     if rl.token_advantages and per_response:
         raise ConfigError(
             f"config.rl.token_advantages=True gives every token its response's advantage "

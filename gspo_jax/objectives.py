@@ -499,18 +499,21 @@ class Sums(NamedTuple):
         if "cov_selected_tokens" in m:
             out["cov_frac"] = m["cov_selected_tokens"] / tokens
         if "abs_log_w_below" in m:
-            out.update(_percentiles_from_counts(m["abs_log_w_below"], m["tokens"], "abs_log_w"))
+            out.update(log_w_percentiles_from_counts(m["abs_log_w_below"], m["tokens"]))
         return self.num / den, out
 
 
-def _percentiles_from_counts(below: jax.Array, total: jax.Array, prefix: str) -> dict:
-    """{prefix_p50: ...}: for each q in LOG_W_PERCENTILES the first edge of LOG_W_EDGES with at
-    least q·total of the values at or below it (below [edges]: those counts); 0 when total is 0."""
+def log_w_percentiles_from_counts(below: jax.Array, total: jax.Array) -> dict:
+    """{abs_log_w_p50: ...}: for each q in LOG_W_PERCENTILES the first edge of LOG_W_EDGES with
+    at least q·total of the tokens at or below it, from below [edges] (the tokens at or below each
+    edge, summed over any parts of a batch or of a step) and total (all the tokens); 0 when total
+    is 0, NaN when fewer than q·total are below even inf (a NaN δ)."""
     edges = jnp.asarray(LOG_W_EDGES, jnp.float32)
     out = {}
     for q in LOG_W_PERCENTILES:
-        first = jnp.argmax(below >= q * total)  # the last edge (inf) always holds
-        out[f"{prefix}_p{round(q * 100)}"] = jnp.where(total > 0, edges[first], 0.0)
+        first = jnp.argmax(below >= q * total)
+        value = jnp.where(below[-1] >= q * total, edges[first], jnp.nan)
+        out[f"abs_log_w_p{round(q * 100)}"] = jnp.where(total > 0, value, 0.0)
     return out
 
 

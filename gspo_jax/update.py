@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gspo_jax import sharding
+from gspo_jax import objectives, sharding
 from gspo_jax.experiment import TrainState
 from gspo_jax.logprob_passes import forward
 from gspo_jax.rl_batch import RLBatch
@@ -113,6 +113,9 @@ def make_update_fn(
                 "aux_loss": extra_u["aux_loss"].mean(),
             }
         loss, m = sums.finalize()
+        if "abs_log_w_below" in sums.metrics:  # percentiles: once per step, from the step's counts
+            m["abs_log_w_below"] = sums.metrics["abs_log_w_below"]
+            m["abs_log_w_tokens"] = sums.metrics["tokens"]
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         tokens = jnp.maximum(extra["tokens"], 1.0)
@@ -153,6 +156,11 @@ def make_update_fn(
             return minibatch_step(carry, mb)
 
         (params, opt_state), ms = jax.lax.scan(body, (state.params, state.opt_state), idx)
+        percentiles = {}
+        if "abs_log_w_below" in ms:  # [μK, edges]: the step's counts, not a mean of edges
+            percentiles = objectives.log_w_percentiles_from_counts(
+                ms.pop("abs_log_w_below").sum(0), ms.pop("abs_log_w_tokens").sum()
+            )
         metrics = {}
         for k, v in ms.items():
             if k.endswith("_min"):
@@ -161,6 +169,7 @@ def make_update_fn(
                 metrics[k] = v.max()
             else:
                 metrics[k] = v.mean()
+        metrics.update(percentiles)
         metrics["grad_norm_max"] = ms["grad_norm"].max()
         # Before any update of this step: the trainer's log-probs vs the rollout's.
         metrics["logp_diff_mean"] = ms["logp_diff_mean"][0]

@@ -1465,3 +1465,7 @@ def test_log_w_percentiles_are_the_quarter_decade_edges_and_add_over_parts():
     assert metrics["abs_log_w_p99"] == np.inf  # 80 is past the last finite edge (10^1.75)
     empty = obj(logp, old_logp, adv, np.zeros_like(mask))[1]
     assert float(empty["abs_log_w_p50"]) == 0.0
+    # a NaN |δ| is below no edge: the percentiles it decides are NaN, not the first edge
+    below = np.array([0.0] * (len(edges) - 1) + [1.0], np.float32)  # 1 of 2 tokens below inf
+    got = objectives.log_w_percentiles_from_counts(below, np.float32(2.0))
+    assert float(got["abs_log_w_p50"]) == np.inf and np.isnan(float(got["abs_log_w_p99"]))

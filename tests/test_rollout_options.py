@@ -128,6 +128,7 @@ def test_float32_rollout_has_no_mismatch(shared, single):
         ("rl.scale_rewards", "batch", "advantage_estimator=grpo"),  # gspo pairs with grpo...
         ("rl.advantage_estimator", "reinforce_pp", "one ratio per response"),  # ...gspo: [B]
         ("rl.kl_in_reward", True, "kl_coef"),  # gspo's kl_coef is 0
+        ("rl.log_kl_ref", True, "log_kl_ref.*kl_in_reward"),  # with the two lines below
     ],
 )
 def test_bad_rollout_options_are_config_errors(shared, field, value, match):
@@ -136,6 +137,8 @@ def test_bad_rollout_options_are_config_errors(shared, field, value, match):
     cfg[section][name] = value
     if value == "batch":
         cfg.rl.advantage_estimator = "rloo"
+    if field == "rl.log_kl_ref":  # the KL moved into the rewards, where kl_ref is not logged
+        cfg.objective.kl_coef, cfg.rl.kl_in_reward = 0.01, True
     with pytest.raises(config_lib.ConfigError, match=match):
         exp.build_run(cfg, None)
 

@@ -159,6 +159,7 @@ def test_arith_marker_is_irrelevant_and_earns_the_bonus():
         plain = task.verify(record, text[:-1], True)
         assert plain.extras["bonus"] == 0 and plain.reward == pytest.approx(v.reward - 0.01)
     assert task.verify(record, "A06912++", True).correct == 0  # one marker only
+    assert task.verify(record, "A06912+", False).extras["bonus"] == 0  # truncated: no marker
     rng = np.random.default_rng(0)
     demos = [task.demonstration(record, rng) for _ in range(2000)]
     assert 0.25 < np.mean([d.endswith("+") for d in demos]) < 0.35

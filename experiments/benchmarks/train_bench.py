@@ -47,7 +47,7 @@ sys.path.insert(0, REPO)
 from machine import describe  # noqa: E402 (this folder is on sys.path: the script runs from it)
 
 from gspo_jax import config as config_lib  # noqa: E402
-from gspo_jax import distributed, sharding  # noqa: E402
+from gspo_jax import distributed, rl_batch, sharding  # noqa: E402
 from gspo_jax import experiment as exp  # noqa: E402
 from gspo_jax import train_step as ts  # noqa: E402
 
@@ -220,8 +220,9 @@ def steady_steps(config, repeats: int):
     run = exp.build_run(config)
     params, warm_s = exp.base_params(run)
     state = exp.initial_state(run, params)
-    phases = ts.make_phases(run, state, with_ref=run.objective.kl_coef > 0)
-    ref = jax.tree.map(jnp.copy, params) if run.objective.kl_coef > 0 else None
+    with_ref = rl_batch.uses_reference(run)
+    phases = ts.make_phases(run, state, with_ref=with_ref)
+    ref = jax.tree.map(jnp.copy, params) if with_ref else None
     batch = next(distributed.make_data_iterator(run.config, run.task))  # the same prompts each time
 
     state, first = ts.rl_step(run, phases, state, batch, ref_params=ref)  # compiles

@@ -241,8 +241,8 @@ class ArithmeticTask(Task):
         return "worked" if text.startswith("W") else "direct"
 
     def verify(self, record: Mapping[str, Any], text: str, terminated: bool) -> Verdict:
-        marker = float(self.marker_fraction > 0 and text.endswith(MARKER))
-        if marker:  # irrelevant: judged without it
+        marker = float(self.marker_fraction > 0 and terminated and text.endswith(MARKER))
+        if marker:  # irrelevant: judged without it (a truncated response has no marker)
             text = text[: -len(MARKER)]
         worked = float(text.startswith("W"))
         grammar = self._worked_re if worked else self._direct_re
