@@ -2,7 +2,7 @@
 
 The runs are the notebooks' own sweeps (experiments/claims.py SWEEPS) at runlocal size with one
 seed and 2 RL steps, trained once per session in this process (sharing the session's warm-start
-cache, data and compilation cache) and read by all nine notebooks: a notebook that no longer
+cache, data and compilation cache) and read by all 13 notebooks: a notebook that no longer
 runs against what the trainer writes fails here. The verdicts of tiny runs mean nothing (one seed:
 every primary criterion that needs paired seeds is inconclusive); that the registry's verdict is
 computed, and is one of its three outcomes, is what is checked.
