@@ -70,6 +70,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rl.routing_replay = a.routing_replay
     c.rl.aux_loss_coef = a.aux_loss_coef
     c.rl.log_route_change = True  # train/route_change_frac: Routing Replay's case, measured
+    # the routers' step size relative to the rest of the model's (a volatility dose, v4)
+    c.optimizer.router_lr_scale = 1.0
     c.lock()
     return c
 
@@ -88,6 +90,20 @@ VOLATILITY_DOSES = {
         "model.num_experts": 16,
         "model.experts_per_token": 4,
     },
+    # the routers' steps x5 / x20 (optimizer.router_lr_scale) on v2: the routes move 2-3 % / 5-12 %
+    # per step (8-step probes), up to the ~10 % the GSPO paper reports for Qwen3-30B-A3B
+    "_v4": {
+        "rl.aux_loss_coef": 0.0,
+        "rl.num_minibatches": 16,
+        "rl.num_epochs": 2,
+        "optimizer.router_lr_scale": 5.0,
+    },
+    "_v5": {
+        "rl.aux_loss_coef": 0.0,
+        "rl.num_minibatches": 16,
+        "rl.num_epochs": 2,
+        "optimizer.router_lr_scale": 20.0,
+    },
 }
 
 
@@ -96,7 +112,7 @@ def get_sweep(arg: str | None = None) -> list[dict]:
 
     Arguments: seeds (int); gspo_token (bool, default True): include GSPO-token with and
     without Routing Replay (notebooks/moe_routing_replay.ipynb leaves it out: grpo, grpo_rr and
-    gspo); doses (bool, default False): every arm also at the volatility doses _v1, _v2 and _v3
+    gspo); doses (bool, default False): every arm also at the volatility doses _v1 ... _v5
     (VOLATILITY_DOSES).
     """
     a = config_lib.parse_arg(arg, seeds=1, gspo_token=True, doses=False)

@@ -83,8 +83,25 @@ def make_schedule(opt_cfg: Any, total_updates: int) -> optax.Schedule:
     return optax.join_schedules([optax.linear_schedule(0.0, lr, warm), main], [warm])
 
 
+def is_router_path(path) -> bool:
+    """Whether a parameter's tree path lies under an MoE router (layers.MoE's ``router``)."""
+    return any(getattr(k, "key", None) == "router" for k in path)
+
+
+def scale_router_updates(scale: float) -> optax.GradientTransformation:
+    """Multiplies the MoE routers' updates by ``scale``, after AdamW (whose step does not depend
+    on the gradient's scale, so the step size can only be set here). The routers then move
+    ``scale`` times as far per update as the rest of the model: a dose of route volatility, the
+    routes' drift between the rollout and each update that Routing Replay is for."""
+    return optax.masked(
+        optax.scale(scale),
+        lambda params: jax.tree_util.tree_map_with_path(lambda p, _: is_router_path(p), params),
+    )
+
+
 def make_optimizer(opt_cfg: Any, total_updates: int) -> tuple[optax.GradientTransformation, Any]:
-    """AdamW with global-norm gradient clipping; returns (tx, schedule)."""
+    """AdamW with global-norm gradient clipping (and opt_cfg.router_lr_scale on the MoE routers'
+    steps, where set); returns (tx, schedule)."""
     schedule = make_schedule(opt_cfg, total_updates)
     parts = []
     if opt_cfg.grad_clip and opt_cfg.grad_clip > 0:
@@ -98,6 +115,9 @@ def make_optimizer(opt_cfg: Any, total_updates: int) -> tuple[optax.GradientTran
             weight_decay=float(opt_cfg.weight_decay),
         )
     )
+    router_lr_scale = float(opt_cfg.get("router_lr_scale", 1.0))
+    if router_lr_scale != 1.0:
+        parts.append(scale_router_updates(router_lr_scale))
     return optax.chain(*parts), schedule
 
 
@@ -250,6 +270,13 @@ def make_model_config(config: ml_collections.ConfigDict, task: tasks.Task) -> mo
         raise ConfigError(
             f"config.rl.routing_replay=True needs an MoE model, but preset "
             f"{config.model.preset!r} is dense; use a *_moe preset or turn routing_replay off"
+        )
+    router_lr_scale = config.optimizer.get("router_lr_scale", 1.0)
+    if not router_lr_scale > 0 or (router_lr_scale != 1.0 and not cfg.is_moe):
+        raise ConfigError(
+            f"config.optimizer.router_lr_scale={router_lr_scale} scales the MoE routers' steps: "
+            f"it must be > 0, and 1.0 for a dense preset ({config.model.preset!r} is "
+            f"{'MoE' if cfg.is_moe else 'dense'})"
         )
     if config.rl.log_route_change and not cfg.is_moe:
         raise ConfigError(

@@ -29,7 +29,7 @@ TINY_ARMS = {
     "arith": ARITH_ARMS,
     "clip": {"gspo", "grpo_nokl", "grpo"},
     "ratio_doses": {"gmpo_k16x2", "grpo_nokl_k16x2", "dapo_k16x2", "dapo_eps0.2_k16x2"},
-    "moe": {"grpo", "grpo_rr", "gspo", "grpo_v2", "grpo_rr_v2"},
+    "moe": {"grpo", "grpo_rr", "gspo", "grpo_v5", "grpo_rr_v5"},
     "luspo_length": {"gspo_cliphigher", "gspo_sym", "luspo_cliphigher"},
     # the base arms and one dose (its code path): each dose is two more runs per objective
     "old_logp": {

@@ -146,3 +146,15 @@ def test_log_route_change_on_a_dense_model_is_a_config_error(shared):
     c = make_config(shared, **{"rl.log_route_change": True})
     with pytest.raises(config_lib.ConfigError, match="log_route_change=True .* is dense"):
         exp.build_run(c, None)
+
+
+def test_router_lr_scale_selects_exactly_the_routers(shared):
+    """optimizer.router_lr_scale (a volatility dose): the mask covers the MoE routers' weights
+    and nothing else, and a scale <= 0 is refused before anything is built."""
+    run = exp.build_run(_moe_config(shared))
+    leaves = jax.tree_util.tree_leaves_with_path(run.abs_params)
+    routers = [jax.tree_util.keystr(p) for p, _ in leaves if exp.is_router_path(p)]
+    assert routers and all("['router']" in p for p in routers)
+    assert len(routers) == sum("router" in jax.tree_util.keystr(p) for p, _ in leaves)
+    with pytest.raises(config_lib.ConfigError, match="router_lr_scale=0.0 .* must be > 0"):
+        exp.build_run(_moe_config(shared, **{"optimizer.router_lr_scale": 0.0}), None)

@@ -235,6 +235,20 @@ def test_schedules_and_step_keys():
     assert isinstance(make_optimizer(_opt_cfg(), 10)[0], optax.GradientTransformation)
 
 
+def test_router_lr_scale_multiplies_only_the_routers_steps():
+    params = {"mlp": {"router": jnp.ones((3, 2)), "up_proj": jnp.ones((3, 2))}}
+    grads = {"mlp": {"router": jnp.full((3, 2), 0.5), "up_proj": jnp.full((3, 2), -0.5)}}
+
+    def updates(**kw):
+        tx = make_optimizer(_opt_cfg(**kw), 10)[0]
+        return tx.update(grads, tx.init(params), params)[0]["mlp"]
+
+    base, scaled = updates(), updates(router_lr_scale=3.0)
+    assert np.all(np.asarray(base["router"]) != 0)
+    np.testing.assert_allclose(scaled["router"], 3.0 * base["router"], rtol=1e-6)
+    np.testing.assert_array_equal(scaled["up_proj"], base["up_proj"])
+
+
 def test_row_sharding_helpers_on_eight_devices():
     from gspo_jax import distributed
 
