@@ -53,11 +53,30 @@ ARMS = (
 )
 
 
+# The dose-response (added after the registry's verdict, so descriptive only): the bonus's size.
+# GRPO's z-score gives a marker-only group the same advantages whatever the bonus (r -> a r + b
+# leaves (r - mean) / std unchanged), so its pull towards the marker should not shrink with the
+# bonus; without the std division the advantages scale with it.
+BONUS_DOSES = (0.001, 0.1)
+DOSE_ARMS = ("grpo_nokl", "grpo_nokl_nostd")
+
+
 def get_sweep(arg: str | None = None) -> list[dict]:
-    """The registry's three arms x seeds. Argument: seeds (int)."""
+    """The registry's three arms x seeds, then DOSE_ARMS at each of BONUS_DOSES x seeds (run
+    names <arm>_bonus<b>_s<seed>). Argument: seeds (int)."""
     a = config_lib.parse_arg(arg, seeds=1)
-    return [
+    runs = [
         dict(name=f"{stem}_s{seed}", overrides={**overrides, "seed": seed})
         for seed in range(a.seeds)
         for stem, overrides in ARMS
+    ]
+    return runs + [
+        dict(
+            name=f"{stem}_bonus{b:g}_s{seed}",
+            overrides={**overrides, "task.kwargs.bonus": b, "seed": seed},
+        )
+        for seed in range(a.seeds)
+        for b in BONUS_DOSES
+        for stem, overrides in ARMS
+        if stem in DOSE_ARMS
     ]

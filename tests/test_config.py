@@ -296,6 +296,12 @@ def test_claim_sweeps_and_pod_variants():
     dr = {r["name"]: r["overrides"] for r in luspo.get_sweep("study=drgrpo,seeds=1")}
     assert dr["grpo_nostd_nokl_s0"]["objective.kl_coef"] == 0.0 and "dr_grpo_s0" in dr
     assert luspo.get_config().task.kwargs.direct_style == "correct"
+    std_bonus = {
+        r["name"]: r["overrides"] for r in load_repo_module("configs/std_bonus.py").get_sweep()
+    }
+    assert "task.kwargs.bonus" not in std_bonus["grpo_nokl_s0"]  # the design's bonus (0.01)
+    assert std_bonus["grpo_nokl_nostd_bonus0.1_s0"]["task.kwargs.bonus"] == 0.1
+    assert len(std_bonus) == 7  # 3 arms, then GRPO with and without the std at 2 more bonuses
     assert [r["name"] for r in moe.get_sweep("gspo_token=False,seeds=1")] == [
         "grpo_s0",
         "grpo_rr_s0",

@@ -31,6 +31,8 @@ TINY_ARMS = {
     "ratio_doses": {"gmpo_k16x2", "grpo_nokl_k16x2", "dapo_k16x2", "dapo_eps0.2_k16x2"},
     "moe": {"grpo", "grpo_rr", "gspo", "grpo_v5", "grpo_rr_v5"},
     "luspo_length": {"gspo_cliphigher", "gspo_sym", "luspo_cliphigher"},
+    # the base arms carry the base bonus, which the dose-response cell reads as its one dose
+    "std_bonus": {"grpo_nokl", "grpo_nokl_nostd", "dr_grpo"},
     # the base arms and one dose (its code path): each dose is two more runs per objective
     "old_logp": {
         "grpo_sampler",
