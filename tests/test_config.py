@@ -309,7 +309,7 @@ def test_claim_sweeps_and_pod_variants():
     ]
     assert len(moe.get_sweep("seeds=2")) == 10  # with gspo_token, with and without replay
     doses = {r["name"]: r["overrides"] for r in moe.get_sweep("gspo_token=False,doses,seeds=1")}
-    assert len(doses) == 18 and doses["grpo_rr_v2_s0"]["rl.aux_loss_coef"] == 0.0
+    assert len(doses) == 21 and doses["grpo_rr_v2_s0"]["rl.aux_loss_coef"] == 0.0
     assert doses["grpo_rr_v5_s0"]["optimizer.router_lr_scale"] == 20.0  # the routers' step size
     # the v3 dose: more experts, more per token, on the model the run builds
     v3 = moe.get_config()

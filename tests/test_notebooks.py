@@ -29,7 +29,7 @@ TINY_ARMS = {
     "arith": ARITH_ARMS,
     "clip": {"gspo", "grpo_nokl", "grpo"},
     "ratio_doses": {"gmpo_k16x2", "grpo_nokl_k16x2", "dapo_k16x2", "dapo_eps0.2_k16x2"},
-    "moe": {"grpo", "grpo_rr", "gspo", "grpo_v5", "grpo_rr_v5"},
+    "moe": {"grpo", "grpo_rr", "gspo", "grpo_v6", "grpo_rr_v6"},
     "luspo_length": {"gspo_cliphigher", "gspo_sym", "luspo_cliphigher"},
     # the base arms carry the base bonus, which the dose-response cell reads as its one dose
     "std_bonus": {"grpo_nokl", "grpo_nokl_nostd", "dr_grpo"},
