@@ -59,6 +59,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.rl.routing_replay = a.routing_replay
         c.rl.aux_loss_coef = a.aux_loss_coef
         c.rl.log_route_change = True
+        c.optimizer.router_lr_scale = 1.0  # the volatility lever (VOLATILITY_DOSES v4-v6)
         c.lock()
         return c
     c = arith.base_config(a.runlocal)
@@ -70,7 +71,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rl.routing_replay = a.routing_replay
     c.rl.aux_loss_coef = a.aux_loss_coef
     c.rl.log_route_change = True  # train/route_change_frac: Routing Replay's case, measured
-    # the routers' step size relative to the rest of the model's (a volatility dose, v4)
+    # the routers' step size relative to the rest of the model's (volatility doses v4-v6)
     c.optimizer.router_lr_scale = 1.0
     c.lock()
     return c

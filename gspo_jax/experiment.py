@@ -92,7 +92,8 @@ def scale_router_updates(scale: float) -> optax.GradientTransformation:
     """Multiplies the MoE routers' updates by ``scale``, after AdamW (whose step does not depend
     on the gradient's scale, so the step size can only be set here). The routers then move
     ``scale`` times as far per update as the rest of the model: a dose of route volatility, the
-    routes' drift between the rollout and each update that Routing Replay is for."""
+    routes' drift between the rollout and each update that Routing Replay is for. (AdamW's weight
+    decay on the routers is scaled with their step.)"""
     return optax.masked(
         optax.scale(scale),
         lambda params: jax.tree_util.tree_map_with_path(lambda p, _: is_router_path(p), params),
@@ -272,11 +273,15 @@ def make_model_config(config: ml_collections.ConfigDict, task: tasks.Task) -> mo
             f"{config.model.preset!r} is dense; use a *_moe preset or turn routing_replay off"
         )
     router_lr_scale = config.optimizer.get("router_lr_scale", 1.0)
-    if not router_lr_scale > 0 or (router_lr_scale != 1.0 and not cfg.is_moe):
+    if not router_lr_scale > 0:
         raise ConfigError(
-            f"config.optimizer.router_lr_scale={router_lr_scale} scales the MoE routers' steps: "
-            f"it must be > 0, and 1.0 for a dense preset ({config.model.preset!r} is "
-            f"{'MoE' if cfg.is_moe else 'dense'})"
+            f"config.optimizer.router_lr_scale={router_lr_scale} multiplies the MoE routers' "
+            "steps and must be > 0 (1.0: the same step as the rest of the model)"
+        )
+    if router_lr_scale != 1.0 and not cfg.is_moe:
+        raise ConfigError(
+            f"config.optimizer.router_lr_scale={router_lr_scale} scales MoE routers' steps, but "
+            f"preset {config.model.preset!r} is dense; use a *_moe preset or set it to 1.0"
         )
     if config.rl.log_route_change and not cfg.is_moe:
         raise ConfigError(

@@ -93,9 +93,10 @@ def claim_verdict(
     for line in reg.describe(entry):
         print(line)
     for old in versions[:-1]:
+        # the entry that replaced it (registry.check: every later entry names the one it replaces)
+        by = next((e for e in versions if e.supersedes == old.version), entry)
         print(
-            f"superseded entry {old.name} (replaced by v{entry.version} because: "
-            f"{entry.reason if entry.supersedes == old.version else 'see the newer entries'}): "
+            f"superseded entry {old.name} (replaced by v{by.version} because: {by.reason}): "
             f"primary criterion was {old.primary.statistic}"
         )
         if superseded and old.version in superseded:

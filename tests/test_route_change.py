@@ -158,3 +158,6 @@ def test_router_lr_scale_selects_exactly_the_routers(shared):
     assert len(routers) == sum("router" in jax.tree_util.keystr(p) for p, _ in leaves)
     with pytest.raises(config_lib.ConfigError, match="router_lr_scale=0.0 .* must be > 0"):
         exp.build_run(_moe_config(shared, **{"optimizer.router_lr_scale": 0.0}), None)
+    dense = {"model.preset": "tiny", "optimizer.router_lr_scale": 5.0}
+    with pytest.raises(config_lib.ConfigError, match="router_lr_scale=5.0 .* is dense"):
+        exp.build_run(_moe_config(shared, **dense), None)
