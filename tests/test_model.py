@@ -222,6 +222,25 @@ def test_routing_replay():
     assert float(jnp.abs(g.layers.mlp.router[...][0]).sum()) > 0
 
 
+def test_routing_replay_stays_finite_when_the_replayed_experts_probabilities_underflow():
+    """A router that moved far since the rollout can give every replayed expert a probability
+    that underflows to 0 in float32; their renormalised weights are a softmax over their logits,
+    not 0 / 0."""
+    cfg = models.get_model_config("tiny_moe")
+    m = models.Transformer(cfg, rngs=nnx.Rngs(0))
+    prompts, lengths, responses = _batch(cfg.vocab_size)
+    old = logprobs(m, prompts, lengths, responses, return_routes=True)["routes"]
+    r = m.layers.mlp.router
+    r.value = r[...] + 300.0 * jax.random.normal(jax.random.key(5), r.shape)  # logits ~1e3 apart
+
+    def replayed_logp(mm):
+        return logprobs(mm, prompts, lengths, responses, routes=old)["logp"]
+
+    assert bool(jnp.all(jnp.isfinite(replayed_logp(m))))
+    g = nnx.grad(lambda mm: replayed_logp(mm).sum())(m)
+    assert all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree.leaves(g))
+
+
 def test_chunked_logprobs_peak_memory_below_naive():
     """Compiled temp memory of the chunked path is a fraction of the naive [B, T, V] path."""
     B, T_, D, V = 2, 256, 64, 8192

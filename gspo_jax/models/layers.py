@@ -220,7 +220,10 @@ class MoE(nnx.Module):
             top_idx = routes.astype(jnp.int32)
             top_w = jnp.take_along_axis(probs, top_idx, axis=-1)
         if cfg.norm_topk_prob:
-            top_w = top_w / jnp.sum(top_w, axis=-1, keepdims=True)
+            # p_i / sum_j p_j over the chosen experts is a softmax over their logits; taken from
+            # the logits, so that replayed experts whose probabilities underflow to 0 (a router
+            # that moved far since the rollout) do not give 0 / 0
+            top_w = jax.nn.softmax(jnp.take_along_axis(router_logits, top_idx, axis=-1), axis=-1)
         gate, up, down = (
             p[...].astype(cdt) for p in (self.gate_proj, self.up_proj, self.down_proj)
         )
