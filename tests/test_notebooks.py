@@ -31,13 +31,13 @@ TINY_ARMS = {
     "ratio_doses": {"gmpo_k16x2", "grpo_nokl_k16x2", "dapo_k16x2", "dapo_eps0.2_k16x2"},
     "moe": {"grpo", "grpo_rr", "gspo", "grpo_v6", "grpo_rr_v6"},
     "luspo_length": {"gspo_cliphigher", "gspo_sym", "luspo_cliphigher"},
-    # the base arms carry the base bonus, which the dose-response cell reads as its one dose
-    "std_bonus": {"grpo_nokl", "grpo_nokl_nostd", "dr_grpo"},
-    # the base arms and one dose (its code path): each dose is two more runs per objective
+    # the primary arms carry the base bonus, which the dose-response cell reads as its one dose
+    # (dr_grpo, the secondary arm, is read with .get like the doses)
+    "std_bonus": {"grpo_nokl", "grpo_nokl_nostd"},
+    # GSPO's arms, GRPO's recomputed arm (the mismatch figure) and one dose (its code path); the
+    # GRPO sampler and truncated-IS arms are read with .get, as the doses are
     "old_logp": {
-        "grpo_sampler",
         "grpo_recompute",
-        "grpo_recompute_tis",
         "gspo_sampler",
         "gspo_recompute",
         "gspo_recompute_tis",
