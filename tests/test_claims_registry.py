@@ -165,6 +165,14 @@ def test_superseding_entry_is_reported_with_its_reason(capsys):
     assert verdicts.outcome_of(line) == "reproduced"
 
 
+def test_each_superseded_entry_names_the_entry_that_replaced_it(capsys):
+    v1, v2, v3 = reg.entries("moe_routing_replay")
+    verdicts.claim_verdict("moe_routing_replay", {a: {} for a in v3.primary.arms})
+    out = capsys.readouterr().out
+    assert f"superseded entry {v1.name} (replaced by v2 because: {v2.reason})" in out
+    assert f"superseded entry {v2.name} (replaced by v3 because: {v3.reason})" in out
+
+
 def test_a_changed_criterion_must_be_a_new_entry(monkeypatch):
     e = reg.current("seq_ratio_eps02")
     silent = dataclasses.replace(e, version=2)  # a second version that does not say why
