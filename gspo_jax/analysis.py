@@ -274,7 +274,7 @@ def base_policy_groups(
     import ml_collections
     from flax import nnx
 
-    from gspo_jax import data, experiment, sampler
+    from gspo_jax import data, experiment, rollout
 
     config = ml_collections.ConfigDict(run.config)
     config.log.progress = False
@@ -291,7 +291,7 @@ def base_policy_groups(
         data_dir=config.data.data_dir or None,
     )
     for i, (batch, n) in enumerate(batches):
-        out = sampler.generate(
+        out = rollout.generate(
             model,
             batch["prompt"],
             batch["prompt_length"],

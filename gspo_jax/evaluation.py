@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from gspo_jax import data, sampler
+from gspo_jax import data, rollout
 from gspo_jax.tasks.task import Task
 
 
@@ -100,7 +100,7 @@ def evaluate(
         )
     ):
         common = dict(max_new_tokens=T, eos_id=task.tokenizer.eos_id, pad_id=task.tokenizer.pad_id)
-        out = sampler.generate(
+        out = rollout.generate(
             model,
             batch["prompt"],
             batch["prompt_length"],
@@ -113,7 +113,7 @@ def evaluate(
         scores = task.score({k: v[:n] for k, v in batch.items()}, tokens, mask, 1)
         scores["length"] = mask.sum(-1)
         greedy.append(scores)
-        out = sampler.generate(
+        out = rollout.generate(
             model,
             batch["prompt"],
             batch["prompt_length"],

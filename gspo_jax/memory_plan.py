@@ -29,7 +29,7 @@ Slices (config.slice): ``v5p-N`` and ``v4-N`` count TensorCores (two per chip), 
 ``v6e-N`` count chips; per chip HBM, peak bf16 FLOP/s and HBM bandwidth are in CHIPS.
 
 Time (an estimate). The plan also counts, per device, the FLOPs and HBM bytes of three compiled
-programs -- one decode step of the rollout (compiled alone: sampler.decode_step, over the
+programs -- one decode step of the rollout (compiled alone: rollout.decode_step, over the
 shared-prefix cache of the middle decode phase, see decode_chunks), the rollout and
 the update -- with every loop counted its trip count (gspo_jax/hlo_cost.py; XLA's own
 cost_analysis counts a loop body once, and the layers, minibatches, micro-batches and decode
@@ -54,9 +54,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from gspo_jax import config as config_lib
-from gspo_jax import hlo_cost, rl_batch, sampler, sharding
+from gspo_jax import hlo_cost, models, rl_batch, rollout, sharding
 from gspo_jax import train_step as ts
-from gspo_jax.models import attention
 from gspo_jax.rl_batch import RLBatch
 
 GIB = 2**30
@@ -166,7 +165,7 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     n = slc.devices
     costs = {
         "decode_step": hlo_cost.program_cost(step, 1, step_traced.jaxpr, n),
-        # Every decode phase's loop (sampler._generate) runs at most decode_block steps.
+        # Every decode phase's loop (rollout/static.py) runs at most decode_block steps.
         "rollout": hlo_cost.program_cost(
             rollout, max(min(T - 1, run.model_cfg.decode_block), 1), rollout_traced.jaxpr, n
         ),
@@ -212,7 +211,7 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 
 def _decode_step_fn(run):
-    """jit of one rollout decode step (sampler.decode_step) on the rollout's model; the cache is
+    """jit of one rollout decode step (rollout.decode_step) on the rollout's model; the cache is
     donated (written in place, as in the rollout's loop)."""
     rl = run.config.rl
     Lp, T = run.task.max_prompt_len, rl.max_new_tokens
@@ -220,7 +219,7 @@ def _decode_step_fn(run):
 
     def fn(params, cache, prev, n_b, t):
         model = nnx.merge(run.rollout_graphdef, params, run.rest)
-        logits, out = sampler.decode_step(model, cache, prev, n_b, t, Lp, T, with_routes)
+        logits, out = rollout.decode_step(model, cache, prev, n_b, t, Lp, T, with_routes)
         return logits, out["cache"]
 
     return jax.jit(fn, donate_argnums=(1,))
@@ -244,9 +243,9 @@ def _decode_step_args(run, abs_state):
 
     def decode_cache(p):  # the rollout's shared-prefix cache in its middle decode phase
         model = nnx.merge(run.rollout_graphdef, p, run.rest)
-        cache = attention.shared_prefix_cache(model.init_cache(P, Lp), G, model.cfg.decode_block)
+        cache = models.shared_prefix_cache(model.init_cache(P, Lp), G, model.cfg.decode_block)
         for _ in range(decode_chunks(model.cfg, T) - 1):
-            cache = attention.add_chunk(cache)
+            cache = models.add_chunk(cache)
         return cache
 
     cache = jax.eval_shape(decode_cache, abs_state.params)

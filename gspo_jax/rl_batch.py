@@ -27,7 +27,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from gspo_jax import advantages, sampler, sharding
+from gspo_jax import advantages, rollout, sharding
 from gspo_jax.experiment import Run
 
 
@@ -175,7 +175,7 @@ def make_select_fn(run: Run):
         rows = (groups[:, None] * G + jnp.arange(G)[None, :]).reshape(-1)  # [B]
         row_valid = jnp.repeat(valid, G)  # [B]
         take = lambda xs, idx: jnp.take(cat(xs), idx, axis=0)  # noqa: E731
-        sample = sampler.SampleOutput(
+        sample = rollout.SampleOutput(
             tokens=take([s.tokens for s in samples], rows),
             mask=take([s.mask for s in samples], rows) * row_valid[:, None],
             logp=take([s.logp for s in samples], rows),

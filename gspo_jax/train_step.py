@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from gspo_jax import distributed, rl_batch, sampler, sharding
+from gspo_jax import distributed, rl_batch, rollout, sharding
 from gspo_jax import metrics as metrics_lib
 from gspo_jax.experiment import Run, TrainState, step_keys
 from gspo_jax.logprob_passes import make_route_change_fn, run_logprob_fn
@@ -58,7 +58,7 @@ def make_rollout_fn(run: Run):
 
     def fn(params, prompts, lengths, key):
         model = nnx.merge(run.rollout_graphdef, params, run.rest)
-        out = sampler.generate(
+        out = rollout.generate(
             model,
             prompts,
             lengths,
@@ -81,7 +81,7 @@ def make_rollout_fn(run: Run):
         return out
 
     rows = lambda ndim: sharding.rows_sharding(run.mesh, ndim)  # noqa: E731
-    out_sh = sampler.SampleOutput(
+    out_sh = rollout.SampleOutput(
         tokens=rows(2),
         mask=rows(2),
         logp=rows(2),

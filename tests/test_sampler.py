@@ -13,6 +13,7 @@ from flax import nnx
 from scipy import stats
 
 from gspo_jax import models, sampler
+from gspo_jax.rollout import static
 
 LP = 6
 LENGTHS = np.array([6, 2, 4], np.int32)
@@ -287,22 +288,22 @@ def test_new_prompt_contents_do_not_recompile(dense):
     kw = dict(num_samples=G, max_new_tokens=T, temperature=TEMP, eos_id=EOS)
     prompts, lengths = _prompts(dense.cfg.vocab_size, seed=4)
     sampler.generate(dense, prompts, lengths, rng=jax.random.key(0), **kw)
-    before = sampler._TRACES["generate"]
+    before = static._TRACES["generate"]
     prompts2, _ = _prompts(dense.cfg.vocab_size, seed=5)
     out = sampler.generate(
         dense, prompts2, jnp.asarray([3, 5, 1], jnp.int32), rng=jax.random.key(1), **kw
     )
     out.tokens.block_until_ready()
-    assert sampler._TRACES["generate"] == before
+    assert static._TRACES["generate"] == before
     # New parameter values (same graph) do not recompile either.
     other = models.Transformer(dense.cfg, rngs=nnx.Rngs(1))
     sampler.generate(other, prompts2, lengths, rng=jax.random.key(1), **kw)
-    assert sampler._TRACES["generate"] == before
+    assert static._TRACES["generate"] == before
 
 
 def test_bad_input_fails_before_compiling(dense):
     prompts, lengths = _prompts(dense.cfg.vocab_size)
-    before = sampler._TRACES["generate"]
+    before = static._TRACES["generate"]
     with pytest.raises(ValueError, match=r"Prompt length 6 \+ max_new_tokens 300.*max_seq_len"):
         sampler.generate(
             dense,
@@ -334,7 +335,7 @@ def test_bad_input_fails_before_compiling(dense):
             eos_id=EOS,
             top_p=0.0,
         )
-    assert sampler._TRACES["generate"] == before
+    assert static._TRACES["generate"] == before
 
 
 def test_generate_under_outer_jit(dense):

@@ -51,6 +51,7 @@ from flax import nnx
 from machine import describe  # this folder is on sys.path: the script runs from it
 
 from gspo_jax import models, sampler
+from gspo_jax.rollout import static
 
 SHAPES = {
     "small": dict(
@@ -118,7 +119,7 @@ def bench_ours(model, prompts, lengths, G, T, repeats):
     key = jax.random.key(0)
     graphdef, state = nnx.split(model)
     t0 = time.perf_counter()  # compile time, measured explicitly (first-call minus median is
-    sampler._generate_jit.lower(  # unreliable on a shared machine)
+    static._generate_jit.lower(  # unreliable on a shared machine)
         graphdef,
         state,
         prompts,

@@ -19,6 +19,7 @@ experts run: dense reference, sparse grouped matmuls, expert parallelism), trans
 (the seam) and hf.py (Hugging Face checkpoints).
 """
 
+from gspo_jax.models.attention import add_chunk, is_shared_prefix, shared_prefix_cache
 from gspo_jax.models.config import EXECUTION_FIELDS, PRESETS, ModelConfig, get_model_config
 from gspo_jax.models.hf import config_from_hf, load_hf_checkpoint, save_hf_checkpoint
 from gspo_jax.models.interface import CausalLM
@@ -46,12 +47,14 @@ __all__ = [
     "CausalLM",
     "ModelConfig",
     "Transformer",
+    "add_chunk",
     "attention_mask",
     "chunked_logprobs",
     "create_model",
     "decode_mask",
     "effective_temperature",
     "get_model_config",
+    "is_shared_prefix",
     "config_from_hf",
     "load_hf_checkpoint",
     "param_count",
@@ -59,6 +62,7 @@ __all__ = [
     "save_hf_checkpoint",
     "scale_logits",
     "sequence_layout",
+    "shared_prefix_cache",
     "slot_mask",
     "token_logprob_entropy",
     "unembed",

@@ -5,8 +5,10 @@ D hidden, V vocab, L layers, K kv heads, Dh head dim, k experts per token.
 
 Nothing outside gspo_jax/models/ calls more of a model than this Protocol:
 
-- gspo_jax/sampler.py: ``forward`` (prefill with a cache, then one-token decode steps writing the
-  cache at a slot), ``init_cache``, ``logits``, and ``cfg`` (vocab_size, max_seq_len, is_moe);
+- gspo_jax/rollout/ (the engines): ``forward`` (prefill with a cache, then one-token decode
+  steps writing the cache at a slot), ``init_cache``, ``logits``, ``cfg`` (vocab_size,
+  max_seq_len, is_moe), and the cache-layout helpers models/ exports (shared_prefix_cache,
+  add_chunk, is_shared_prefix), so no engine reaches into models/attention.py;
 - gspo_jax/models/logprobs.py (response_logprobs, which train_step.py, warmstart.py and
   evaluation.py call): ``forward`` without a cache, ``output_matrix`` and ``cfg``
   (compute_dtype, logprob_chunk_bytes, num_layers, experts_per_token);
@@ -68,7 +70,7 @@ class CausalLM(Protocol):
     def init_cache(self, batch: int, length: int) -> Any:
         """A zeroed KV cache of `length` slots for `batch` rows: a pytree whose leaves carry a
         leading [L] layer axis (the per-layer caches, stacked; the sampler turns a prefill cache
-        into its shared-prefix decode cache with attention.shared_prefix_cache)."""
+        into its shared-prefix decode cache with models.shared_prefix_cache)."""
         ...
 
     def __call__(

@@ -1,0 +1,301 @@
+"""The static engine: prefill each prompt once, then one lax.while_loop decode of all B rows
+over a shared KV cache, until every row has ended or T tokens.
+
+Dimension legend: P prompts, G samples per prompt (num_samples), B = P * G response rows
+(group-contiguous: row b belongs to prompt b // G), Lp padded prompt length, T = max_new_tokens,
+S = Lp + T cache slots, V vocab, D hidden. Called through rollout.generate (engine="static", the
+default); its fields are rollout.SampleOutput's.
+
+How it works (and why):
+- Layout: prompts stay right-padded in slots [0, Lp); the t-th generated token of every row goes
+  to slot Lp + t at position n_b + t (models/transformer.py). All rows write the same cache slot
+  each step (a dynamic_update_slice, no scatter) and the teacher-forced pass in
+  models.response_logprobs sees exactly the same attention pattern.
+- Shared prefix: the P prompts are prefilled once ([P, Lp] forward); only the last prompt
+  position's logits are computed. decode="shared_prefix" (the default) keeps the prompts' KV
+  once per prompt, [P, ...], and gives each row a cache for its generated tokens only; a decode
+  step attends to the prompt (its G samples are G query rows of one matmul per prompt) and to
+  the generated cache, the two softmaxes combined by log-sum-exp (models/attention.py,
+  shared_prefix_attention). The generated cache grows by chunks of cfg.decode_block slots in
+  static-length phases: the decode loop runs one lax.while_loop per chunk, whose steps attend
+  over the chunks filled so far. So a step reads the prompt's KV once per group and the
+  generated KV up to the end of the current chunk, not [B, Lp + T] slots. decode="repeated"
+  is the earlier layout (prompt caches repeated G times, every step attends over all Lp + T
+  slots), kept for the benchmark's comparison; both give the same tokens and log-probs up to
+  float32 summation order.
+- Randomness: the token of every row at step t is drawn with the uniform
+  uniform(fold_in(rng, t), (B,))[b] (sampling.sample_token), so a row's draws depend only on the
+  step's key, its index and t.
+- One compile per (graphdef, shapes, num_samples, max_new_tokens, temperature, top_k, top_p,
+  decode); with decode="shared_prefix" the program holds one decode loop per chunk
+  (ceil((max_new_tokens - 1) / decode_block) of them):
+  parameters, prompts, lengths, the RNG, eos_id and pad_id are traced arguments, so new prompt
+  contents never recompile. Changing temperature does (it is a static Python float so that the
+  division is bit-identical to response_logprobs').
+- The loop stops when every row has emitted EOS or after max_new_tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from gspo_jax.models import (
+    add_chunk,
+    decode_mask,
+    is_shared_prefix,
+    sequence_layout,
+    shared_prefix_cache,
+    slot_mask,
+)
+from gspo_jax.rollout.output import SampleOutput
+from gspo_jax.rollout.sampling import sample_token
+
+DECODE_LAYOUTS = ("shared_prefix", "repeated")
+
+_TRACES = {"generate": 0}  # incremented at trace time; tests use it to prove "no recompile"
+
+
+@flax.struct.dataclass
+class _LoopState:
+    step: jax.Array  # scalar int32: index of the next token to sample
+    tokens: jax.Array  # [B, T]
+    mask: jax.Array  # [B, T]
+    logp: jax.Array  # [B, T]
+    sample_logp: jax.Array  # [B, T]
+    done: jax.Array  # [B] bool: EOS already emitted
+    cache: dict  # stacked on [L]: a shared-prefix or a plain cache (see prefill)
+    routes: jax.Array | None  # [L, B, S, k] int32 when routes are requested
+
+
+def prefill(
+    model,
+    prompts,
+    prompt_lengths,
+    *,
+    num_samples: int,
+    cache_len: int,
+    return_routes: bool = False,
+    decode: str = "shared_prefix",
+):
+    """Prefills each of the P prompts once and shares the result with its G samples.
+
+    prompts [P, Lp], prompt_lengths [P] -> (logits [B, V] f32 predicting the first response
+    token, cache, n [B] prompt lengths per row). The cache, every leaf stacked on a leading
+    [L] layer axis (Transformer.init_cache; forward's layer scan carries it):
+    decode="shared_prefix": {"prefix_k": [L, P, K, Dh, Lp], "prefix_v": [L, P, K, Lp, Dh],
+    "k": ([L, B, K, Dh, C],), "v": ([L, B, K, C, Dh],)}: one chunk of C = cfg.decode_block
+    generated slots, more appended as decoding fills them (attention.shared_prefix_cache,
+    add_chunk; cache_len is not used); decode="repeated": {"k": [L, B, K, Dh, cache_len],
+    "v": [L, B, K, cache_len, Dh]}, the prompts' KV zero-extended to cache_len and repeated G
+    times.
+    Attention runs over the Lp prompt slots only. Only the last real prompt position's logits
+    are computed. With return_routes (MoE), also the prompt routes [L, B, cache_len, k] (zeros
+    after Lp).
+    """
+    P, Lp = prompts.shape
+    G = num_samples
+    n = prompt_lengths.astype(jnp.int32)  # [P]
+    slot = jnp.arange(Lp, dtype=jnp.int32)
+    pos, valid = sequence_layout(n, Lp, 0)  # [P, Lp]: the prompt slots of the layout
+    out = model.forward(
+        prompts.astype(jnp.int32),
+        pos,
+        slot_mask(valid, slot),
+        token_mask=valid,
+        cache=model.init_cache(P, Lp),
+        write_index=0,
+        return_routes=return_routes,
+    )
+    h_last = jnp.take_along_axis(out["hidden"], (n - 1)[:, None, None], axis=1)[:, 0]  # [P, D]
+    logits = jnp.repeat(model.logits(h_last), G, axis=0)  # [B, V]
+
+    def extend(c, slot_axis):  # zero-extend the slot axis to cache_len, repeat rows G times
+        slot_axis = slot_axis % c.ndim
+        pad = [(0, 0)] * c.ndim
+        pad[slot_axis] = (0, cache_len - Lp)
+        return jnp.repeat(jnp.pad(c, pad), G, axis=c.ndim - 4)
+
+    if decode == "shared_prefix":
+        cache = shared_prefix_cache(out["cache"], G, model.cfg.decode_block)
+    else:
+        cache = {"k": extend(out["cache"]["k"], -1), "v": extend(out["cache"]["v"], -2)}
+    if return_routes:
+        routes = jnp.pad(
+            jnp.repeat(out["routes"], G, axis=1), ((0, 0), (0, 0), (0, cache_len - Lp), (0, 0))
+        )  # [L, B, cache_len, k]
+        return logits, cache, jnp.repeat(n, G), routes
+    return logits, cache, jnp.repeat(n, G)
+
+
+def decode_step(model, cache, prev, n_b, t, prompt_len: int, response_len: int, routes=False):
+    """One step of the decode loop: feeds prev [B] (the token sampled at step t - 1) at slot
+    prompt_len + t - 1 -> (logits [B, V] f32 for step t, the forward's output dict with the
+    written cache). cache: prefill's, either layout (a shared-prefix cache takes the layout's
+    SlotMask, a plain one the materialised [B, 1, S] decode mask). The memory plan compiles it
+    alone to cost one token step."""
+    q_slot = prompt_len + t - 1
+    if is_shared_prefix(cache):
+        mask = slot_mask(sequence_layout(n_b, prompt_len, response_len)[1], q_slot)
+    else:
+        mask = decode_mask(n_b, prompt_len, response_len, q_slot)  # [B, 1, S]
+    o = model.forward(
+        prev[:, None],
+        (n_b + t - 1)[:, None],
+        mask,
+        cache=cache,
+        write_index=q_slot,
+        return_routes=routes,
+    )
+    return model.logits(o["hidden"][:, 0]), o
+
+
+def _generate(
+    graphdef,
+    state,
+    prompts,
+    prompt_lengths,
+    rng,
+    eos_id,
+    pad_id,
+    *,
+    num_samples,
+    max_new_tokens,
+    temperature,
+    top_k,
+    top_p,
+    return_routes,
+    decode,
+):
+    _TRACES["generate"] += 1
+    model = nnx.merge(graphdef, state)
+    G, T = num_samples, max_new_tokens
+    P, Lp = prompts.shape
+    B, S = P * G, Lp + T
+    settings = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    pre = prefill(
+        model,
+        prompts,
+        prompt_lengths,
+        num_samples=G,
+        cache_len=S,
+        return_routes=return_routes,
+        decode=decode,
+    )
+    logits0, cache, n_b = pre[:3]
+
+    tok, lp, slp = sample_token(logits0, jax.random.fold_in(rng, 0), **settings)
+    zeros = jnp.zeros((B, T), jnp.float32)
+    init = _LoopState(
+        step=jnp.array(1, jnp.int32),
+        tokens=jnp.full((B, T), pad_id, jnp.int32).at[:, 0].set(tok),
+        mask=zeros.at[:, 0].set(1.0),
+        logp=zeros.at[:, 0].set(lp),
+        sample_logp=zeros.at[:, 0].set(slp),
+        done=tok == eos_id,
+        cache=cache,
+        routes=pre[3] if return_routes else None,
+    )
+
+    def body(s: _LoopState):
+        t = s.step
+        q_slot = Lp + t - 1  # slot of the token being fed (sampled at step t - 1)
+        prev = jax.lax.dynamic_slice_in_dim(s.tokens, t - 1, 1, axis=1)  # [B, 1]
+        logits, o = decode_step(model, s.cache, prev[:, 0], n_b, t, Lp, T, return_routes)
+        new_tok, new_lp, new_slp = sample_token(logits, jax.random.fold_in(rng, t), **settings)
+        alive = ~s.done
+        new_tok = jnp.where(alive, new_tok, pad_id)
+        put = lambda buf, v: jax.lax.dynamic_update_slice_in_dim(buf, v[:, None], t, axis=1)
+        return _LoopState(
+            step=t + 1,
+            tokens=put(s.tokens, new_tok),
+            mask=put(s.mask, alive.astype(jnp.float32)),
+            logp=put(s.logp, jnp.where(alive, new_lp, 0.0)),
+            sample_logp=put(s.sample_logp, jnp.where(alive, new_slp, 0.0)),
+            done=s.done | (new_tok == eos_id),
+            cache=o["cache"],
+            routes=jax.lax.dynamic_update_slice_in_dim(s.routes, o["routes"], q_slot, axis=2)
+            if return_routes
+            else None,
+        )
+
+    def run(state: _LoopState, stop: int) -> _LoopState:  # steps until `stop` or all done
+        return jax.lax.while_loop(lambda s: (s.step < stop) & ~jnp.all(s.done), body, state)
+
+    if decode == "shared_prefix":
+        # Phase p feeds generated slots [p C, (p + 1) C) (steps p C + 1 .. (p + 1) C) with
+        # p + 1 chunks in the cache, so each step reads the chunks filled so far and no more.
+        C = model.cfg.decode_block
+        final = init
+        for p in range(math.ceil((T - 1) / C)):
+            if p:
+                final = final.replace(cache=add_chunk(final.cache))
+            final = run(final, min(T, (p + 1) * C + 1))
+    else:
+        final = run(init, T)
+    return SampleOutput(
+        tokens=final.tokens,
+        mask=final.mask,
+        logp=final.logp,
+        sample_logp=final.sample_logp,
+        lengths=jnp.sum(final.mask, axis=-1).astype(jnp.int32),
+        routes=final.routes,
+    )
+
+
+_STATIC = (
+    "graphdef",
+    "num_samples",
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "return_routes",
+    "decode",
+)
+_generate_jit = jax.jit(_generate, static_argnames=_STATIC)
+
+
+def generate_static(
+    model,
+    prompts,
+    prompt_lengths,
+    rng,
+    *,
+    num_samples: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    eos_id: int,
+    pad_id: int,
+    return_routes: bool,
+    decode: str = "shared_prefix",
+) -> SampleOutput:
+    """The static engine behind rollout.generate (which checks the arguments first).
+    decode: the KV-cache layout of the decode loop, "shared_prefix" (prompt KV once per prompt,
+    reads only the filled generated slots) or "repeated" (the earlier layout; module docstring).
+    """
+    if decode not in DECODE_LAYOUTS:
+        raise ValueError(f"decode={decode!r} is not one of {DECODE_LAYOUTS}.")
+    graphdef, state = nnx.split(model)
+    return _generate_jit(
+        graphdef,
+        state,
+        prompts,
+        prompt_lengths,
+        rng,
+        jnp.asarray(eos_id, jnp.int32),
+        jnp.asarray(pad_id, jnp.int32),
+        num_samples=int(num_samples),
+        max_new_tokens=int(max_new_tokens),
+        temperature=float(temperature),
+        top_k=int(top_k),
+        top_p=float(top_p),
+        return_routes=bool(return_routes),
+        decode=decode,
+    )
