@@ -46,47 +46,15 @@ import ml_collections
 from ml_collections import config_dict
 
 from gspo_jax import config as config_lib
-from gspo_jax import objectives, pod
+from gspo_jax import objectives
 
 OBJECTIVES = objectives.PRESET_NAMES
 
 
 def base_config(runlocal: bool) -> ml_collections.ConfigDict:
-    """The full default config; ``runlocal`` shrinks every size to run in seconds."""
-    c = ml_collections.ConfigDict()
-    c.seed = 0
-
-    c.task = ml_collections.ConfigDict()
-    c.task.name = "arith"
-    # Knobs of tasks.get_task(name, **kwargs); {} = the task's own defaults.
-    c.task.kwargs = ml_collections.ConfigDict()
-
-    c.data = ml_collections.ConfigDict()
-    c.data.data_dir = ""  # "" = the TFDS default under the cache dir
-    c.data.seed = -1  # -1 = config.seed
-    # Multi-host: "slice" = every host reads the global batch and keeps its rows (results do not
-    # depend on the process count); "records" = each host reads a disjoint shard of the records.
-    c.data.process_sharding = "slice"
-
-    c.model = ml_collections.ConfigDict()
-    c.model.preset = "small"  # models.get_model_config preset; vocab comes from the tokenizer
-    c.model.dtype = "float32"
-    # MoE presets: how the experts run (models/config.py; None = the preset's: sparse, dropless,
-    # the platform's grouped-matmul kernel). "dense" is the reference dispatch.
-    c.model.moe_dispatch = config_dict.placeholder(str)
-    c.model.moe_kernel = config_dict.placeholder(str)
-    c.model.moe_capacity_factor = config_dict.placeholder(float)
-    # What each scanned decoder layer keeps for the backward pass: "none", "full" or a
-    # jax.checkpoint_policies name (models.config.REMAT_POLICIES); memory against recompute.
-    c.model.remat = "none"
-    # Attention kernel (models/attention.py): None = the ModelConfig default "auto" (splash on
-    # TPU, cuDNN on GPU, else blockwise past one key block); "blockwise" or "reference" forces one.
-    c.model.attention = config_dict.placeholder(str)
-
-    c.init = ml_collections.ConfigDict()
-    c.init.kind = "warmstart"  # or "random" (tests that need no good policy), or "hf"
-    c.init.checkpoint = ""  # kind "hf": a Hugging Face checkpoint folder (configs/qwen3_gsm8k.py)
-    c.init.cache_dir = ""  # "" = $GSPO_JAX_CACHE or ~/.cache/gspo_jax
+    """The default experiment (the library's defaults, config.default_config, with this
+    experiment's warm start pinned); ``runlocal`` shrinks every size to run in seconds."""
+    c = config_lib.default_config()
     # warmstart.get_base_model's warm_cfg, pinned field by field so that the base policy of this
     # experiment does not move when the library's defaults do (every field keys the cache).
     # 2400 steps: at 2000 the worked (scratchpad) format is not learned yet (33 % greedy accuracy
@@ -106,102 +74,6 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
             seed=0,
         )
     )
-
-    c.rl = ml_collections.ConfigDict()
-    c.rl.num_steps = 80  # the greedy policy switches to the worked format around step 40-50
-    c.rl.prompts_per_step = 16  # P
-    c.rl.group_size = 8  # G
-    c.rl.max_new_tokens = 0  # T; 0 = task.max_response_len (fits the longest worked answer)
-    c.rl.temperature = 1.0
-    c.rl.top_k = 0
-    c.rl.top_p = 1.0
-    c.rl.num_epochs = 1  # μ
-    c.rl.num_minibatches = 4  # K (GSPO paper): the ratio moves off 1 after the first update
-    c.rl.num_microbatches = 1  # gradient accumulation inside a minibatch (global normalisation)
-    c.rl.shuffle_minibatches = True
-    c.rl.advantage_estimator = config_dict.placeholder(str)  # None = the objective's pairing
-    c.rl.adv_eps = 1e-6
-    c.rl.adv_std_ddof = 0
-    # grpo's std: "group" (per group), "batch" (all B rewards, LitePPO), "none" (= dr_grpo)
-    c.rl.scale_rewards = "group"
-    # True: the objective's kl_coef · (old_logp − ref_logp) is subtracted from the token rewards
-    # (verl's use_kl_in_reward) instead of entering the loss
-    c.rl.kl_in_reward = False
-    # True: log train/kl_ref, the policy's KL to the base policy, also when kl_coef is 0 (one more
-    # forward pass per step and a copy of the parameters; the loss is unchanged)
-    c.rl.log_kl_ref = False
-    c.rl.recompute_old_logp = False  # True: old_logp from a trainer forward instead of the sampler
-    c.rl.routing_replay = False  # MoE: replay the old policy's expert routes in the update
-    # True: every token gets its response's advantage ([B, T] instead of [B]): the objective's
-    # per-token path (for gspo_token: s_i,t rather than its [B] shortcut to GSPO's s_i)
-    c.rl.token_advantages = False
-    c.rl.log_route_change = False  # MoE: log train/route_change_frac (one extra forward per step)
-    c.rl.aux_loss_coef = 0.0  # MoE load-balancing loss weight
-    # Warn when every group's rewards have been equal (no learning signal) this many steps in a
-    # row (0: never); stop_on_collapse=True then also saves and stops the run.
-    c.rl.collapse_patience = 20
-    c.rl.stop_on_collapse = False
-    # The rollout's compute dtype ("" = the model's; "bfloat16" under a float32 trainer gives a
-    # real training-inference mismatch). With recompute_old_logp=True the sampler's log-probs
-    # become rollout_logp (objective.rollout_correction / off_policy_mask read them).
-    c.rl.rollout_dtype = ""
-    # Gaussian noise of this std added to each sampled token's reported log-prob (0 = none): a
-    # dose of sampler-trainer mismatch for the rollout-log-probs claim
-    c.rl.rollout_logp_noise = 0.0
-    # DAPO dynamic sampling: drop groups whose rewards are all equal and draw more prompts, up to
-    # max_gen_batches rollouts per step; overlong shaping (tokens; penalty 0 = off) and masking
-    # truncated responses out of the loss.
-    c.rl.dynamic_sampling = False
-    c.rl.max_gen_batches = 3
-    c.rl.overlong_buffer = 0
-    c.rl.overlong_penalty = 0.0
-    c.rl.mask_truncated = False
-
-    c.objective = config_lib.objective_placeholders()
-    c.objective.name = "gspo"
-
-    c.optimizer = ml_collections.ConfigDict()
-    # A prototype collapsed at 3e-4 (responses fell to the short format with zero reward) and
-    # trained well at a constant 1e-4: keep the schedule here, visible and overridable.
-    c.optimizer.learning_rate = 1e-4
-    c.optimizer.schedule = "constant"  # constant | cosine | linear (after warmup)
-    c.optimizer.warmup_updates = 0  # in optimizer updates (RL steps x epochs x minibatches)
-    c.optimizer.end_lr_ratio = 0.0
-    c.optimizer.b1 = 0.9
-    c.optimizer.b2 = 0.999
-    c.optimizer.eps = 1e-8
-    c.optimizer.weight_decay = 0.0
-    c.optimizer.grad_clip = 1.0
-
-    c.eval = ml_collections.ConfigDict()
-    c.eval.every = 40  # RL steps; 0 = only at the start and the end
-    c.eval.at_start = True  # evaluate the base policy before RL (the summary's "base")
-    c.eval.split = "test"
-    c.eval.num_problems = 200  # 0 = no evaluation at all
-    c.eval.pass_k = 1  # samples per problem for pass@k / sample accuracy (costs k rollouts)
-    c.eval.max_new_tokens = 0  # 0 = rl.max_new_tokens
-    c.eval.batch_size = 64
-    c.eval.seed = 0
-
-    c.checkpoint = ml_collections.ConfigDict()
-    c.checkpoint.every = 40
-    c.checkpoint.max_to_keep = 2
-    c.checkpoint.async_save = True
-
-    # A pod run (several processes): the longest any process waits for another at an agreement
-    # (checkpoint restore/save, stop signals) before it stops with a one-line error naming the
-    # peer; the watchdog's heartbeat timeout too (docs/resilience.md).
-    c.multihost = ml_collections.ConfigDict()
-    c.multihost.timeout_s = pod.DEFAULT_TIMEOUT_S  # seconds
-
-    # Mesh axis sizes (-1 fills the remaining devices); a TPU pod slice might use data=-1, fsdp=4.
-    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
-    c.num_devices = -1  # -1 = every device; n = the first n (single-process comparisons)
-
-    c.log = ml_collections.ConfigDict()
-    c.log.tensorboard = True
-    c.log.progress = True
-
     if runlocal:
         c.task.kwargs = ml_collections.ConfigDict(dict(max_digits=2, num_train=2000, num_test=200))
         c.model.preset = "tiny"

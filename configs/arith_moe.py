@@ -42,7 +42,6 @@ routing_replay it is the share of routes the replay overrode). Turn it off with
 from __future__ import annotations
 
 import ml_collections
-from ml_collections import config_dict
 
 from gspo_jax import config as config_lib
 
@@ -59,20 +58,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.rl.routing_replay = a.routing_replay
         c.rl.aux_loss_coef = a.aux_loss_coef
         c.rl.log_route_change = True
-        c.optimizer.router_lr_scale = 1.0  # the volatility lever (VOLATILITY_DOSES v4-v6)
         c.lock()
         return c
     c = arith.base_config(a.runlocal)
     arith.apply_common_args(c, a)
     c.model.preset = "tiny_moe" if a.runlocal else "small_moe"
-    # settable per run (the volatility doses): more experts and more of them per token
-    c.model.num_experts = config_dict.placeholder(int)  # None: the preset's (8; runlocal 4)
-    c.model.experts_per_token = config_dict.placeholder(int)  # None: the preset's (2)
     c.rl.routing_replay = a.routing_replay
     c.rl.aux_loss_coef = a.aux_loss_coef
     c.rl.log_route_change = True  # train/route_change_frac: Routing Replay's case, measured
-    # the routers' step size relative to the rest of the model's (volatility doses v4-v6)
-    c.optimizer.router_lr_scale = 1.0
     c.lock()
     return c
 

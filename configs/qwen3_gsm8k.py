@@ -21,7 +21,7 @@ checkpoint=/mnt/shared/Qwen3-0.6B,data=/mnt/shared/gsm8k --workdir /mnt/shared/r
         --multihost
 
 Arguments: model (qwen3_0_6b, qwen3_1_7b, qwen3_30b_a3b), slice (v5p-8, v5p-32, v6e-8, ...: see
-gspo_jax/memory_plan.py), the mesh axes data_axis / fsdp / tensor / expert (0 = the model's
+gspo_jax/planning/memory_plan.py), the mesh axes data_axis / fsdp / tensor / expert (0 = the model's
 suggested layout on the slice, below), checkpoint (a Hugging Face checkpoint folder: config.json,
 *.safetensors, tokenizer.json, tokenizer_config.json), data (a folder with GSM8K's released
 train.jsonl / test.jsonl or Hugging Face parquet shards, docs/data.md; "" = the TFDS catalogue
@@ -84,7 +84,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if model not in SUGGESTED:
         raise ValueError(f"model={model!r}; valid: {sorted(set(SUGGESTED) - {'tiny'})}")
     suggested_slice, suggested_mesh, suggested_micro = SUGGESTED[model]
-    c = config_lib.sibling_config(__file__, "arith.py").base_config(False)
+    c = config_lib.default_config()
     c.seed = a.seed
     c.slice = a.slice or suggested_slice
     axes = dict(data=a.data_axis, fsdp=a.fsdp, tensor=a.tensor, expert=a.expert)
@@ -100,7 +100,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.preset = model
     c.model.dtype = "bfloat16"  # compute; parameters (master weights) stay float32
     c.model.remat = "none" if model == "tiny" else "full"
-    c.model.vocab_size = VOCAB if model != "tiny" else config_dict.placeholder(int)
+    if model != "tiny":  # the tiny preset takes the tokenizer's vocabulary (the default)
+        c.model.vocab_size = VOCAB
     c.init.kind = "hf" if a.checkpoint else "random"
     c.init.checkpoint = a.checkpoint
     if a.checkpoint:  # its tokenizer.json and chat template: prompts text -> template -> ids

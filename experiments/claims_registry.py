@@ -25,9 +25,10 @@ a pair's own per-seed statistic, such as "pair(gspo, gspo_token_tokadv)") its va
     bootstrap    the percentile bootstrap interval of the mean over seeds (``confidence``,
                  ``resamples``, fixed generator seed 0) lies entirely on the threshold's side
 
-Plain data and pure functions over numbers: nothing here reads runs (gspo_jax/analysis.py does,
-and its ``claim_verdict`` prints an entry and its verdict). The arm names are those of the sweeps
-in experiments/claims.py (SWEEPS), "<arm>_s<seed>" on disk. Loaded by path (experiments/ is not a
+Plain data and pure functions over numbers: nothing here reads runs
+(notebooks/reporting/analysis.py does, and its ``claim_verdict`` prints an entry and its
+verdict). The arm names are those of the sweeps in experiments/claims.py (SWEEPS),
+"<arm>_s<seed>" on disk. Loaded by path (experiments/ is not a
 package): ``analysis.registry()``.
 """
 

@@ -22,9 +22,9 @@ import sys
 import ml_collections
 from flax import nnx
 
-from gspo_jax import checkpoint as checkpoint_lib
-from gspo_jax import experiment as exp
 from gspo_jax import models
+from gspo_jax.rl import build as exp
+from gspo_jax.runtime import checkpoint as checkpoint_lib
 
 TOKENIZER_FILES = (
     "tokenizer.json",

@@ -24,7 +24,8 @@ import os
 import sys
 import time
 
-from gspo_jax import evaluation, models, tasks, warmstart
+from gspo_jax import models, tasks
+from gspo_jax.rl import evaluation, warmstart
 
 
 def main():

@@ -22,7 +22,8 @@ import time
 
 import jax
 
-from gspo_jax import evaluation, models, tasks, warmstart
+from gspo_jax import models, tasks
+from gspo_jax.rl import evaluation, warmstart
 
 
 def _wall_s(task, model_cfg, warm_cfg, cache_dir) -> float:

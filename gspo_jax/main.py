@@ -16,7 +16,7 @@ Restarting the same command in the same workdir resumes from the latest checkpoi
 before a multi-host run, which loads the cached warm start but does not train it).
 
 The entry point is thin on purpose (docs/design.md convention 3): everything it does is available to
-notebooks and tests as ``gspo_jax.trainer.train(config, workdir)``.
+notebooks and tests as ``gspo_jax.rl.trainer.train(config, workdir)``.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def main(argv: list[str]) -> None:
         _dry_run(_CONFIG.value)
         return
     if _MULTIHOST.value or _COORDINATOR.value:
-        from gspo_jax import distributed, pod
+        from gspo_jax.runtime import agreement as pod
+        from gspo_jax.runtime import distributed
 
         distributed.init_distributed(
             _COORDINATOR.value,
@@ -83,10 +84,10 @@ def main(argv: list[str]) -> None:
             _PROCESS_ID.value,
             timeout_s=pod.timeout_of(_CONFIG.value),
         )
-    from gspo_jax import trainer  # after distributed init: importing models may touch devices
+    from gspo_jax.rl import trainer  # after distributed init: importing models may touch devices
 
     if _PREPARE_ONLY.value:
-        from gspo_jax import experiment
+        from gspo_jax.rl import build as experiment
 
         experiment.prepare(_CONFIG.value, _WORKDIR.value)
         return
@@ -96,7 +97,7 @@ def main(argv: list[str]) -> None:
         allow_config_change=_ALLOW_CONFIG_CHANGE.value,
         start_fresh=_START_FRESH.value,
     )
-    from gspo_jax import pod
+    from gspo_jax.runtime import agreement as pod
 
     pod.finished()  # a pod run: the others stop watching this process's heartbeat
 
@@ -106,9 +107,9 @@ def _dry_run(config) -> None:
     starts its backend, so this runs before anything touches a device."""
     import os
 
-    from gspo_jax import memory_plan
+    from gspo_jax.planning import memory_plan
 
-    if "slice" not in config:
+    if config.get("slice") is None:
         raise ConfigError("--dry_run needs config.slice (e.g. v5p-8): see configs/qwen3_gsm8k.py")
     import jax
 
@@ -179,7 +180,7 @@ def _pod_run() -> bool:
 
 def _exit(code: int) -> None:
     if _pod_run():
-        from gspo_jax import pod
+        from gspo_jax.runtime import agreement as pod
 
         pod.exit_together(code)
     sys.exit(code)
@@ -189,7 +190,7 @@ def _unless_a_peer_is_lost() -> None:
     """An unexpected error on a pod run is often a peer's death seen by a collective: give the
     watchdog its time to say so in one line (it exits the process) before the traceback."""
     if _pod_run():
-        from gspo_jax import pod
+        from gspo_jax.runtime import agreement as pod
 
         pod.wait_for_peers()
 
@@ -197,7 +198,10 @@ def _unless_a_peer_is_lost() -> None:
 def _exit_code(e: Exception) -> int | None:
     """Prints the one line of a run-time stop the user acts on and returns its exit code; None for
     an unexpected error (its traceback is the useful report then)."""
-    from gspo_jax import checkpoint, data_files, metrics, pod, trainer
+    from gspo_jax.data import files as data_files
+    from gspo_jax.rl import trainer
+    from gspo_jax.runtime import agreement as pod
+    from gspo_jax.runtime import checkpoint, metrics
 
     if isinstance(e, data_files.DataFileError):  # a dataset file to fix: nothing ran yet
         print(f"error: {e}", file=sys.stderr, flush=True)

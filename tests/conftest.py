@@ -15,6 +15,13 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 
 
+import sys  # noqa: E402
+
+# notebooks/reporting (the claim notebooks' analysis and verdicts) is imported as `reporting`
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
+)
+
 import jax  # noqa: E402  (after XLA_FLAGS)
 import pytest  # noqa: E402
 import trainer_runs as runs  # noqa: E402  (the shared trainer runs and their helpers)
@@ -42,7 +49,7 @@ def shared(tmp_path_factory):
 @pytest.fixture(scope="session")
 def single(shared):
     """The 1-device runlocal run (4 steps, checkpoints 2 and 4): (workdir, summary)."""
-    from gspo_jax import trainer
+    from gspo_jax.rl import trainer
 
     wd = os.path.join(shared["root"], "single")
     summary = trainer.train(runs.make_config(shared, num_devices=1), wd)
@@ -52,7 +59,7 @@ def single(shared):
 @pytest.fixture(scope="session")
 def sharded(shared):
     """The same run on 8 simulated devices: its workdir."""
-    from gspo_jax import trainer
+    from gspo_jax.rl import trainer
 
     wd = os.path.join(shared["root"], "sharded")
     trainer.train(runs.make_config(shared, num_devices=8), wd)

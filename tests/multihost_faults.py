@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # trainer_runs
 
 import trainer_runs as runs  # noqa: E402
 
-from gspo_jax import distributed  # noqa: E402
+from gspo_jax.runtime import distributed  # noqa: E402
 
 TIMEOUT_S = runs.POD_FAULTS["multihost.timeout_s"]
 distributed.init_distributed(f"127.0.0.1:{port}", 2, pid, timeout_s=TIMEOUT_S)
@@ -48,8 +48,9 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 import orbax.checkpoint as ocp  # noqa: E402
 
-from gspo_jax import pod, trainer  # noqa: E402
-from gspo_jax import train_step as ts  # noqa: E402
+from gspo_jax.rl import step as ts  # noqa: E402
+from gspo_jax.rl import trainer  # noqa: E402
+from gspo_jax.runtime import agreement as pod  # noqa: E402
 
 shared = json.loads(shared_json)
 

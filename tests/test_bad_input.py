@@ -17,8 +17,8 @@ import ml_collections
 import pytest
 
 from gspo_jax import config as config_lib
-from gspo_jax import experiment
 from gspo_jax.config import ConfigError
+from gspo_jax.rl import build as experiment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARITH = os.path.join("configs", "arith.py")

@@ -15,8 +15,10 @@ import pytest
 from flax import nnx
 from trainer_runs import load_repo_module
 
-from gspo_jax import filelock, models, warmstart
+from gspo_jax import models
 from gspo_jax import tasks as tasks_lib
+from gspo_jax.rl import warmstart
+from gspo_jax.runtime import filelock
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PROCESSES = 3
@@ -39,7 +41,7 @@ while not os.path.exists(sys.argv[1] + ".go"):
 _PREPARE_DATA = (
     """
 from gspo_jax import data, tasks
-from gspo_jax.tasks import builders  # noqa: F401 (imported before the race)
+from gspo_jax.data import builders  # noqa: F401 (imported before the race)
 task = tasks.get_task("arith", **{knobs})
 """
     + _BARRIER
@@ -53,8 +55,9 @@ _WARM_START = (
     """
 import jax
 from flax import nnx
-from gspo_jax import data, models, tasks, warmstart
-from gspo_jax.tasks import builders  # noqa: F401 (imported before the race)
+from gspo_jax import data, models, tasks
+from gspo_jax.rl import warmstart
+from gspo_jax.data import builders  # noqa: F401 (imported before the race)
 task = tasks.get_task("countdown", **{knobs})
 cfg = models.get_model_config("tiny", vocab_size=task.tokenizer.vocab_size, max_seq_len=64)
 train = warmstart.train

@@ -8,7 +8,7 @@ import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from gspo_jax import checkpoint
+from gspo_jax.runtime import checkpoint
 
 
 def _iterator():

@@ -1,5 +1,5 @@
 """The claims registry (experiments/claims_registry.py) and the verdicts it decides
-(gspo_jax/verdicts.py), on hand-made per-seed numbers: no training, no runs."""
+(notebooks/reporting/verdicts.py), on hand-made per-seed numbers: no training, no runs."""
 
 import dataclasses
 import json
@@ -7,9 +7,8 @@ import os
 import re
 
 import pytest
+from reporting import verdicts
 from trainer_runs import load_repo_module
-
-from gspo_jax import verdicts
 
 claims = load_repo_module("experiments/claims.py")
 reg = verdicts.registry()
@@ -202,7 +201,7 @@ def test_response_length_by_correctness():
     import jax.numpy as jnp
     import numpy as np
 
-    from gspo_jax import train_step
+    from gspo_jax.rl import step as train_step
 
     parts = [
         {"correct": jnp.array([1.0, 0.0, 0.0]), "length": jnp.array([4.0, 10.0, 20.0])},

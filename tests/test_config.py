@@ -12,8 +12,9 @@ from ml_collections import config_dict
 from trainer_runs import load_repo_module
 
 from gspo_jax import config as config_lib
-from gspo_jax import experiment, objectives
+from gspo_jax import objectives
 from gspo_jax.config import ConfigError
+from gspo_jax.rl import build as experiment
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARITH = os.path.join(REPO, "configs", "arith.py")
@@ -176,7 +177,8 @@ def test_validate_objective_and_mesh(tmp_path):
 def test_build_run_builds_each_part_once(monkeypatch):
     """build_run checks and builds the objective, the mesh, the task and the model config once
     each: no second build to check them (the libraries' constructors are counted)."""
-    from gspo_jax import models, sharding, tasks
+    from gspo_jax import models, tasks
+    from gspo_jax.runtime import sharding
 
     calls = collections.Counter()
     for module, name in (
@@ -261,7 +263,7 @@ def test_multihost_cold_warm_start_cache_is_a_config_error(tmp_path, monkeypatch
     prints it without a traceback) naming --prepare_only, and trains nothing."""
     import jax
 
-    from gspo_jax import warmstart
+    from gspo_jax.rl import warmstart
 
     c = get_config("runlocal")
     c.init.cache_dir = str(tmp_path / "cache")
@@ -376,7 +378,7 @@ def test_token_advantages_need_a_per_token_ratio():
 
 
 def test_pod_timeout_must_be_positive():
-    from gspo_jax import pod
+    from gspo_jax.runtime import agreement as pod
 
     with pytest.raises(config_lib.ConfigError, match=r"multihost.timeout_s must be > 0 seconds"):
         pod.configure(0)

@@ -1,4 +1,4 @@
-"""Datasets from files (gspo_jax/data_files.py) for the gsm8k and math tasks: the released JSONL
+"""Datasets from files (gspo_jax/data/files.py) for the gsm8k and math tasks: the released JSONL
 and Hugging Face parquet layouts, the content-keyed array_record cache, one-line errors naming the
 file and line, a TFDS-prepared catalogue folder, gold answers scoring 1 through each task's own
 scoring, and over-long demonstrations dropped from the warm start with a count."""
@@ -16,7 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from gspo_jax import config as config_lib
-from gspo_jax import data, data_files, experiment, tasks, warmstart
+from gspo_jax import data, tasks
+from gspo_jax.data import files as data_files
+from gspo_jax.rl import build as experiment
+from gspo_jax.rl import warmstart
 from gspo_jax.tasks import gsm8k, math_problems
 
 FIXTURE = Path(__file__).parent / "data" / "gsm8k_sample.jsonl"

@@ -25,8 +25,9 @@ import safetensors
 from flax import nnx
 from safetensors.numpy import save_file
 
-from gspo_jax import models, sharding
+from gspo_jax import models
 from gspo_jax.models import hf
+from gspo_jax.runtime import sharding
 
 B, S = 2, 7
 COMMON = dict(
@@ -609,7 +610,8 @@ def test_a_run_starts_from_a_checkpoint_folder(shared, tmp_path):
     from trainer_runs import make_config
 
     from gspo_jax import config as config_lib
-    from gspo_jax import experiment, trainer
+    from gspo_jax.rl import build as experiment
+    from gspo_jax.rl import trainer
 
     cfg = make_config(shared, num_devices=1)
     cfg.rl.num_steps, cfg.eval.num_problems = 1, 0

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import pytest
 
 from gspo_jax import config as config_lib
-from gspo_jax import experiment as exp
-from gspo_jax import hlo_cost, memory_plan
+from gspo_jax.planning import hlo_cost, memory_plan
+from gspo_jax.rl import build as exp
 
 QWEN = "configs/qwen3_gsm8k.py"
 
@@ -166,9 +166,9 @@ def test_the_dry_run_plans_the_batch_the_run_makes(shared, extra):
     logs train/kl_ref exactly when the batch carries ref_logp (rl.log_kl_ref: also at kl_coef 0)."""
     from trainer_runs import make_config
 
-    from gspo_jax import rl_batch
-    from gspo_jax import train_step as ts
-    from gspo_jax.rl_batch import RLBatch
+    from gspo_jax.rl import batch as rl_batch
+    from gspo_jax.rl import step as ts
+    from gspo_jax.rl.batch import RLBatch
 
     run = exp.build_run(make_config(shared, num_devices=1, **extra))
     state = exp.abstract_state(run, run.abs_params)

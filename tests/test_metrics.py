@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from gspo_jax import metrics as metrics_lib
+from gspo_jax.runtime import metrics as metrics_lib
 
 
 def test_writer_jsonl_tensorboard_and_config(tmp_path):
@@ -131,7 +131,7 @@ def test_collapse_watch_warns_once_per_stretch():
 
 
 def test_summary_json_is_strict():
-    from gspo_jax import rundir
+    from gspo_jax.runtime import rundir
 
     s = rundir.strict_json({"a": math.nan, "b": [1.0, math.inf], "c": {"d": 2}})
     assert json.loads(json.dumps(s, allow_nan=False)) == {

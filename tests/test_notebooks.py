@@ -11,10 +11,10 @@ computed, and is one of its three outcomes, is what is checked.
 import os
 
 import pytest
+from reporting import verdicts
 from trainer_runs import REPO, load_repo_module, set_fields
 
 from gspo_jax import config as config_lib
-from gspo_jax import verdicts
 
 claims = load_repo_module("experiments/claims.py")
 
@@ -67,7 +67,7 @@ def tiny_config(shared, sweep, run):
 
 def make_claim_runs(shared, root):
     """Trains the runs the notebooks read (one seed) under root/<sweep>/<run>."""
-    from gspo_jax import trainer
+    from gspo_jax.rl import trainer
 
     read = {s for sweeps in claims.NOTEBOOKS.values() for s in sweeps}
     for sweep in claims.SWEEPS.values():

@@ -12,7 +12,9 @@ from hf_fixtures import random_model
 from test_hf_tokenizer import QWEN_CONFIG, write_folder
 
 from gspo_jax import config as config_lib
-from gspo_jax import data, experiment, models, tasks, trainer
+from gspo_jax import data, models, tasks
+from gspo_jax.rl import build as experiment
+from gspo_jax.rl import trainer
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = REPO / "tests" / "data" / "gsm8k_sample.jsonl"

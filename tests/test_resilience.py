@@ -23,10 +23,10 @@ from trainer_runs import (
     records,
 )
 
-from gspo_jax import checkpoint as checkpoint_lib
 from gspo_jax import config as config_lib
-from gspo_jax import train_step as ts
-from gspo_jax import trainer
+from gspo_jax.rl import step as ts
+from gspo_jax.rl import trainer
+from gspo_jax.runtime import checkpoint as checkpoint_lib
 
 
 def _copy_of_single(shared, single, name, *, keep_summary=False) -> str:
@@ -223,7 +223,7 @@ def test_collapse_warns_once_per_stretch_and_can_stop_the_run(shared, monkeypatc
     out = capsys.readouterr().out
     assert out.count("no learning signal for 2 steps in a row (steps 1-2") == 1
     cfg.rl.stop_on_collapse = True
-    from gspo_jax import metrics as metrics_lib
+    from gspo_jax.runtime import metrics as metrics_lib
 
     wd = os.path.join(shared["root"], "collapse_stop")
     with pytest.raises(metrics_lib.CollapseError, match="stopped at step 2"):
@@ -234,7 +234,7 @@ def test_collapse_warns_once_per_stretch_and_can_stop_the_run(shared, monkeypatc
 def test_collapse_count_survives_a_resume(shared, monkeypatch):
     """The count is run state (in the checkpoint): crashed after step 2 of a collapse and resumed,
     the run stops at step 3, as an uninterrupted one does (a fresh count would wait to step 5)."""
-    from gspo_jax import metrics as metrics_lib
+    from gspo_jax.runtime import metrics as metrics_lib
 
     edit_step_metrics(monkeypatch, lambda step, m: m.update({"rollout/frac_zero_std_groups": 1.0}))
     cfg = make_config(shared, num_devices=1)
@@ -246,7 +246,7 @@ def test_collapse_count_survives_a_resume(shared, monkeypatch):
 
 
 def test_a_longer_run_is_a_safe_change_only_with_a_constant_learning_rate(shared):
-    from gspo_jax import rundir
+    from gspo_jax.runtime import rundir
 
     saved = make_config(shared, num_devices=1)
     longer = make_config(shared, num_devices=1)
@@ -259,7 +259,7 @@ def test_a_longer_run_is_a_safe_change_only_with_a_constant_learning_rate(shared
 
 
 def test_metrics_cut_back_keeps_whole_lines(tmp_path):
-    from gspo_jax import rundir
+    from gspo_jax.runtime import rundir
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}')  # no \n
     assert rundir.cut_metrics(str(tmp_path), 3) is None  # nothing dropped: the line is ended

@@ -10,8 +10,12 @@ import pytest
 from trainer_runs import assert_records, assert_trees, final_params, make_config, records
 
 from gspo_jax import config as config_lib
-from gspo_jax import experiment as exp
-from gspo_jax import rl_batch, sampler, sharding, trainer
+from gspo_jax import sampler
+from gspo_jax.data import iterator as data_iterator
+from gspo_jax.rl import batch as rl_batch
+from gspo_jax.rl import build as exp
+from gspo_jax.rl import trainer
+from gspo_jax.runtime import sharding
 
 
 def test_overlong_penalty_matches_dapo_eq13_by_hand():
@@ -146,7 +150,7 @@ def test_bad_rollout_options_are_config_errors(shared, field, value, match):
 def test_mismatch_metrics_by_hand():
     """Per token, per sequence and per sequence over its length (the geometric-mean ratio's
     log), on rows of 3 tokens and 1 token."""
-    from gspo_jax.rl_batch import mismatch_metrics
+    from gspo_jax.rl.batch import mismatch_metrics
 
     old = np.array([[0.1, -0.2, 0.3, 9.0], [0.5, 9.0, 9.0, 9.0]], np.float32)  # 9: masked out
     mask = np.array([[1, 1, 1, 0], [1, 0, 0, 0]], np.float32)
@@ -249,8 +253,7 @@ def test_rollout_logp_noise_moves_only_the_reported_logp(shared):
     tokens move by Gaussian noise of that std (padding untouched), a different draw each key."""
     import jax
 
-    from gspo_jax import distributed
-    from gspo_jax import train_step as ts
+    from gspo_jax.rl import step as ts
 
     small = {
         "init.kind": "random",
@@ -264,7 +267,7 @@ def test_rollout_logp_noise_moves_only_the_reported_logp(shared):
         make_config(shared, num_devices=1, **small, **{"rl.rollout_logp_noise": 0.1})
     )
     params, _ = exp.base_params(run)
-    batch = next(distributed.make_data_iterator(run.config, run.task))
+    batch = next(data_iterator.make_data_iterator(run.config, run.task))
     prompts, lengths = jnp.asarray(batch["prompt"]), jnp.asarray(batch["prompt_length"])
     keys = [jax.random.key_data(jax.random.key(k)) for k in (0, 1)]
     clean = ts.make_rollout_fn(run)(params, prompts, lengths, keys[0])

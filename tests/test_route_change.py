@@ -18,9 +18,12 @@ import pytest
 from trainer_runs import REPO, assert_trees, make_config, overrides
 
 from gspo_jax import config as config_lib
-from gspo_jax import distributed, rl_batch, sharding
-from gspo_jax import experiment as exp
-from gspo_jax import train_step as ts
+from gspo_jax import state as state_lib
+from gspo_jax.data import iterator as data_iterator
+from gspo_jax.rl import batch as rl_batch
+from gspo_jax.rl import build as exp
+from gspo_jax.rl import step as ts
+from gspo_jax.runtime import distributed, sharding
 
 MOE = os.path.join(REPO, "configs", "arith_moe.py")
 FRAC = "train/route_change_frac"
@@ -48,7 +51,7 @@ def _steps(run, n=2):
     """n RL steps from the run's base parameters: (phases, final state, [host metrics])."""
     state = exp.initial_state(run, exp.base_params(run)[0])
     phases = ts.make_phases(run, state, with_ref=False)
-    data = distributed.make_data_iterator(run.config, run.task)
+    data = data_iterator.make_data_iterator(run.config, run.task)
     ms = []
     for _ in range(n):
         state, m = ts.rl_step(run, phases, state, next(data), more_batches=lambda: next(data))
@@ -109,11 +112,11 @@ def test_routes_reach_the_update_only_with_routing_replay(shared, logged):
     """log_route_change alone: the rollout returns routes, the RL batch has none; with
     routing_replay the batch carries them (the update and the old_logp pass replay them)."""
     run, phases, state, _ = logged
-    data = distributed.make_data_iterator(run.config, run.task)
+    data = data_iterator.make_data_iterator(run.config, run.task)
     b = next(data)
     prompts = distributed.to_global(b["prompt"].astype(np.int32), run.mesh)
     lengths = distributed.to_global(b["prompt_length"].astype(np.int32), run.mesh)
-    key = exp.step_keys(np.asarray(jax.device_get(state.rng)), 0)["rollout"]
+    key = state_lib.step_keys(np.asarray(jax.device_get(state.rng)), 0)["rollout"]
     B = prompts.shape[0] * run.config.rl.group_size
     rewards, truncated = jnp.zeros(B), jnp.zeros(B, bool)
     rr = exp.build_run(_moe_config(shared, **{"rl.routing_replay": True}))

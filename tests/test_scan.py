@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gspo_jax import checkpoint, models
+from gspo_jax import models
 from gspo_jax.models.transformer import remat
+from gspo_jax.runtime import checkpoint
 
 B, S = 2, 6
 

@@ -16,7 +16,7 @@ import pytest
 import trainer_runs as runs
 from trainer_runs import ARITH, REPO
 
-from gspo_jax import trainer
+from gspo_jax.rl import trainer
 
 pytestmark = pytest.mark.slow
 

@@ -28,8 +28,8 @@ from trainer_runs import (
     records,
 )
 
-from gspo_jax import metrics as metrics_lib
-from gspo_jax import trainer
+from gspo_jax.rl import trainer
+from gspo_jax.runtime import metrics as metrics_lib
 
 
 def test_run_writes_metrics_tensorboard_checkpoints_summary(single):

@@ -2,35 +2,28 @@
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
 from flax import nnx
 
-from gspo_jax import advantages, logprob_passes, models, objectives, sampler, sharding
-from gspo_jax.experiment import TrainState, make_optimizer, make_schedule, step_keys
-from gspo_jax.rl_batch import RLBatch
-from gspo_jax.update import make_update_fn
+from gspo_jax import advantages, models, objectives, sampler
+from gspo_jax import config as config_lib
+from gspo_jax.rl import logprob_passes
+from gspo_jax.rl.batch import RLBatch
+from gspo_jax.rl.build import make_optimizer, make_schedule
+from gspo_jax.rl.update import make_update_fn
+from gspo_jax.runtime import sharding
+from gspo_jax.state import TrainState, step_keys
 
 P, G, LP, T = 4, 4, 6, 10
 EOS, PAD, V = 1, 0, 20
 
 
 def _opt_cfg(**kw):
-    d = dict(
-        learning_rate=1e-3,
-        schedule="constant",
-        warmup_updates=0,
-        end_lr_ratio=0.0,
-        b1=0.9,
-        b2=0.999,
-        eps=1e-8,
-        weight_decay=0.0,
-        grad_clip=1.0,
-    )
-    d.update(kw)
-    return ml_collections.ConfigDict(d)
+    d = config_lib.default_config().optimizer  # every field of the schema
+    d.update(dict(learning_rate=1e-3, schedule="constant", warmup_updates=0, **kw))
+    return d
 
 
 def _rollout(preset="tiny", seed=0):
@@ -250,7 +243,7 @@ def test_router_lr_scale_multiplies_only_the_routers_steps():
 
 
 def test_row_sharding_helpers_on_eight_devices():
-    from gspo_jax import distributed
+    from gspo_jax.runtime import distributed
 
     mesh = sharding.make_mesh({"data": -1})
     x = np.arange(32).reshape(16, 2)

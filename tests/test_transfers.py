@@ -10,9 +10,9 @@ import jax
 import pytest
 from trainer_runs import make_config
 
-from gspo_jax import distributed
-from gspo_jax import experiment as exp
-from gspo_jax import train_step as ts
+from gspo_jax.data import iterator as data_iterator
+from gspo_jax.rl import build as exp
+from gspo_jax.rl import step as ts
 
 # Every optional phase of a dense run: dynamic sampling (extra generation batches), overlong
 # shaping, the old_logp recompute (with its mismatch metrics) and the reference pass.
@@ -41,7 +41,7 @@ def test_a_step_makes_no_implicit_transfer(shared, kl_in_reward):
     state = exp.initial_state(run, params)
     ref_params = jax.tree.map(lambda x: x.copy(), params)
     phases = ts.make_phases(run, state, with_ref=True)
-    data = distributed.make_data_iterator(run.config, run.task)
+    data = data_iterator.make_data_iterator(run.config, run.task)
     for _ in range(2):  # the first step compiles, the second runs what is compiled
         with jax.transfer_guard("disallow"):
             state, m = ts.rl_step(

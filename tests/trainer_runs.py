@@ -17,9 +17,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from gspo_jax import checkpoint as checkpoint_lib
 from gspo_jax import config as config_lib
-from gspo_jax import metrics as metrics_lib
+from gspo_jax.runtime import checkpoint as checkpoint_lib
+from gspo_jax.runtime import metrics as metrics_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARITH = os.path.join(REPO, "configs", "arith.py")
@@ -99,7 +99,7 @@ def load_repo_module(relpath: str):
 def edit_step_metrics(monkeypatch, edit) -> None:
     """Makes every RL step's host metrics pass through ``edit(step_done, metrics)`` (to poison a
     loss, fake a collapse, ...); undone by the monkeypatch fixture."""
-    from gspo_jax import train_step as ts
+    from gspo_jax.rl import step as ts
 
     real_step = ts.rl_step
 

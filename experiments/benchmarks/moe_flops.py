@@ -7,7 +7,8 @@ One MoE layer of a preset (router + experts + load-balance loss) at the config's
 on a mesh of simulated CPU devices, with a micro-batch of --rows rows of --slots slots (rows split
 over data x fsdp x expert as the trainer splits them). Each program (value and gradient of
 Σ y·probe + aux with respect to the layer's parameters and its input) is lowered and compiled
-for that mesh, and its dots are read from the compiled, SPMD-partitioned HLO (gspo_jax/hlo_cost.py):
+for that mesh, and its dots are read from the compiled, SPMD-partitioned HLO
+(gspo_jax/planning/hlo_cost.py):
 per device, FLOPs = 2 · (output elements) · (contracted elements) summed over every dot.
 
 The CPU lowers jax.lax.ragged_dot as a masked dense matmul over all of a device's experts, so the
@@ -52,9 +53,11 @@ from flax import nnx  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from gspo_jax import hlo_cost, models, sharding  # noqa: E402
+from gspo_jax import models  # noqa: E402
 from gspo_jax.models import moe_dispatch  # noqa: E402
 from gspo_jax.models.layers import MoE  # noqa: E402
+from gspo_jax.planning import hlo_cost  # noqa: E402
+from gspo_jax.runtime import sharding  # noqa: E402
 
 
 def dense_proxy(lhs, rhs, group_sizes, kernel):

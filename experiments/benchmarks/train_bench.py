@@ -47,9 +47,14 @@ sys.path.insert(0, REPO)
 from machine import describe  # noqa: E402 (this folder is on sys.path: the script runs from it)
 
 from gspo_jax import config as config_lib  # noqa: E402
-from gspo_jax import distributed, rl_batch, sharding  # noqa: E402
-from gspo_jax import experiment as exp  # noqa: E402
-from gspo_jax import train_step as ts  # noqa: E402
+from gspo_jax.data import iterator as data_iterator  # noqa: E402
+from gspo_jax.rl import batch as rl_batch  # noqa: E402
+from gspo_jax.rl import build as exp  # noqa: E402
+from gspo_jax.rl import step as ts  # noqa: E402
+from gspo_jax.runtime import (  # noqa: E402
+    distributed,  # noqa: E402
+    sharding,
+)
 
 PHASES = ("rollout", "reward", "logp", "update", "step")
 
@@ -223,7 +228,9 @@ def steady_steps(config, repeats: int):
     with_ref = rl_batch.uses_reference(run)
     phases = ts.make_phases(run, state, with_ref=with_ref)
     ref = jax.tree.map(jnp.copy, params) if with_ref else None
-    batch = next(distributed.make_data_iterator(run.config, run.task))  # the same prompts each time
+    batch = next(
+        data_iterator.make_data_iterator(run.config, run.task)
+    )  # the same prompts each time
 
     state, first = ts.rl_step(run, phases, state, batch, ref_params=ref)  # compiles
     steady = []

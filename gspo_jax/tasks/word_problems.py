@@ -12,8 +12,8 @@ Two tokenizers, chosen by the ``tokenizer_path`` knob:
   instruction Qwen's math evaluations use (CHAT_INSTRUCTION: the final answer in ``\boxed{}``);
   demonstrations end in ``\boxed{}``.
 
-Data (``data_path``): a folder with the released split files (data_files.py), converted once into
-the cache; each row becomes a record by the task's ``record_from_example``.
+Data (``data_path``): a folder with the released split files (tasks/released.py), converted
+once into the cache; each row becomes a record by the task's ``record_from_example``.
 
 Scoring (math_answers.py): the response's final answer is its last ``\boxed{}``, else the number
 after its last "####", else its last number; it is correct when math-verify finds it equal to the
@@ -31,7 +31,7 @@ import string
 from collections.abc import Mapping
 from typing import Any
 
-from gspo_jax.tasks import math_answers
+from gspo_jax.tasks import math_answers, released
 from gspo_jax.tasks.hf_tokenizer import HFTokenizer
 from gspo_jax.tasks.task import Task, Verdict, as_str
 from gspo_jax.tasks.tokenizer import CharTokenizer
@@ -64,10 +64,8 @@ class WordProblemTask(Task):
                 f"one character), got {max_prompt_len}, {max_response_len}."
             )
         if data_path:
-            from gspo_jax import data_files
-
             data_path = os.path.abspath(os.fspath(data_path))
-            data_files.find_folder(data_path, self.splits)  # a bad folder fails here, not later
+            released.find_folder(data_path, self.splits)  # a bad folder fails here, not later
         elif not self.catalogue_name:
             raise ValueError(
                 f"the {self.name} task reads its data from files: pass data_path=<a folder with "
@@ -139,9 +137,7 @@ class WordProblemTask(Task):
         trained on the data (the warm start) key on it, so an edited file is a new dataset."""
         if not self.data_path:
             return ""
-        from gspo_jax import data_files
-
-        return data_files.fingerprint(self)
+        return released.fingerprint(self)
 
     def messages(self, record: Mapping[str, Any]) -> list[dict[str, str]]:
         """The chat of one problem: a single user turn, the question and the instruction."""

@@ -27,8 +27,9 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from gspo_jax import advantages, rollout, sharding
-from gspo_jax.experiment import Run
+from gspo_jax import advantages, rollout
+from gspo_jax.runtime import sharding
+from gspo_jax.state import Run
 
 
 @flax.struct.dataclass
@@ -96,14 +97,14 @@ def per_token_advantages(run: Run) -> bool:
 def uses_reference(run: Run) -> bool:
     """The run keeps the base policy as a reference and runs its forward pass each step: the
     objective has a KL term (kl_coef > 0), or rl.log_kl_ref logs the KL to it without one."""
-    return run.objective.kl_coef > 0 or bool(run.config.rl.get("log_kl_ref", False))
+    return run.objective.kl_coef > 0 or bool(run.config.rl.log_kl_ref)
 
 
 def has_ref_logp(run: Run) -> bool:
     """The batch carries ref_logp: the run uses the reference (uses_reference), and the KL is
     not moved into the rewards (rl.kl_in_reward, where ref_logp leaves the batch). With kl_coef 0
     the objective only logs train/kl_ref from it (its KL term is 0·KL)."""
-    return uses_reference(run) and not run.config.rl.get("kl_in_reward", False)
+    return uses_reference(run) and not run.config.rl.kl_in_reward
 
 
 def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
@@ -259,7 +260,7 @@ def run_advantages(run: Run, rewards: jax.Array, mask: jax.Array):
         estimator=run.estimator,
         eps=rl.adv_eps,
         std_ddof=rl.adv_std_ddof,
-        scale_rewards=rl.get("scale_rewards", "group"),
+        scale_rewards=rl.scale_rewards,
         mask=mask,
     )
     if adv.ndim == 1 and rl.token_advantages:

@@ -16,9 +16,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gspo_jax import models, sharding
-from gspo_jax.experiment import Run
-from gspo_jax.rl_batch import RLBatch, route_change_frac
+from gspo_jax import models
+from gspo_jax.rl.batch import RLBatch, route_change_frac
+from gspo_jax.runtime import sharding
+from gspo_jax.state import Run
 
 
 def forward(

@@ -3,7 +3,9 @@
 name. Replaces analysis.outcome, which called a claim "partly reproduced" as soon as any check
 held.
 
-    from gspo_jax import analysis as an, verdicts as vd
+    from reporting import analysis as an
+
+    from reporting import verdicts as vd
     arms = an.by_arm(an.load_runs(...))
     vd.claim_verdict(
         "clip_fraction_vs_eps",
@@ -30,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from gspo_jax import analysis
+from reporting import analysis
 
 REGISTRY_PATH = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "claims_registry.py"

@@ -191,7 +191,7 @@ class MetricWriter:
     """
 
     def __init__(self, workdir: str, *, resume_step: int | None = None, tensorboard: bool = True):
-        from gspo_jax import rundir
+        from gspo_jax.runtime import rundir
 
         self.enabled = is_writer_process()
         self.workdir = workdir
@@ -213,7 +213,7 @@ class MetricWriter:
     def write_config(self, config: Any) -> str | None:
         """Writes config.json (a ConfigDict, dict, or anything with to_dict()); an earlier,
         different config.json is kept as config.<n>.json, whose path is returned."""
-        from gspo_jax import rundir
+        from gspo_jax.runtime import rundir
 
         if not self.enabled:
             return None

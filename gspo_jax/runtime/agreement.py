@@ -32,7 +32,11 @@ from typing import Any
 
 import jax
 
-DEFAULT_TIMEOUT_S = 120.0  # well under orbax's 1,200 s save barrier and the coordinator's 300 s
+from gspo_jax import config as config_lib
+from gspo_jax.errors import CheckpointError, ConfigError, PeerError, one_line
+from gspo_jax.runtime import rundir
+
+DEFAULT_TIMEOUT_S = config_lib.MULTIHOST_TIMEOUT_S  # the schema's default of multihost.timeout_s
 
 _settings = {"timeout_s": DEFAULT_TIMEOUT_S}
 _state = {"seq": 0, "own_key": None, "phase": "starting", "kept": None, "done": False}
@@ -41,15 +45,9 @@ _last_beat: dict[int, float] = {}  # peer -> monotonic time its heartbeat last c
 _beat_lock = threading.Lock()  # a beat never overwrites the last one, _DONE
 
 
-class PeerError(RuntimeError):
-    """Another process failed, died, hung or went another way; the message is one line."""
-
-
 def configure(timeout_s: float) -> None:
     """Sets how long any cross-process wait of this module (and the watchdog) may last."""
     if not timeout_s > 0:
-        from gspo_jax.config import ConfigError
-
         raise ConfigError(f"config.multihost.timeout_s must be > 0 seconds, got {timeout_s}")
     _settings["timeout_s"] = float(timeout_s)
 
@@ -145,19 +143,14 @@ def barrier(what: str) -> None:
 
 
 def _error_kind(e: BaseException) -> str:
-    from gspo_jax import checkpoint
-    from gspo_jax.config import ConfigError
-
     if isinstance(e, ConfigError):
         return "config"
-    if isinstance(e, checkpoint.CheckpointError):
+    if isinstance(e, CheckpointError):
         return "checkpoint"
     return "other"
 
 
 def _one_line(e: BaseException) -> str:
-    from gspo_jax.checkpoint import _one_line as one_line
-
     if _error_kind(e) != "other":
         return str(e).splitlines()[0] if str(e) else type(e).__name__
     return one_line(e)
@@ -168,10 +161,7 @@ def raise_for(what: str, statuses: list[str]) -> None:
     for peer, status in enumerate(statuses):
         if status:
             kind, msg = json.loads(status)
-            from gspo_jax import checkpoint
-            from gspo_jax.config import ConfigError
-
-            cls = {"config": ConfigError, "checkpoint": checkpoint.CheckpointError}
+            cls = {"config": ConfigError, "checkpoint": CheckpointError}
             raise cls.get(kind, PeerError)(f"process {peer}, {what}: {msg}")
 
 
@@ -289,10 +279,6 @@ def check_same_config(config) -> None:
     field by field; the message names every differing field and each process's value)."""
     if jax.process_count() == 1:
         return
-    from gspo_jax import config as config_lib
-    from gspo_jax import rundir
-    from gspo_jax.config import ConfigError
-
     mine = config_lib.flatten(rundir.config_dict(config))
     configs = [json.loads(v) for v in gather("comparing the configs", json.dumps(mine))]
     diffs = []
@@ -316,8 +302,6 @@ def check_same_workdir(workdir: str) -> None:
     at another path)."""
     if jax.process_count() == 1:
         return
-    from gspo_jax.config import ConfigError
-
     workdir = os.path.abspath(workdir)
     probe = None
     if jax.process_index() == 0:

@@ -22,41 +22,18 @@ import os
 import time
 from typing import Any
 
-import flax
 import jax
 import jax.numpy as jnp
 import ml_collections
 import optax
 from flax import nnx
 
-from gspo_jax import advantages, models, objectives, sharding, tasks
+from gspo_jax import advantages, models, objectives, tasks
 from gspo_jax import config as config_lib
-from gspo_jax import metrics as metrics_lib
 from gspo_jax.config import ConfigError
-
-# ------------------------------------------------------------------------------ state and keys
-
-
-@flax.struct.dataclass
-class TrainState:
-    """Everything an exact resume needs besides the data iterator (checkpointed as one pytree)."""
-
-    step: jax.Array  # int32 []: RL steps completed
-    params: Any  # nnx.State of the trainable nnx.Param leaves
-    opt_state: Any  # optax state
-    rng: jax.Array  # uint32 [2]: raw key data of the run's base key (step keys are fold_ins)
-
-
-def step_keys(rng: jax.Array, step: int) -> dict[str, jax.Array]:
-    """The independent keys of one RL step: fold_in(base, step), then one stream per phase."""
-    key = jax.random.fold_in(jax.random.wrap_key_data(rng), step)
-    return {
-        "rollout": jax.random.key_data(jax.random.fold_in(key, 0)),
-        "shuffle": jax.random.key_data(jax.random.fold_in(key, 1)),
-        # dynamic sampling's extra generation batches g = 1, 2, ...: fold_in(resample, g)
-        "resample": jax.random.key_data(jax.random.fold_in(key, 2)),
-    }
-
+from gspo_jax.runtime import metrics as metrics_lib
+from gspo_jax.runtime import sharding
+from gspo_jax.state import Run, TrainState
 
 # ------------------------------------------------------------------------------------ optimizer
 
@@ -116,7 +93,7 @@ def make_optimizer(opt_cfg: Any, total_updates: int) -> tuple[optax.GradientTran
             weight_decay=float(opt_cfg.weight_decay),
         )
     )
-    router_lr_scale = float(opt_cfg.get("router_lr_scale", 1.0))
+    router_lr_scale = float(opt_cfg.router_lr_scale)
     if router_lr_scale != 1.0:
         parts.append(scale_router_updates(router_lr_scale))
     return optax.chain(*parts), schedule
@@ -137,32 +114,41 @@ def make_objective(config: ml_collections.ConfigDict) -> objectives.Objective:
         )
     except ValueError as e:
         raise ConfigError(f"config.objective: {e}") from None
-    rl, per_response = config.rl, objective.ratio_level in ("sequence", "geometric")
+    rl = config.rl
     estimator = config_lib.resolve_estimator(config)
-    if estimator in advantages.TOKEN_ESTIMATORS and per_response:
+    per_token = ", ".join(objectives.PER_TOKEN_PRESETS)
+    if estimator in advantages.TOKEN_ESTIMATORS and objective.per_response:
+        group = [e for e in advantages.ESTIMATORS if e not in advantages.TOKEN_ESTIMATORS]
         raise ConfigError(
             f"config.rl.advantage_estimator={estimator!r} gives one advantage per token, but "
             f"{name} has one ratio per response; use an objective with per-token "
-            "ratios (grpo, dapo, dr_grpo, cispo, sapo, gspo_token, clip_cov, kl_cov, dppo_tv, "
-            "dppo_kl) or a group estimator (grpo, dr_grpo, rloo)"
+            f"ratios ({per_token}) or a group estimator ({', '.join(group)})"
         )
-    if rl.get("kl_in_reward", False) and not objective.kl_coef > 0:
+    if objective.reads_rollout_logp and not rl.recompute_old_logp:
+        raise ConfigError(
+            "config.objective.rollout_correction / off_policy_mask weigh the rollout's log-probs "
+            "against the trainer's, but without config.rl.recompute_old_logp=True the trainer "
+            "uses the rollout's log-probs as old_logp and every weight is 1: set "
+            "--config.rl.recompute_old_logp=True (and a config.rl.rollout_dtype that differs "
+            "from the model's for a real mismatch)"
+        )
+    if rl.kl_in_reward and not objective.kl_coef > 0:
         raise ConfigError(
             f"config.rl.kl_in_reward=True subtracts kl_coef · KL from the rewards, but "
             f"{name}'s kl_coef is {objective.kl_coef!r}: set "
             "--config.objective.kl_coef > 0 (e.g. 0.001) or kl_in_reward=False"
         )
-    if rl.get("kl_in_reward", False) and rl.get("log_kl_ref", False):
+    if rl.kl_in_reward and rl.log_kl_ref:
         raise ConfigError(
             "config.rl.log_kl_ref=True logs train/kl_ref from the loss's KL term, which "
             "kl_in_reward=True moves into the rewards (logged there as rollout/kl_reward_*): "
             "set one of them False"
         )
-    if rl.token_advantages and per_response:
+    if rl.token_advantages and objective.per_response:
         raise ConfigError(
             f"config.rl.token_advantages=True gives every token its response's advantage "
             f"([B, T]), but {name} has one ratio per response; use an "
-            "objective with per-token ratios (grpo, dapo, dr_grpo, cispo, sapo, gspo_token) "
+            f"objective with per-token ratios ({per_token}) "
             "or set --config.rl.token_advantages=False"
         )
     return objective
@@ -272,7 +258,7 @@ def make_model_config(config: ml_collections.ConfigDict, task: tasks.Task) -> mo
             f"config.rl.routing_replay=True needs an MoE model, but preset "
             f"{config.model.preset!r} is dense; use a *_moe preset or turn routing_replay off"
         )
-    router_lr_scale = config.optimizer.get("router_lr_scale", 1.0)
+    router_lr_scale = config.optimizer.router_lr_scale
     if not router_lr_scale > 0:
         raise ConfigError(
             f"config.optimizer.router_lr_scale={router_lr_scale} multiplies the MoE routers' "
@@ -295,7 +281,7 @@ def make_model_config(config: ml_collections.ConfigDict, task: tasks.Task) -> mo
 def checkpoint_model_config(config: ml_collections.ConfigDict) -> models.ModelConfig:
     """The model of config.init.checkpoint (its config.json; compute dtype config.model.dtype):
     a run that starts from a released checkpoint takes its shapes from there, not a preset."""
-    path = config.init.get("checkpoint", "")
+    path = config.init.checkpoint
     cfg_file = os.path.join(path, "config.json")
     if not path or not os.path.exists(cfg_file):
         raise ConfigError(
@@ -321,7 +307,7 @@ def check_eval_split(config: ml_collections.ConfigDict, task: tasks.Task) -> Non
             f"{list(task.splits)}. Set --config.eval.split=test (the held-out problems)"
         )
     if task.data_path:  # released files: the run reads the train split and the eval split
-        from gspo_jax import data_files
+        from gspo_jax.data import files as data_files
 
         present = data_files.present_splits(task)
         needed = ["train"] + ([split] if config.eval.num_problems else [])
@@ -371,7 +357,7 @@ def check_lengths(
 def mesh_devices(config: ml_collections.ConfigDict) -> list:
     """The devices the mesh spans: all of them, or the first config.num_devices (single-process
     only; lets one process compare a 1-device run with an 8-device run)."""
-    n = config.get("num_devices", -1)
+    n = config.num_devices
     if n is None or n < 0:
         return list(jax.devices())
     if jax.process_count() > 1:
@@ -381,28 +367,6 @@ def mesh_devices(config: ml_collections.ConfigDict) -> list:
             f"config.num_devices={n}, but {jax.device_count()} devices exist; use -1 for all"
         )
     return list(jax.devices()[:n])
-
-
-@dataclasses.dataclass
-class Run:
-    """Everything built from the config before the first step."""
-
-    config: ml_collections.ConfigDict
-    workdir: str
-    mesh: Any
-    task: Any
-    model_cfg: models.ModelConfig
-    objective: objectives.Objective
-    estimator: str
-    graphdef: Any
-    rest: Any  # non-trainable model state (empty for the Transformer)
-    tx: Any
-    schedule: Any
-    state_shardings: Any
-    updates_per_step: int
-    abs_params: Any  # ShapeDtypeStructs with shardings: the restore target
-    rollout_graphdef: Any  # the model computing in config.rl.rollout_dtype (same parameters)
-    uses_rollout_logp: bool  # the objective reads the rollout's log-probs (correction, masking)
 
 
 def _split_model(model):
@@ -482,7 +446,7 @@ def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
 def _base_model(config, task, model_cfg, cache_dir: str, *, mesh, progress: bool):
     """warmstart.get_base_model for this config; a multi-host run with a cold cache is a
     ConfigError (one clear line from main.py, not a traceback on every host)."""
-    from gspo_jax import warmstart
+    from gspo_jax.rl import warmstart
 
     try:
         return warmstart.get_base_model(
@@ -499,7 +463,7 @@ def _base_model(config, task, model_cfg, cache_dir: str, *, mesh, progress: bool
 
 
 def cache_dir_of(config) -> str:
-    from gspo_jax import warmstart
+    from gspo_jax.rl import warmstart
 
     return config.init.cache_dir or warmstart.default_cache_dir()
 
@@ -545,10 +509,7 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
         updates_per_step=updates_per_step,
         abs_params=abs_params,
         rollout_graphdef=rollout_graphdef,
-        uses_rollout_logp=bool(
-            getattr(objective, "rollout_correction", None)
-            or getattr(objective, "off_policy_mask", None) is not None
-        ),
+        uses_rollout_logp=objective.reads_rollout_logp,
     )
 
 

@@ -44,21 +44,25 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from gspo_jax import checkpoint as checkpoint_lib
-from gspo_jax import distributed, pod, rl_batch, rundir, sharding
-from gspo_jax import experiment as exp
-from gspo_jax import metrics as metrics_lib
-from gspo_jax import train_step as ts
+from gspo_jax.data import iterator as data_iterator
+from gspo_jax.rl import batch as rl_batch
+from gspo_jax.rl import build as exp
+from gspo_jax.rl import step as ts
+from gspo_jax.runtime import agreement as pod
+from gspo_jax.runtime import checkpoint as checkpoint_lib
+from gspo_jax.runtime import metrics as metrics_lib
+from gspo_jax.runtime import rundir, sharding
+from gspo_jax.state import Run, TrainState
 
 # ------------------------------------------------------------------------------ evaluation
 
 
-def evaluate(run: exp.Run, params) -> dict[str, float] | None:
+def evaluate(run: Run, params) -> dict[str, float] | None:
     """Held-out evaluation with the tasks' evaluation function, as eval/ metrics.
 
     None when evaluation is off (config.eval.num_problems = 0).
     """
-    from gspo_jax import evaluation
+    from gspo_jax.rl import evaluation
 
     ev = run.config.eval
     if ev.num_problems <= 0:
@@ -172,7 +176,7 @@ class Session:
         self.config, self.workdir = self.run.config, self.run.workdir
         self.ckpt_dir = os.path.join(self.workdir, "checkpoints")
         # nothing is written before the config check
-        self.data_iter = distributed.make_data_iterator(self.config, self.run.task)
+        self.data_iter = data_iterator.make_data_iterator(self.config, self.run.task)
         self.ckpt = checkpoint_lib.Checkpointer(
             self.ckpt_dir,
             save_every=self.config.checkpoint.every,
@@ -243,7 +247,7 @@ class Session:
             )
         return writer
 
-    def _resume(self, step: int, state: exp.TrainState, meta: dict) -> None:
+    def _resume(self, step: int, state: TrainState, meta: dict) -> None:
         """The restored state; the reference parameters are the base policy's, loaded again."""
         self.state = state
         self.prior_wall = float(meta.get("wall_s", 0.0))
@@ -367,7 +371,7 @@ class Session:
 
 def _checked_run(
     config: ml_collections.ConfigDict, workdir: str, *, start_fresh: bool, notes: list[str]
-) -> exp.Run:
+) -> Run:
     """The run, once every process agrees it runs this valid config in this shared workdir.
 
     ``start_fresh`` then moves the earlier run's checkpoints and files aside.

@@ -30,11 +30,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from gspo_jax import distributed, rl_batch, rollout, sharding
-from gspo_jax import metrics as metrics_lib
-from gspo_jax.experiment import Run, TrainState, step_keys
-from gspo_jax.logprob_passes import make_route_change_fn, run_logprob_fn
-from gspo_jax.update import make_update_fn
+from gspo_jax import rollout
+from gspo_jax.rl import batch as rl_batch
+from gspo_jax.rl.logprob_passes import make_route_change_fn, run_logprob_fn
+from gspo_jax.rl.update import make_update_fn
+from gspo_jax.runtime import distributed, sharding
+from gspo_jax.runtime import metrics as metrics_lib
+from gspo_jax.state import Run, TrainState, step_keys
 
 LOGP_NOISE_STREAM = 0x6C6F6770  # fold_in constant of the log-prob noise's key ("logp")
 
@@ -54,7 +56,7 @@ def make_rollout_fn(run: Run):
     eos_id, pad_id = run.task.tokenizer.eos_id, run.task.tokenizer.pad_id
     # Routing Replay replays the rollout's routes; log_route_change compares them after the update
     with_routes = rl.routing_replay or rl.log_route_change
-    noise_std = float(rl.get("rollout_logp_noise", 0.0))
+    noise_std = float(rl.rollout_logp_noise)
 
     def fn(params, prompts, lengths, key):
         model = nnx.merge(run.rollout_graphdef, params, run.rest)
@@ -176,7 +178,7 @@ def make_phases(run: Run, state: TrainState, with_ref: bool) -> Phases:
         ref,
         update,
         make_route_change_fn(run) if rl.log_route_change else None,
-        rl_batch.make_kl_reward_fn(run) if rl.get("kl_in_reward", False) and with_ref else None,
+        rl_batch.make_kl_reward_fn(run) if rl.kl_in_reward and with_ref else None,
     )
 
 

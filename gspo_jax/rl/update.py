@@ -28,10 +28,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gspo_jax import objectives, sharding
-from gspo_jax.experiment import TrainState
-from gspo_jax.logprob_passes import forward
-from gspo_jax.rl_batch import RLBatch
+from gspo_jax import objectives
+from gspo_jax.rl.batch import RLBatch
+from gspo_jax.rl.logprob_passes import forward
+from gspo_jax.runtime import sharding
+from gspo_jax.state import TrainState
 
 
 def make_update_fn(

@@ -10,8 +10,8 @@ has ended, summary.json. Here:
     print(s)                                                # 0.2156 [0.2101, 0.2203] (3 seeds)
     analysis.plot_arms(ax, {"GSPO": arms["gspo"]}, "rollout/reward")
 
-The verdicts are not made here: gspo_jax/verdicts.py decides them from the claims registry
-(experiments/claims_registry.py), on per-seed numbers read with these functions.
+The verdicts are not made here: notebooks/reporting/verdicts.py decides them from the claims
+registry (experiments/claims_registry.py), on per-seed numbers read with these functions.
 
 The spread of an arm is its mean over seeds with the min and max over seeds (not a confidence
 interval: three seeds do not support one). Nothing here trains; it only reads files.
@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from gspo_jax import metrics as metrics_lib
+from gspo_jax.runtime import metrics as metrics_lib
 
 _SEED_SUFFIX = re.compile(r"^(?P<arm>.+)_s(?P<seed>\d+)$")
 
@@ -274,7 +274,8 @@ def base_policy_groups(
     import ml_collections
     from flax import nnx
 
-    from gspo_jax import data, experiment, rollout
+    from gspo_jax import data, rollout
+    from gspo_jax.rl import build as experiment
 
     config = ml_collections.ConfigDict(run.config)
     config.log.progress = False

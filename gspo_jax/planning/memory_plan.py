@@ -31,7 +31,7 @@ Slices (config.slice): ``v5p-N`` and ``v4-N`` count TensorCores (two per chip), 
 Time (an estimate). The plan also counts, per device, the FLOPs and HBM bytes of three compiled
 programs -- one decode step of the rollout (compiled alone: rollout.decode_step, over the
 shared-prefix cache of the middle decode phase, see decode_chunks), the rollout and
-the update -- with every loop counted its trip count (gspo_jax/hlo_cost.py; XLA's own
+the update -- with every loop counted its trip count (gspo_jax/planning/hlo_cost.py; XLA's own
 cost_analysis counts a loop body once, and the layers, minibatches, micro-batches and decode
 steps are all loops), and turns them into a roofline time: max(FLOPs / peak FLOP/s, bytes / HBM
 bandwidth) of the chip. The rollout is its decode steps (T - 1 of them, the most a rollout runs)
@@ -54,9 +54,12 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from gspo_jax import config as config_lib
-from gspo_jax import hlo_cost, models, rl_batch, rollout, sharding
-from gspo_jax import train_step as ts
-from gspo_jax.rl_batch import RLBatch
+from gspo_jax import models, rollout
+from gspo_jax.planning import hlo_cost
+from gspo_jax.rl import batch as rl_batch
+from gspo_jax.rl import step as ts
+from gspo_jax.rl.batch import RLBatch
+from gspo_jax.runtime import sharding
 
 GIB = 2**30
 HEADROOM = 0.9  # keep 10 % of HBM for the runtime, fragmentation and what XLA does not count
@@ -132,7 +135,7 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     Keys: slice, devices, mesh, the per-device bytes listed in the module docstring, needed,
     hbm, fits, and the compile seconds of each program.
     """
-    from gspo_jax import experiment as exp
+    from gspo_jax.rl import build as exp
 
     slc = get_slice(config.slice)
     if jax.device_count() != slc.devices:

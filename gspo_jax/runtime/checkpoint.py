@@ -54,11 +54,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from gspo_jax import pod
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint problem the user has to act on; the message is one line naming the fix."""
+from gspo_jax.errors import CheckpointError
+from gspo_jax.errors import one_line as _one_line
+from gspo_jax.runtime import agreement as pod
 
 
 class CheckpointSaveError(CheckpointError):
@@ -164,15 +162,6 @@ class _MuteOrbaxBackgroundErrors(logging.Filter):
 
 
 _MUTE = _MuteOrbaxBackgroundErrors()
-
-
-def _one_line(e: BaseException, limit: int = 240) -> str:
-    """``Type: first line of the message`` of the innermost cause, shortened."""
-    while e.__cause__ is not None or (e.__context__ is not None and not str(e).strip()):
-        e = e.__cause__ or e.__context__
-    text = (str(e).strip().splitlines() or [""])[0]
-    text = text if len(text) <= limit else text[: limit - 3] + "..."
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def _is_timeout(one_line: str) -> bool:

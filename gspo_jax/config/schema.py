@@ -1,0 +1,213 @@
+"""The config schema: every field of an experiment, its default, its type and what it means.
+
+default_config() is the library's, and the default experiment's (configs/arith.py: GSPO on
+multi-digit addition from a supervised warm start). A config file starts from it and changes
+fields; it adds none (the config is locked, so a misspelt field is an error). Each field's type is
+its default's (or, for a field whose default is None, its typed placeholder), which is what
+``--config.x.y=`` overrides parse against; the checks of a field's value are in checks.py, named
+by the field.
+
+The objective's fields are the objective library's own override list
+(objectives.OVERRIDABLE_FIELD_TYPES), all None: the preset's value.
+
+Dimension legend: none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+from ml_collections import config_dict
+
+from gspo_jax import objectives
+
+# Objective fields a config may override (None means "the preset's value"): the objective
+# library's own list, so a field added there is overridable here too.
+OBJECTIVE_FIELDS = objectives.OVERRIDABLE_FIELDS
+# well under orbax's 1,200 s save barrier and the coordinator's 300 s
+MULTIHOST_TIMEOUT_S = 120.0
+
+
+def objective_placeholders() -> ml_collections.ConfigDict:
+    """The override fields of an objective, all None (= preset value) but typed for the CLI.
+
+    Derived from the Objective dataclass (objectives.OVERRIDABLE_FIELD_TYPES: each field's type
+    besides None), so a field added there is ``--config.objective.<field>=...`` here too.
+    """
+    return ml_collections.ConfigDict(
+        {
+            name: config_dict.placeholder(typ)
+            for name, typ in objectives.OVERRIDABLE_FIELD_TYPES.items()
+        }
+    )
+
+
+def objective_overrides(objective_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of config.objective that are set (not None), minus the preset name."""
+    return {
+        k: objective_cfg[k]
+        for k in OBJECTIVE_FIELDS
+        if k in objective_cfg and objective_cfg[k] is not None
+    }
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """Every field with its default (unlocked: a config file changes fields, then locks it)."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+
+    c.task = ml_collections.ConfigDict()
+    c.task.name = "arith"
+    # Knobs of tasks.get_task(name, **kwargs); {} = the task's own defaults.
+    c.task.kwargs = ml_collections.ConfigDict()
+
+    c.data = ml_collections.ConfigDict()
+    c.data.data_dir = ""  # "" = the TFDS default under the cache dir
+    c.data.seed = -1  # -1 = config.seed
+    # Multi-host: "slice" = every host reads the global batch and keeps its rows (results do not
+    # depend on the process count); "records" = each host reads a disjoint shard of the records.
+    c.data.process_sharding = "slice"
+
+    c.model = ml_collections.ConfigDict()
+    c.model.preset = "small"  # models.get_model_config preset; vocab comes from the tokenizer
+    c.model.dtype = "float32"
+    # MoE presets: how the experts run (models/config.py; None = the preset's: sparse, dropless,
+    # the platform's grouped-matmul kernel). "dense" is the reference dispatch.
+    c.model.moe_dispatch = config_dict.placeholder(str)
+    c.model.moe_kernel = config_dict.placeholder(str)
+    c.model.moe_capacity_factor = config_dict.placeholder(float)
+    # What each scanned decoder layer keeps for the backward pass: "none", "full" or a
+    # jax.checkpoint_policies name (models.config.REMAT_POLICIES); memory against recompute.
+    c.model.remat = "none"
+    # Attention kernel (models/attention.py): None = the ModelConfig default "auto" (splash on
+    # TPU, cuDNN on GPU, else blockwise past one key block); "blockwise" or "reference" forces one.
+    c.model.attention = config_dict.placeholder(str)
+    # Fields of the preset a config may change (None = the preset's): the MoE volatility doses'
+    # expert counts, a released checkpoint's padded vocabulary.
+    c.model.num_experts = config_dict.placeholder(int)
+    c.model.experts_per_token = config_dict.placeholder(int)
+    c.model.vocab_size = config_dict.placeholder(int)
+
+    c.init = ml_collections.ConfigDict()
+    c.init.kind = "warmstart"  # or "random" (tests that need no good policy), or "hf"
+    c.init.checkpoint = ""  # kind "hf": a Hugging Face checkpoint folder (configs/qwen3_gsm8k.py)
+    c.init.cache_dir = ""  # "" = $GSPO_JAX_CACHE or ~/.cache/gspo_jax
+    # The supervised warm start (rl/warmstart.py get_base_model's warm_cfg); every field keys its
+    # cache. A config that depends on its base pins these (configs/arith.py does).
+    c.init.warmstart = ml_collections.ConfigDict(
+        dict(
+            steps=2400,
+            batch_size=16,
+            learning_rate=1e-2,
+            warmup_steps=50,
+            end_lr_ratio=0.1,
+            weight_decay=0.01,
+            grad_clip=1.0,
+            loss_norm="sequence",
+            seed=0,
+        )
+    )
+
+    c.rl = ml_collections.ConfigDict()
+    c.rl.num_steps = 80  # the greedy policy switches to the worked format around step 40-50
+    c.rl.prompts_per_step = 16  # P
+    c.rl.group_size = 8  # G
+    c.rl.max_new_tokens = 0  # T; 0 = task.max_response_len (fits the longest worked answer)
+    c.rl.temperature = 1.0
+    c.rl.top_k = 0
+    c.rl.top_p = 1.0
+    c.rl.num_epochs = 1  # μ
+    c.rl.num_minibatches = 4  # K (GSPO paper): the ratio moves off 1 after the first update
+    c.rl.num_microbatches = 1  # gradient accumulation inside a minibatch (global normalisation)
+    c.rl.shuffle_minibatches = True
+    c.rl.advantage_estimator = config_dict.placeholder(str)  # None = the objective's pairing
+    c.rl.adv_eps = 1e-6
+    c.rl.adv_std_ddof = 0
+    # grpo's std: "group" (per group), "batch" (all B rewards, LitePPO), "none" (= dr_grpo)
+    c.rl.scale_rewards = "group"
+    # True: the objective's kl_coef · (old_logp − ref_logp) is subtracted from the token rewards
+    # (verl's use_kl_in_reward) instead of entering the loss
+    c.rl.kl_in_reward = False
+    # True: log train/kl_ref, the policy's KL to the base policy, also when kl_coef is 0 (one more
+    # forward pass per step and a copy of the parameters; the loss is unchanged)
+    c.rl.log_kl_ref = False
+    c.rl.recompute_old_logp = False  # True: old_logp from a trainer forward instead of the sampler
+    c.rl.routing_replay = False  # MoE: replay the old policy's expert routes in the update
+    # True: every token gets its response's advantage ([B, T] instead of [B]): the objective's
+    # per-token path (for gspo_token: s_i,t rather than its [B] shortcut to GSPO's s_i)
+    c.rl.token_advantages = False
+    c.rl.log_route_change = False  # MoE: log train/route_change_frac (one extra forward per step)
+    c.rl.aux_loss_coef = 0.0  # MoE load-balancing loss weight
+    # Warn when every group's rewards have been equal (no learning signal) this many steps in a
+    # row (0: never); stop_on_collapse=True then also saves and stops the run.
+    c.rl.collapse_patience = 20
+    c.rl.stop_on_collapse = False
+    # The rollout's compute dtype ("" = the model's; "bfloat16" under a float32 trainer gives a
+    # real training-inference mismatch). With recompute_old_logp=True the sampler's log-probs
+    # become rollout_logp (objective.rollout_correction / off_policy_mask read them).
+    c.rl.rollout_dtype = ""
+    # Gaussian noise of this std added to each sampled token's reported log-prob (0 = none): a
+    # dose of sampler-trainer mismatch for the rollout-log-probs claim
+    c.rl.rollout_logp_noise = 0.0
+    # DAPO dynamic sampling: drop groups whose rewards are all equal and draw more prompts, up to
+    # max_gen_batches rollouts per step; overlong shaping (tokens; penalty 0 = off) and masking
+    # truncated responses out of the loss.
+    c.rl.dynamic_sampling = False
+    c.rl.max_gen_batches = 3
+    c.rl.overlong_buffer = 0
+    c.rl.overlong_penalty = 0.0
+    c.rl.mask_truncated = False
+
+    c.objective = objective_placeholders()
+    c.objective.name = "gspo"
+
+    c.optimizer = ml_collections.ConfigDict()
+    # A prototype collapsed at 3e-4 (responses fell to the short format with zero reward) and
+    # trained well at a constant 1e-4: keep the schedule here, visible and overridable.
+    c.optimizer.learning_rate = 1e-4
+    c.optimizer.schedule = "constant"  # constant | cosine | linear (after warmup)
+    c.optimizer.warmup_updates = 0  # in optimizer updates (RL steps x epochs x minibatches)
+    c.optimizer.end_lr_ratio = 0.0
+    c.optimizer.b1 = 0.9
+    c.optimizer.b2 = 0.999
+    c.optimizer.eps = 1e-8
+    c.optimizer.weight_decay = 0.0
+    c.optimizer.grad_clip = 1.0
+    # MoE: the routers' step size relative to the rest of the model's (1.0 = the same step), a
+    # dose of route volatility (configs/arith_moe.py)
+    c.optimizer.router_lr_scale = 1.0
+
+    c.eval = ml_collections.ConfigDict()
+    c.eval.every = 40  # RL steps; 0 = only at the start and the end
+    c.eval.at_start = True  # evaluate the base policy before RL (the summary's "base")
+    c.eval.split = "test"
+    c.eval.num_problems = 200  # 0 = no evaluation at all
+    c.eval.pass_k = 1  # samples per problem for pass@k / sample accuracy (costs k rollouts)
+    c.eval.max_new_tokens = 0  # 0 = rl.max_new_tokens
+    c.eval.batch_size = 64
+    c.eval.seed = 0
+
+    c.checkpoint = ml_collections.ConfigDict()
+    c.checkpoint.every = 40
+    c.checkpoint.max_to_keep = 2
+    c.checkpoint.async_save = True
+
+    # A pod run (several processes): the longest any process waits for another at an agreement
+    # (checkpoint restore/save, stop signals) before it stops with a one-line error naming the
+    # peer; the watchdog's heartbeat timeout too (docs/resilience.md).
+    c.multihost = ml_collections.ConfigDict()
+    c.multihost.timeout_s = MULTIHOST_TIMEOUT_S  # seconds
+
+    # Mesh axis sizes (-1 fills the remaining devices); a TPU pod slice might use data=-1, fsdp=4.
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
+    c.num_devices = -1  # -1 = every device; n = the first n (single-process comparisons)
+    # The TPU slice a --dry_run plans for (planning/memory_plan.py SLICES; None = no plan)
+    c.slice = config_dict.placeholder(str)
+
+    c.log = ml_collections.ConfigDict()
+    c.log.tensorboard = True
+    c.log.progress = True
+
+    return c

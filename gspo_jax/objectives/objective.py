@@ -1,0 +1,246 @@
+"""The Objective: a ratio level, a surrogate, an aggregation and field values, called on a
+minibatch's log-probs (the module docstring of gspo_jax.objectives has the equations).
+
+Dimension legend: B response rows, T padded response length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from gspo_jax.objectives.ratios import _RATIO_LEVELS, PER_RESPONSE_LEVELS
+from gspo_jax.objectives.sums import Sums, _unit_sums
+from gspo_jax.objectives.surrogates import _SURROGATES, _Tokens
+from gspo_jax.objectives.terms import (
+    LOG_W_EDGES,
+    _clipped_tokens_per_row,
+    _per_token,
+    _tokens_per_row,
+    _unit_product,
+    clamped_exp,
+    kl_estimate,
+    masked_quantile,
+    off_policy_keep,
+    rollout_correction_weight,
+)
+from gspo_jax.objectives.validation import _as_float32, _check_inputs, _check_rank2, _validate
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Objective:
+    """A policy objective; call it, or use `.sums` for micro-batches and shards.
+
+    Build one with `get_objective(name, **overrides)` (or dataclasses.replace on one). Frozen and
+    hashable, so it can be a static argument of jit. name, ratio_level and surrogate are the
+    preset's structure; every other field is overridable (OVERRIDABLE_FIELDS). Fields: see the
+    module docstring; max_len is used by seq-mean-token-sum-norm only, dual_clip None is off,
+    eps_low / eps_high are unused by sapo and tau_pos / tau_neg by the other surrogates.
+    """
+
+    name: str
+    ratio_level: str
+    surrogate: str
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    aggregation: str
+    max_len: int | None = None
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    dual_clip: float | None = None
+    tau_pos: float = 1.0  # sapo: the gate's temperature where A > 0
+    tau_neg: float = 1.05  # sapo: where A <= 0 (sharper: damps the destabilising updates)
+    rollout_correction: str | None = None  # None | one of ROLLOUT_CORRECTIONS
+    rollout_is_min: float | None = None  # lower bound of the correction weight (None: none)
+    rollout_is_max: float = 3.0  # upper bound of the correction weight
+    off_policy_mask: float | None = None  # δ of off-policy sequence masking (None: off)
+    delta: float | None = None  # clip, clip_cov: two-sided clip, ρ ≤ delta (None: off)
+    clip_ratio_c: float | None = None  # dppo_*: cap of the detached ratio (set by the preset)
+    clip_cov_ratio: float | None = None  # clip_cov: fraction of tokens to detach
+    clip_cov_lb: float | None = None  # clip_cov: covariance window (lb, ub)
+    clip_cov_ub: float | None = None
+    kl_cov_ratio: float | None = None  # kl_cov: fraction of tokens to penalise
+    ppo_kl_coef: float | None = None  # kl_cov: weight of |logp − old_logp| on them
+    top_entropy_quantile: float = 1.0  # train only on this top fraction of tokens by entropy
+    entropy_coef: float = 0.0  # loss −= entropy_coef · aggregated entropy
+    kl_unbiased: bool = False  # KL term weighted by the ratio (DeepSeek-V3.2's unbiased KL)
+    log_w_percentiles: bool = False  # log percentiles of |δ| (one count per LOG_W_EDGES edge)
+
+    def __post_init__(self):
+        _validate(self)
+
+    def __call__(
+        self, logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None, entropy=None
+    ) -> tuple[jax.Array, dict]:
+        """(loss, metrics) of one minibatch: loss = num / den of `self.sums`."""
+        return self.sums(logp, old_logp, adv, mask, ref_logp, rollout_logp, entropy).finalize()
+
+    @property
+    def per_response(self) -> bool:
+        """One ratio per response (sequence, geometric): its advantages must be [B]."""
+        return self.ratio_level in PER_RESPONSE_LEVELS
+
+    @property
+    def reads_rollout_logp(self) -> bool:
+        """Whether a term weighs the rollout engine's log-probs against old_logp (rollout
+        correction, off-policy masking): rollout_logp= must then be given."""
+        return self.rollout_correction is not None or self.off_policy_mask is not None
+
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether a term reads the policy's per-token entropy (entropy= must then be given)."""
+        return self.entropy_coef > 0 or self.top_entropy_quantile < 1
+
+    def denominator(self, mask: jax.Array) -> jax.Array:
+        """The aggregation's normaliser for this (part of the) minibatch; adds over parts."""
+        _check_rank2("mask", mask)
+        return self._denominator(_as_float32(mask).sum(-1), mask.shape[1])
+
+    def _denominator(self, n_tok, t_padded):
+        rows = (n_tok > 0).sum().astype(jnp.float32)  # R: non-empty rows
+        if self.aggregation == "token-mean":
+            return n_tok.sum()
+        if self.aggregation == "seq-mean-token-sum-norm":
+            return rows * float(self.max_len if self.max_len is not None else t_padded)
+        return rows
+
+    def _aggregate_token_sums(self, row_sums, n_tok):
+        """num from row_sums [B] = Σ_t ℓ_{i,t}: the token mean per response, or the sum."""
+        if self.aggregation == "seq-mean-token-mean":
+            return (row_sums / jnp.maximum(n_tok, 1.0)).sum()
+        return row_sums.sum()
+
+    def _aggregate_response_losses(self, loss, n_tok):
+        """num from a response-level L_i [B], counted once on each of the |y_i| tokens."""
+        if self.aggregation == "seq-mean-token-mean":
+            return loss.sum()  # (1/|y_i|) Σ_t L_i = L_i
+        return (loss * n_tok).sum()
+
+    def sums(
+        self, logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None, entropy=None
+    ) -> Sums:
+        """Sums(num, den, metric sums) of this (part of the) minibatch; see the module docstring."""
+        logp, old_logp, adv, mask, ref_logp, rollout_logp, entropy = _check_inputs(
+            self, logp, old_logp, adv, mask, ref_logp, rollout_logp, entropy
+        )
+        sg = jax.lax.stop_gradient
+        valid = mask > 0  # [B, T]
+        n_tok = mask.sum(-1)  # [B] |y_i|
+        nonempty = n_tok > 0  # [B]
+        delta = jnp.where(valid, logp - old_logp, 0.0)  # [B, T] δ; padding (even NaN) -> 0
+        adv = jnp.where(valid if adv.ndim == 2 else nonempty, adv, 0.0)  # [B] or [B, T]
+
+        if entropy is not None:
+            entropy = jnp.where(valid, entropy, 0.0)  # [B, T] H_{i,t}; padding (even NaN) -> 0
+        ratio = _RATIO_LEVELS[self.ratio_level](self, delta, adv, mask)  # ρ per unit
+        unit_adv = _per_token(adv) if ratio.rho.ndim == 2 else adv  # A per unit: broadcasts to ρ
+        tok = _Tokens(jnp.where(valid, logp, 0.0), jnp.where(valid, old_logp, 0.0), mask)
+        terms = _SURROGATES[self.surrogate](self, ratio, unit_adv, tok)
+        loss = terms.loss if terms.loss.ndim == 2 else jnp.where(nonempty, terms.loss, 0.0)
+        weight, weight_metrics = self._loss_weight(logp, old_logp, adv, mask, rollout_logp, entropy)
+        if weight is not None:
+            loss = _unit_product(loss, weight)  # [B, T] or [B]: c·m·ℓ
+
+        # Padding is dropped with where, not * mask (the same value): XLA:CPU then computes ℓ in
+        # one fused pass instead of materialising its per-response factors as [B, T] arrays.
+        if loss.ndim == 2:
+            pg_num = self._aggregate_token_sums(jnp.where(valid, loss, 0.0).sum(-1), n_tok)
+        else:
+            pg_num = self._aggregate_response_losses(loss, n_tok)
+        # Per-token terms beside ℓ: β·KL_{i,t} and −entropy_coef·H_{i,t}, aggregated like ℓ.
+        extra, extra_num = 0.0, 0.0
+        if ref_logp is not None:
+            x = jnp.where(valid, ref_logp - logp, 0.0)  # [B, T] log π_ref/π_θ, 0 on padding
+            kl = kl_estimate(x, self.kl_estimator)  # [B, T] KL_{i,t}, 0 on padding
+            if self.kl_unbiased:  # DeepSeek-V3.2: weighted by the (undetached) ratio
+                kl = kl * _per_token(ratio.rho if ratio.log_clip is None else ratio.reported)
+            kl_rows = (kl * mask).sum(-1)  # [B] Σ_t KL_{i,t}
+            kl_num = self._aggregate_token_sums(kl_rows, n_tok)
+            extra, extra_num = extra + self.kl_coef * kl, extra_num + self.kl_coef * kl_num
+        if self.entropy_coef > 0:
+            ent_num = self._aggregate_token_sums(jnp.where(valid, entropy, 0.0).sum(-1), n_tok)
+            extra = extra - self.entropy_coef * entropy
+            extra_num = extra_num - self.entropy_coef * ent_num
+        num = pg_num
+        if ref_logp is not None or self.entropy_coef > 0:
+            if loss.ndim == 2:  # one pass over ℓ + the extra terms (pg_num etc.: metrics only)
+                per_token = jnp.where(valid, loss + extra, 0.0)
+                num = self._aggregate_token_sums(per_token.sum(-1), n_tok)
+            else:
+                num = pg_num + extra_num
+
+        row_low, row_high = _clipped_tokens_per_row(terms, adv, mask, n_tok)  # [B], [B]
+        reported = sg(ratio.reported)  # [B, T] per token or [B] per response; > 0
+        units = mask if reported.ndim == 2 else nonempty.astype(jnp.float32)  # ratio units, 0/1
+        metrics = {
+            "tokens": n_tok.sum(),
+            "rows": nonempty.sum().astype(jnp.float32),
+            "clip_low_tokens": row_low.sum(),
+            "clip_high_tokens": row_high.sum(),
+            "seq_clip_sum": ((row_low + row_high) / jnp.maximum(n_tok, 1.0)).sum(),
+            **_unit_sums("ratio", reported, units),
+            # k3 of x = log π_θ/π_old at tokens sampled from π_old: estimates KL[π_old ‖ π_θ].
+            "approx_kl_sum": jnp.where(valid, kl_estimate(sg(delta), "k3"), 0.0).sum(),
+            "pg_num": pg_num,
+            **weight_metrics,
+        }
+        if reported.ndim == 1:  # one ratio per response: also the token ratios' range under it
+            metrics.update(_unit_sums("token_ratio", clamped_exp(sg(delta)), mask))
+        if self.dual_clip is not None:  # A < 0 and ρ > c: the dual clip bounds the loss
+            dual = (unit_adv < 0) & (sg(ratio.rho) > self.dual_clip)
+            metrics["dual_clip_tokens"] = _tokens_per_row(dual, mask, n_tok).sum()
+        if ref_logp is not None:
+            metrics["kl_ref_sum"] = kl_rows.sum()
+            metrics["kl_num"] = kl_num
+        if self.entropy_coef > 0:
+            metrics["entropy_num"] = ent_num
+        if self.delta is not None:  # A < 0 and ρ > δ: the two-sided clip bounds the loss
+            capped = (unit_adv < 0) & (sg(ratio.rho) > self.delta)
+            metrics["delta_clip_tokens"] = _tokens_per_row(capped, mask, n_tok).sum()
+        if terms.selected is not None:
+            metrics["cov_selected_tokens"] = jnp.where(terms.selected, mask, 0.0).sum()
+        if self.log_w_percentiles:  # [edges] tokens with |δ| <= each edge
+            abs_delta = jnp.abs(sg(delta))  # [B, T], 0 on padding
+            metrics["abs_log_w_below"] = jnp.stack(
+                [jnp.where(abs_delta <= e, mask, 0.0).sum() for e in LOG_W_EDGES]
+            )
+        metrics = {k: sg(v) for k, v in metrics.items()}
+        return Sums(num, self._denominator(n_tok, mask.shape[1]), metrics)
+
+    def _loss_weight(self, logp, old_logp, adv, mask, rollout_logp, entropy):
+        """(c·m, metric sums): the detached weight on ℓ, [B] or [B, T], or (None, {}) if off.
+        m includes the high-entropy mask (top_entropy_quantile < 1)."""
+        weight, metrics = None, {}
+        if self.top_entropy_quantile < 1:  # the "80/20" paper, TRL's get_high_entropy_mask
+            threshold = masked_quantile(entropy, mask, 1.0 - self.top_entropy_quantile)
+            high = (jax.lax.stop_gradient(entropy) >= threshold) & (mask > 0)  # [B, T]
+            metrics["entropy_kept_tokens"] = jnp.where(high, mask, 0.0).sum()
+            weight = high.astype(mask.dtype)
+        if not self.reads_rollout_logp:
+            return weight, metrics
+        valid = mask > 0  # [B, T]
+        n_tok = mask.sum(-1)  # [B]
+        if self.rollout_correction is not None:
+            log_mismatch = jnp.where(valid, old_logp - rollout_logp, 0.0)  # [B, T] Δ
+            c = jax.lax.stop_gradient(
+                rollout_correction_weight(
+                    self.rollout_correction,
+                    log_mismatch,
+                    self.rollout_is_min,
+                    self.rollout_is_max,
+                    mask,
+                )
+            )  # [B, T] per token or [B] per response
+            units = mask if c.ndim == 2 else (n_tok > 0).astype(jnp.float32)
+            metrics.update(_unit_sums("rollout_is", c, units))
+            metrics["rollout_is_masked_tokens"] = _tokens_per_row(c == 0, mask, n_tok).sum()
+            weight = c if weight is None else _unit_product(weight, c)
+        if self.off_policy_mask is not None:
+            keep = off_policy_keep(adv, logp, rollout_logp, mask, self.off_policy_mask)
+            dropped = _tokens_per_row(~keep, mask, n_tok)  # [B] dropped tokens per response
+            metrics["opsm_drop_sum"] = (dropped / jnp.maximum(n_tok, 1.0)).sum()
+            m = keep.astype(jnp.float32)  # [B] or [B, T]
+            weight = m if weight is None else _unit_product(weight, m)
+        return weight, metrics

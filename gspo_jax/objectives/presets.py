@@ -1,0 +1,82 @@
+"""The presets (one line per objective of the family) and the fields a config may override.
+
+Dimension legend: none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+
+from gspo_jax.objectives.objective import Objective
+from gspo_jax.objectives.ratios import PER_RESPONSE_LEVELS
+
+_GSPO_EPS = dict(eps_low=3e-4, eps_high=4e-4)  # GSPO §5.1
+_SMTM = "seq-mean-token-mean"
+
+
+def _preset(ratio_level: str, surrogate: str, aggregation: str, **fields) -> dict:
+    return dict(ratio_level=ratio_level, surrogate=surrogate, aggregation=aggregation, **fields)
+
+
+PRESETS: dict[str, dict] = {
+    "grpo": _preset("token", "clip", _SMTM, eps_low=0.2, eps_high=0.2, kl_coef=0.04),
+    "dapo": _preset("token", "clip", "token-mean", eps_low=0.2, eps_high=0.28),
+    "dr_grpo": _preset("token", "clip", "seq-mean-token-sum-norm", eps_low=0.2, eps_high=0.2),
+    "gspo": _preset("sequence", "clip", _SMTM, **_GSPO_EPS),
+    "gspo_token": _preset("sequence_token", "clip", _SMTM, **_GSPO_EPS),
+    "luspo": _preset("sequence", "clip", "seq-mean-token-sum", **_GSPO_EPS),
+    "gmpo": _preset("geometric", "clip", _SMTM, eps_low=0.4, eps_high=0.4),  # log-space bounds
+    "cispo": _preset("token", "cispo", "token-mean", eps_low=1.0, eps_high=4.0),  # ρ in [0, 5]
+    "sapo": _preset("token", "sapo", _SMTM, tau_pos=1.0, tau_neg=1.05),  # eps unused
+    # verl's defaults for Clip-Cov / KL-Cov (its policy_loss config), token-mean as in verl
+    "clip_cov": _preset(
+        "token", "clip_cov", "token-mean", clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0
+    ),
+    "kl_cov": _preset("token", "kl_cov", "token-mean", kl_cov_ratio=2e-4, ppo_kl_coef=1.0),
+    # eps are divergence thresholds (verl's DPPO recipe: TV 0.15, KL 0.05, Dr. GRPO aggregation)
+    "dppo_tv": _preset(
+        "token", "dppo_tv", "seq-mean-token-sum-norm", eps_low=0.15, eps_high=0.15, clip_ratio_c=3.0
+    ),
+    "dppo_kl": _preset(
+        "token", "dppo_kl", "seq-mean-token-sum-norm", eps_low=0.05, eps_high=0.05, clip_ratio_c=3.0
+    ),
+}
+PRESET_NAMES = tuple(PRESETS)
+# The presets with a per-token ratio: the ones per-token advantages ([B, T]) can train.
+PER_TOKEN_PRESETS = tuple(
+    n for n, p in PRESETS.items() if p["ratio_level"] not in PER_RESPONSE_LEVELS
+)
+
+# name, ratio_level and surrogate are what a preset is; every other field can be overridden.
+_PRESET_STRUCTURE = ("name", "ratio_level", "surrogate")
+OVERRIDABLE_FIELDS = tuple(
+    f.name for f in dataclasses.fields(Objective) if f.name not in _PRESET_STRUCTURE
+)
+
+
+def _value_type(hint) -> type:
+    """float | None -> float (the type of a field's values besides None)."""
+    args = [a for a in typing.get_args(hint) if a is not types.NoneType]
+    return args[0] if args else hint
+
+
+# The value type of every overridable field (e.g. for typed command-line placeholders).
+OVERRIDABLE_FIELD_TYPES: dict[str, type] = {
+    name: _value_type(hint)
+    for name, hint in typing.get_type_hints(Objective).items()
+    if name in OVERRIDABLE_FIELDS
+}
+
+
+def get_objective(name: str, **overrides) -> Objective:
+    """The preset `name` with any of OVERRIDABLE_FIELDS replaced, e.g. ("gspo", eps_low=0.2)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown objective {name!r}; valid: {PRESET_NAMES}")
+    unknown = sorted(set(overrides) - set(OVERRIDABLE_FIELDS))
+    if unknown:
+        raise ValueError(
+            f"unknown override(s) {unknown} for objective {name!r}; valid: {OVERRIDABLE_FIELDS}"
+        )
+    return Objective(name=name, **{**PRESETS[name], **overrides})
