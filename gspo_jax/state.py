@@ -44,6 +44,59 @@ def step_keys(rng: jax.Array, step: int) -> dict[str, jax.Array]:
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """What one RL step does, derived once from the config by rl/build.py (step_spec): the
+    step's phases read these typed values, never the config, so each rule lives in one place.
+
+    Sizes: P prompts, G samples per prompt, B = P·G rows, Lp prompt slots, T response slots.
+    """
+
+    prompts: int  # P per step
+    group_size: int  # G
+    prompt_len: int  # Lp: the task's padded prompt length
+    response_len: int  # T = max_new_tokens
+    # the rollout
+    temperature: float
+    top_k: int  # 0 = off
+    top_p: float  # 1 = off
+    eos_id: int
+    pad_id: int
+    rollout_logp_noise: float  # std of the noise on each reported log-prob (0 = none)
+    records_routes: bool  # the rollout returns its expert routes (replay or route-change log)
+    # rewards and advantages
+    overlong_buffer: int
+    overlong_penalty: float  # 0 = no overlong shaping
+    mask_truncated: bool
+    dynamic_sampling: bool
+    max_gen_batches: int  # rollouts per step at most, with dynamic sampling
+    estimator: str  # advantages.ESTIMATORS
+    adv_eps: float
+    adv_std_ddof: int
+    scale_rewards: str
+    token_advantages: bool  # a [B] advantage broadcast to every token of its response
+    per_token_advantages: bool  # adv is [B, T] (a per-token estimator or token_advantages)
+    kl_in_reward: bool  # β·KL enters the rewards, not the loss
+    # the batch's optional fields and the passes that fill them
+    recompute_old_logp: bool  # old_logp from a trainer forward instead of the sampler
+    keeps_rollout_logp: bool  # the batch keeps the sampler's log-probs (the objective weighs them)
+    uses_reference: bool  # the base policy's forward runs each step (a KL term, or its log)
+    ref_logp_in_batch: bool  # the batch carries ref_logp (the KL is in the loss)
+    replays_routes: bool  # Routing Replay: the update replays the rollout's routes
+    logs_route_change: bool  # a forward after the update compares routes (route_change_frac)
+    # the update
+    num_epochs: int  # μ
+    num_minibatches: int  # K
+    num_microbatches: int  # U per minibatch
+    shuffle_minibatches: bool
+    aux_loss_coef: float  # MoE load balancing
+
+    @property
+    def rows(self) -> int:
+        """B = P·G response rows of one rollout batch."""
+        return self.prompts * self.group_size
+
+
 @dataclasses.dataclass
 class Run:
     """Everything built from the config before the first step."""
@@ -54,7 +107,7 @@ class Run:
     task: Task
     model_cfg: ModelConfig
     objective: Objective
-    estimator: str
+    step: StepSpec  # what one RL step does (the step's phases read it, not the config)
     graphdef: nnx.GraphDef  # the model's structure (trainer dtype)
     rest: nnx.State  # non-trainable model state (empty for the Transformer)
     tx: optax.GradientTransformation

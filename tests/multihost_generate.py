@@ -20,8 +20,11 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
-from gspo_jax import models, sampler  # noqa: E402
-from gspo_jax.runtime import sharding  # noqa: E402
+from gspo_jax import (  # noqa: E402
+    models,
+    sampler,
+    sharding,  # noqa: E402
+)
 
 mesh = sharding.make_mesh({"data": 4})
 cfg = models.get_model_config("tiny", vocab_size=16, max_seq_len=32)

@@ -177,8 +177,7 @@ def test_validate_objective_and_mesh(tmp_path):
 def test_build_run_builds_each_part_once(monkeypatch):
     """build_run checks and builds the objective, the mesh, the task and the model config once
     each: no second build to check them (the libraries' constructors are counted)."""
-    from gspo_jax import models, tasks
-    from gspo_jax.runtime import sharding
+    from gspo_jax import models, sharding, tasks
 
     calls = collections.Counter()
     for module, name in (

@@ -25,9 +25,8 @@ import safetensors
 from flax import nnx
 from safetensors.numpy import save_file
 
-from gspo_jax import models
+from gspo_jax import models, sharding
 from gspo_jax.models import hf
-from gspo_jax.runtime import sharding
 
 B, S = 2, 7
 COMMON = dict(

@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from gspo_jax import models
+from gspo_jax import models, sharding
 from gspo_jax.models import moe_dispatch
 from gspo_jax.models.layers import MoE
-from gspo_jax.runtime import sharding
 
 CFG = models.get_model_config(
     "tiny_moe", num_experts=8, experts_per_token=2, moe_mlp_dim=16, moe_dispatch="dense"

@@ -10,12 +10,11 @@ import pytest
 from trainer_runs import assert_records, assert_trees, final_params, make_config, records
 
 from gspo_jax import config as config_lib
-from gspo_jax import sampler
+from gspo_jax import sampler, sharding
 from gspo_jax.data import iterator as data_iterator
 from gspo_jax.rl import batch as rl_batch
 from gspo_jax.rl import build as exp
 from gspo_jax.rl import trainer
-from gspo_jax.runtime import sharding
 
 
 def test_overlong_penalty_matches_dapo_eq13_by_hand():

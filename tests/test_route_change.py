@@ -18,12 +18,13 @@ import pytest
 from trainer_runs import REPO, assert_trees, make_config, overrides
 
 from gspo_jax import config as config_lib
+from gspo_jax import sharding
 from gspo_jax import state as state_lib
 from gspo_jax.data import iterator as data_iterator
 from gspo_jax.rl import batch as rl_batch
 from gspo_jax.rl import build as exp
 from gspo_jax.rl import step as ts
-from gspo_jax.runtime import distributed, sharding
+from gspo_jax.runtime import distributed
 
 MOE = os.path.join(REPO, "configs", "arith_moe.py")
 FRAC = "train/route_change_frac"

@@ -1,4 +1,4 @@
-"""Tests for gspo_jax.runtime.sharding on 8 simulated CPU devices (tests/conftest.py).
+"""Tests for gspo_jax.sharding on 8 simulated CPU devices (tests/conftest.py).
 
 Dimension legend: P prompts, G samples per prompt, B = P * G rows, Lp padded prompt length,
 T response length, V vocab, D hidden, E experts.
@@ -11,8 +11,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as PS
 
-from gspo_jax import models, sampler
-from gspo_jax.runtime import sharding
+from gspo_jax import models, sampler, sharding
 
 LP, T, G = 6, 6, 2
 LENGTHS = np.array([6, 2, 4, 5], np.int32)

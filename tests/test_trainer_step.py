@@ -7,13 +7,12 @@ import optax
 import pytest
 from flax import nnx
 
-from gspo_jax import advantages, models, objectives, sampler
+from gspo_jax import advantages, models, objectives, sampler, sharding
 from gspo_jax import config as config_lib
 from gspo_jax.rl import logprob_passes
 from gspo_jax.rl.batch import RLBatch
 from gspo_jax.rl.build import make_optimizer, make_schedule
 from gspo_jax.rl.update import make_update_fn
-from gspo_jax.runtime import sharding
 from gspo_jax.state import TrainState, step_keys
 
 P, G, LP, T = 4, 4, 6, 10

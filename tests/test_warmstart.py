@@ -130,7 +130,7 @@ def test_evaluate_reports_formats_and_untrained_is_nan_safe(setup):
 
 
 def _assert_on_mesh(model, mesh):
-    from gspo_jax.runtime import sharding
+    from gspo_jax import sharding
 
     state = nnx.state(model)
     want = sharding.state_shardings(state, mesh)
@@ -151,7 +151,7 @@ def test_base_model_comes_on_the_mesh_when_loaded_or_trained(setup, tmp_path):
     """With a mesh, the base comes back sharded by the model's logical rules (how the trainer
     loads it, one shard per device, also in multi-host runs) with the same numbers: restored
     from the cache, and just trained."""
-    from gspo_jax.runtime import sharding
+    from gspo_jax import sharding
 
     task, cfg, data_dir, cache_dir = setup
     mesh = sharding.make_mesh({"data": 2, "fsdp": 4})

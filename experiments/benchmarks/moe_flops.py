@@ -53,11 +53,10 @@ from flax import nnx  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from gspo_jax import models  # noqa: E402
+from gspo_jax import models, sharding  # noqa: E402
 from gspo_jax.models import moe_dispatch  # noqa: E402
 from gspo_jax.models.layers import MoE  # noqa: E402
 from gspo_jax.planning import hlo_cost  # noqa: E402
-from gspo_jax.runtime import sharding  # noqa: E402
 
 
 def dense_proxy(lhs, rhs, group_sizes, kernel):

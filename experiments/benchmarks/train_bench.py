@@ -51,10 +51,8 @@ from gspo_jax.data import iterator as data_iterator  # noqa: E402
 from gspo_jax.rl import batch as rl_batch  # noqa: E402
 from gspo_jax.rl import build as exp  # noqa: E402
 from gspo_jax.rl import step as ts  # noqa: E402
-from gspo_jax.runtime import (  # noqa: E402
-    distributed,  # noqa: E402
-    sharding,
-)
+from gspo_jax import sharding  # noqa: E402
+from gspo_jax.runtime import distributed  # noqa: E402
 
 PHASES = ("rollout", "reward", "logp", "update", "step")
 

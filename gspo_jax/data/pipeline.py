@@ -33,6 +33,7 @@ from typing import Any
 import grain
 import numpy as np
 
+from gspo_jax.data import files as data_files
 from gspo_jax.runtime import filelock
 from gspo_jax.tasks.task import Task
 
@@ -64,14 +65,12 @@ def prepare(task: Task, data_dir: str | os.PathLike | None = None):
     """
     data_dir = _data_dir(data_dir)
     if getattr(task, "data_path", ""):
-        from gspo_jax.data import files as data_files
-
         return {
             s: data_files.prepare_split(task, s, data_dir) for s in data_files.present_splits(task)
         }
     if task.catalogue_name:
         return _catalogue_builder(task, data_dir)
-    from gspo_jax.data import builders
+    from gspo_jax.data import builders  # imports tensorflow_datasets (seconds): only when needed
 
     builder = builders.get_builder(task, data_dir)
     if builder.is_prepared():
@@ -133,8 +132,6 @@ def load_source(task: Task, split: str, data_dir: str | os.PathLike | None = Non
     files)."""
     data_dir = _data_dir(data_dir)
     if getattr(task, "data_path", ""):
-        from gspo_jax.data import files as data_files
-
         if split not in task.splits:
             raise ValueError(f"split {split!r} not in {task.name}; available: {list(task.splits)}.")
         return data_files.load_split(task, split, data_dir)

@@ -39,7 +39,7 @@ load as stored (Meta's original, interleaved Llama checkpoints would need one; t
 supported).
 
 Sharded import. With a mesh, every parameter is created by jax.make_array_from_callback with the
-shardings of the abstract model (gspo_jax/runtime/sharding.py state_shardings), and the callback
+shardings of the abstract model (gspo_jax/sharding.py state_shardings), and the callback
 reads only the slice of the stored tensor that the device's shard covers (safetensors get_slice; the
 slice index is permuted to the stored layout and a layer- or expert-stacked parameter is read one
 layer's / expert's slice at a time). So each process reads only what its devices hold, and no host
@@ -66,7 +66,7 @@ from flax import nnx
 
 from gspo_jax.models.config import _DTYPES, ModelConfig
 from gspo_jax.models.transformer import Transformer, create_model
-from gspo_jax.runtime.sharding import state_shardings
+from gspo_jax.sharding import state_shardings
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -15,7 +15,7 @@ Nothing outside gspo_jax/models/ calls more of a model than this Protocol:
 - gspo_jax/rl/step.py, experiment.py, warmstart.py and evaluation.py: the model is an
   ``nnx.Module`` whose trainable state is its ``nnx.Param`` variables (split with
   ``nnx.split(model, nnx.Param, ...)``, merged back inside jit) and each Param carries logical axis
-  names in its ``out_sharding`` metadata (gspo_jax/runtime/sharding.py turns them into shardings);
+  names in its ``out_sharding`` metadata (gspo_jax/sharding.py turns them into shardings);
 - tests and supervised code: ``__call__(tokens)`` -> causal logits [B, S, V] float32.
 
 The masks and positions a caller passes come from the layout helpers in models/transformer.py

@@ -8,7 +8,7 @@ D hidden, H query heads, K kv heads, Gq = H // K query heads per kv head, Dh hea
 F SwiGLU hidden, E experts, k experts per token, Fe per-expert SwiGLU hidden.
 
 Parameters are float32 (cfg.param_dtype) and carry logical axis names in their ``out_sharding``
-metadata (see gspo_jax/runtime/sharding.py); activations run in cfg.dtype; normalisation,
+metadata (see gspo_jax/sharding.py); activations run in cfg.dtype; normalisation,
 softmaxes and the router run in float32.
 """
 
@@ -22,7 +22,7 @@ from flax import nnx
 
 from gspo_jax.models import attention, moe_dispatch
 from gspo_jax.models.config import ModelConfig
-from gspo_jax.runtime.sharding import logical_constraint
+from gspo_jax.sharding import logical_constraint
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))

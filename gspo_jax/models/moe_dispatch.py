@@ -46,7 +46,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from gspo_jax.runtime.sharding import logical_constraint, logical_to_spec
+from gspo_jax.sharding import logical_constraint, logical_to_spec
 
 
 def dense_experts(x, top_idx, top_w, gate, up, down, cdt):

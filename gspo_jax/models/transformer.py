@@ -30,7 +30,7 @@ from gspo_jax.models import attention
 from gspo_jax.models.attention import SlotMask
 from gspo_jax.models.config import REMAT_POLICIES, ModelConfig
 from gspo_jax.models.layers import DecoderBlock, RMSNorm, make_param
-from gspo_jax.runtime.sharding import logical_constraint, state_shardings
+from gspo_jax.sharding import logical_constraint, state_shardings
 
 
 def sequence_layout(prompt_lengths: jax.Array, prompt_len: int, response_len: int):
@@ -280,7 +280,7 @@ def create_model(
     sharded (docs/design.md convention 5).
 
     The sharded path is eval_shape -> shardings from the parameters' logical axes
-    (gspo_jax/runtime/sharding.py) -> jit(init, out_shardings), so no device ever holds a
+    (gspo_jax/sharding.py) -> jit(init, out_shardings), so no device ever holds a
     parameter it does not own. The values equal the unsharded model's with the same seed
     (threefry is partitionable), so the two compute the same function. Under nnx.eval_shape this
     gives the abstract model (shapes, dtypes, logical axes) without allocating.

@@ -54,12 +54,12 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from gspo_jax import config as config_lib
-from gspo_jax import models, rollout
+from gspo_jax import models, rollout, sharding
 from gspo_jax.planning import hlo_cost
 from gspo_jax.rl import batch as rl_batch
+from gspo_jax.rl import build as exp
 from gspo_jax.rl import step as ts
 from gspo_jax.rl.batch import RLBatch
-from gspo_jax.runtime import sharding
 
 GIB = 2**30
 HEADROOM = 0.9  # keep 10 % of HBM for the runtime, fragmentation and what XLA does not count
@@ -135,8 +135,6 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     Keys: slice, devices, mesh, the per-device bytes listed in the module docstring, needed,
     hbm, fits, and the compile seconds of each program.
     """
-    from gspo_jax.rl import build as exp
-
     slc = get_slice(config.slice)
     if jax.device_count() != slc.devices:
         raise config_lib.ConfigError(
@@ -147,12 +145,12 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     run = exp.build_run(config)
     abs_state = exp.abstract_state(run, run.abs_params)
     phases = ts.make_phases(run, abs_state, with_ref=rl_batch.uses_reference(run))
-    rl, mesh = run.config.rl, run.mesh
+    spec, mesh = run.step, run.mesh
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
-    P, Lp = rl.prompts_per_step, run.task.max_prompt_len
+    P, Lp = spec.prompts, spec.prompt_len
     prompts = jax.ShapeDtypeStruct((P, Lp), jnp.int32, sharding=sharding.rows_sharding(mesh, 2))
     lengths = jax.ShapeDtypeStruct((P,), jnp.int32, sharding=sharding.rows_sharding(mesh, 1))
-    T = rl.max_new_tokens
+    T = spec.response_len
     clock = lambda: (time.time(), time.process_time())  # noqa: E731 (CPU s: fair under load)
     with sharding.use_mesh(mesh):
         t0 = clock()
@@ -193,7 +191,7 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
         "devices": slc.devices,
         "mesh": dict(mesh.shape),
         "model": run.model_cfg.name,
-        "shapes": f"P={P} G={rl.group_size} Lp={Lp} T={rl.max_new_tokens} K={rl.num_minibatches}",
+        "shapes": f"P={P} G={spec.group_size} Lp={Lp} T={T} K={spec.num_minibatches}",
         "params": params,
         "optimizer": opt,
         "reference": ref,
@@ -216,9 +214,8 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
 def _decode_step_fn(run):
     """jit of one rollout decode step (rollout.decode_step) on the rollout's model; the cache is
     donated (written in place, as in the rollout's loop)."""
-    rl = run.config.rl
-    Lp, T = run.task.max_prompt_len, rl.max_new_tokens
-    with_routes = rl.routing_replay or rl.log_route_change
+    Lp, T = run.step.prompt_len, run.step.response_len
+    with_routes = run.step.records_routes
 
     def fn(params, cache, prev, n_b, t):
         model = nnx.merge(run.rollout_graphdef, params, run.rest)
@@ -240,9 +237,9 @@ def _decode_step_args(run, abs_state):
     """Abstract arguments of _decode_step_fn at the rollout's shapes: B = P * G rows and the
     sampler's shared-prefix cache (prompt KV [L, P, ...], generated chunks [L, B, ...]) holding
     decode_chunks of its chunks, with its rows sharded like the rollout's."""
-    rl, mesh = run.config.rl, run.mesh
-    P, G, Lp, T = rl.prompts_per_step, rl.group_size, run.task.max_prompt_len, rl.max_new_tokens
-    B = P * G
+    spec, mesh = run.step, run.mesh
+    P, G, Lp, T = spec.prompts, spec.group_size, spec.prompt_len, spec.response_len
+    B = spec.rows
 
     def decode_cache(p):  # the rollout's shared-prefix cache in its middle decode phase
         model = nnx.merge(run.rollout_graphdef, p, run.rest)

@@ -27,8 +27,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
-from gspo_jax import advantages, rollout
-from gspo_jax.runtime import sharding
+from gspo_jax import advantages, rollout, sharding
 from gspo_jax.state import Run
 
 
@@ -43,7 +42,8 @@ class RLBatch:
     # The next two are None only in a forward-only pass's view (RLBatch.sequences).
     old_logp: jax.Array | None  # [B, T] f32: π_old, from the sampler (default) or recomputed
     adv: jax.Array | None  # [B] f32, or [B, T] under per_token_advantages(run)
-    # [B, T] f32: the sampler's log-probs when the objective weighs them (run.uses_rollout_logp)
+    # [B, T] f32: the sampler's log-probs when the objective weighs them
+    # (StepSpec.keeps_rollout_logp)
     rollout_logp: jax.Array | None = None
     # [B, T] f32: the reference model's log-probs when the loss has a KL term (has_ref_logp)
     ref_logp: jax.Array | None = None
@@ -53,8 +53,8 @@ class RLBatch:
     def abstract(cls, run: Run) -> RLBatch:
         """ShapeDtypeStructs of the run's batch (rows sharded as the run's): what the dry run
         compiles the update with."""
-        rl, mesh, cfg = run.config.rl, run.mesh, run.model_cfg
-        B, Lp, T = rl.prompts_per_step * rl.group_size, run.task.max_prompt_len, rl.max_new_tokens
+        spec, mesh, cfg = run.step, run.mesh, run.model_cfg
+        B, Lp, T = spec.rows, spec.prompt_len, spec.response_len
 
         def rows(shape, dtype=jnp.float32):
             sh = sharding.rows_sharding(mesh, len(shape))
@@ -66,11 +66,11 @@ class RLBatch:
             responses=rows((B, T), jnp.int32),
             mask=rows((B, T)),
             old_logp=rows((B, T)),
-            adv=rows((B, T) if per_token_advantages(run) else (B,)),
-            rollout_logp=rows((B, T)) if run.uses_rollout_logp else None,
-            ref_logp=rows((B, T)) if has_ref_logp(run) else None,
+            adv=rows((B, T) if spec.per_token_advantages else (B,)),
+            rollout_logp=rows((B, T)) if spec.keeps_rollout_logp else None,
+            ref_logp=rows((B, T)) if spec.ref_logp_in_batch else None,
             routes=rows((B, cfg.num_layers, Lp + T, cfg.experts_per_token), jnp.int32)
-            if rl.routing_replay
+            if spec.replays_routes
             else None,
         )
 
@@ -89,22 +89,19 @@ class RLBatch:
 
 
 def per_token_advantages(run: Run) -> bool:
-    """adv is [B, T]: a REINFORCE++ estimator, or rl.token_advantages (each response's advantage
-    on its tokens); else [B]."""
-    return run.estimator in advantages.TOKEN_ESTIMATORS or bool(run.config.rl.token_advantages)
+    """adv is [B, T] (StepSpec.per_token_advantages); else [B]."""
+    return run.step.per_token_advantages
 
 
 def uses_reference(run: Run) -> bool:
-    """The run keeps the base policy as a reference and runs its forward pass each step: the
-    objective has a KL term (kl_coef > 0), or rl.log_kl_ref logs the KL to it without one."""
-    return run.objective.kl_coef > 0 or bool(run.config.rl.log_kl_ref)
+    """The run keeps the base policy as a reference and runs its forward pass each step
+    (StepSpec.uses_reference)."""
+    return run.step.uses_reference
 
 
 def has_ref_logp(run: Run) -> bool:
-    """The batch carries ref_logp: the run uses the reference (uses_reference), and the KL is
-    not moved into the rewards (rl.kl_in_reward, where ref_logp leaves the batch). With kl_coef 0
-    the objective only logs train/kl_ref from it (its KL term is 0·KL)."""
-    return uses_reference(run) and not run.config.rl.kl_in_reward
+    """The batch carries ref_logp (StepSpec.ref_logp_in_batch)."""
+    return run.step.ref_logp_in_batch
 
 
 def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
@@ -137,9 +134,8 @@ def overlong_penalty(
 def make_shape_fn(run: Run):
     """(sample, rewards [B]) -> Rollout: the verifier's rewards plus overlong shaping, and which
     groups carry a learning signal (rewards not all equal)."""
-    rl = run.config.rl
-    G, T = rl.group_size, rl.max_new_tokens
-    eos_id = run.task.tokenizer.eos_id
+    spec = run.step
+    G, T, eos_id = spec.group_size, spec.response_len, spec.eos_id
 
     def fn(sample, rewards):
         B = rewards.shape[0]
@@ -148,8 +144,10 @@ def make_shape_fn(run: Run):
         has_eos = ((sample.tokens == eos_id) & (sample.mask > 0)).any(-1)
         truncated = (~has_eos) & (lens >= T)  # [B]
         shaping = jnp.zeros_like(rewards)
-        if rl.overlong_penalty > 0:
-            shaping = overlong_penalty(lens, truncated, T, rl.overlong_buffer, rl.overlong_penalty)
+        if spec.overlong_penalty > 0:
+            shaping = overlong_penalty(
+                lens, truncated, T, spec.overlong_buffer, spec.overlong_penalty
+            )
         shaped = rewards + shaping
         by_group = shaped.reshape(B // G, G)
         signal = by_group.max(-1) > by_group.min(-1)  # [P]
@@ -166,7 +164,7 @@ def make_select_fn(run: Run):
     order they were generated; if fewer than P have signal, the rest are zero-signal groups whose
     response mask is zeroed (they change nothing, see docs/objectives.md on empty rows).
     """
-    G, P = run.config.rl.group_size, run.config.rl.prompts_per_step
+    G, P = run.step.group_size, run.step.prompts
 
     def fn(samples, rewards, shaping, truncated, signal, prompts, lengths):
         cat = jnp.concatenate  # of the n batches' rows (routes too: batch-major)
@@ -206,16 +204,15 @@ def make_prepare_fn(run: Run):
     as ``rollout_logp`` when the objective reads them (its rollout correction / off-policy
     masking), and old_logp is later replaced by the trainer's recomputation.
     """
-    rl = run.config.rl
-    G, T = rl.group_size, rl.max_new_tokens
-    eos_id = run.task.tokenizer.eos_id
+    spec = run.step
+    G, T, eos_id = spec.group_size, spec.response_len, spec.eos_id
 
     def fn(sample, rewards, prompts, lengths, truncated):
         B = prompts.shape[0] * G
         chex.assert_shape([sample.tokens, sample.mask, sample.logp], (B, T))
         chex.assert_shape([rewards, truncated], (B,))
         mask = sample.mask
-        if rl.mask_truncated:
+        if spec.mask_truncated:
             mask = mask * (~truncated)[:, None]
         adv, adv_metrics = run_advantages(run, rewards, mask)
         batch = RLBatch(
@@ -225,10 +222,10 @@ def make_prepare_fn(run: Run):
             mask=mask,
             old_logp=sample.logp,
             adv=adv,
-            rollout_logp=sample.logp if run.uses_rollout_logp else None,
+            rollout_logp=sample.logp if spec.keeps_rollout_logp else None,
             # the update replays the rollout's experts only with Routing Replay (with only
             # log_route_change the update routes afresh, and rl_step compares after it)
-            routes=sample.routes if rl.routing_replay else None,
+            routes=sample.routes if spec.replays_routes else None,
         )
         batch = jax.tree.map(lambda v: sharding.constrain_rows(v, run.mesh), batch)
         lens = sample.mask.sum(-1)  # [B]; 0 only for dynamic sampling's masked filler rows
@@ -253,17 +250,17 @@ def run_advantages(run: Run, rewards: jax.Array, mask: jax.Array):
     """The run's advantages of rewards ([B] per response, or [B, T] per token) and their metrics:
     [B], or [B, T] for the REINFORCE++ estimators and with rl.token_advantages (each response's
     advantage on its tokens)."""
-    rl = run.config.rl
+    spec = run.step
     adv, adv_metrics = advantages.group_advantages(
         rewards,
-        rl.group_size,
-        estimator=run.estimator,
-        eps=rl.adv_eps,
-        std_ddof=rl.adv_std_ddof,
-        scale_rewards=rl.scale_rewards,
+        spec.group_size,
+        estimator=spec.estimator,
+        eps=spec.adv_eps,
+        std_ddof=spec.adv_std_ddof,
+        scale_rewards=spec.scale_rewards,
         mask=mask,
     )
-    if adv.ndim == 1 and rl.token_advantages:
+    if adv.ndim == 1 and spec.token_advantages:
         adv = jnp.broadcast_to(adv[:, None], mask.shape)
     return adv, adv_metrics
 
@@ -286,7 +283,7 @@ def make_kl_reward_fn(run: Run):
     def fn(batch: RLBatch, rewards):
         mask = batch.mask
         k1 = (batch.old_logp - batch.ref_logp) * mask  # [B, T]
-        if run.estimator in advantages.TOKEN_ESTIMATORS:  # REINFORCE++: per token
+        if run.step.estimator in advantages.TOKEN_ESTIMATORS:  # REINFORCE++: per token
             shaped = advantages.outcome_token_rewards(rewards, mask) - beta * k1  # [B, T]
         else:  # the same summed over the response (keeps a masked-out row's own reward)
             shaped = rewards - beta * k1.sum(-1)  # [B]

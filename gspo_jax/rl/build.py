@@ -28,12 +28,13 @@ import ml_collections
 import optax
 from flax import nnx
 
-from gspo_jax import advantages, models, objectives, tasks
+from gspo_jax import advantages, data, models, objectives, sharding, tasks
 from gspo_jax import config as config_lib
 from gspo_jax.config import ConfigError
+from gspo_jax.data import files as data_files
+from gspo_jax.rl import warmstart
 from gspo_jax.runtime import metrics as metrics_lib
-from gspo_jax.runtime import sharding
-from gspo_jax.state import Run, TrainState
+from gspo_jax.state import Run, StepSpec, TrainState
 
 # ------------------------------------------------------------------------------------ optimizer
 
@@ -307,8 +308,6 @@ def check_eval_split(config: ml_collections.ConfigDict, task: tasks.Task) -> Non
             f"{list(task.splits)}. Set --config.eval.split=test (the held-out problems)"
         )
     if task.data_path:  # released files: the run reads the train split and the eval split
-        from gspo_jax.data import files as data_files
-
         present = data_files.present_splits(task)
         needed = ["train"] + ([split] if config.eval.num_problems else [])
         missing = [s for s in dict.fromkeys(needed) if s not in present]
@@ -446,8 +445,6 @@ def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
 def _base_model(config, task, model_cfg, cache_dir: str, *, mesh, progress: bool):
     """warmstart.get_base_model for this config; a multi-host run with a cold cache is a
     ConfigError (one clear line from main.py, not a traceback on every host)."""
-    from gspo_jax.rl import warmstart
-
     try:
         return warmstart.get_base_model(
             task,
@@ -463,8 +460,6 @@ def _base_model(config, task, model_cfg, cache_dir: str, *, mesh, progress: bool
 
 
 def cache_dir_of(config) -> str:
-    from gspo_jax.rl import warmstart
-
     return config.init.cache_dir or warmstart.default_cache_dir()
 
 
@@ -500,7 +495,7 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
         task=task,
         model_cfg=model_cfg,
         objective=objective,
-        estimator=config_lib.resolve_estimator(config),
+        step=step_spec(config, task, objective),
         graphdef=graphdef,
         rest=rest,
         tx=tx,
@@ -509,7 +504,55 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
         updates_per_step=updates_per_step,
         abs_params=abs_params,
         rollout_graphdef=rollout_graphdef,
-        uses_rollout_logp=objective.reads_rollout_logp,
+    )
+
+
+def step_spec(config, task, objective: objectives.Objective) -> StepSpec:
+    """What one RL step of this config does (StepSpec): the config's step fields, typed, and the
+    rules that follow from them, each decided here once. config.rl.max_new_tokens is resolved
+    (0 = the task's max_response_len) before this is called."""
+    rl = config.rl
+    estimator = config_lib.resolve_estimator(config)
+    uses_reference = objective.kl_coef > 0 or rl.log_kl_ref  # a KL term, or its log alone
+    return StepSpec(
+        prompts=rl.prompts_per_step,
+        group_size=rl.group_size,
+        prompt_len=task.max_prompt_len,
+        response_len=rl.max_new_tokens,
+        temperature=rl.temperature,
+        top_k=rl.top_k,
+        top_p=rl.top_p,
+        eos_id=task.tokenizer.eos_id,
+        pad_id=task.tokenizer.pad_id,
+        rollout_logp_noise=float(rl.rollout_logp_noise),
+        # Routing Replay replays the rollout's routes; log_route_change compares them after the
+        # update
+        records_routes=rl.routing_replay or rl.log_route_change,
+        overlong_buffer=rl.overlong_buffer,
+        overlong_penalty=rl.overlong_penalty,
+        mask_truncated=rl.mask_truncated,
+        dynamic_sampling=rl.dynamic_sampling,
+        max_gen_batches=rl.max_gen_batches,
+        estimator=estimator,
+        adv_eps=rl.adv_eps,
+        adv_std_ddof=rl.adv_std_ddof,
+        scale_rewards=rl.scale_rewards,
+        token_advantages=rl.token_advantages,
+        per_token_advantages=estimator in advantages.TOKEN_ESTIMATORS or rl.token_advantages,
+        kl_in_reward=rl.kl_in_reward,
+        recompute_old_logp=rl.recompute_old_logp,
+        keeps_rollout_logp=objective.reads_rollout_logp,
+        uses_reference=uses_reference,
+        # moved into the rewards (kl_in_reward), ref_logp leaves the batch; with kl_coef 0 the
+        # objective only logs train/kl_ref from it (its KL term is 0·KL)
+        ref_logp_in_batch=uses_reference and not rl.kl_in_reward,
+        replays_routes=rl.routing_replay,
+        logs_route_change=rl.log_route_change,
+        num_epochs=rl.num_epochs,
+        num_minibatches=rl.num_minibatches,
+        num_microbatches=rl.num_microbatches,
+        shuffle_minibatches=rl.shuffle_minibatches,
+        aux_loss_coef=rl.aux_loss_coef,
     )
 
 
@@ -537,8 +580,6 @@ def prepare(config: ml_collections.ConfigDict, workdir: str | None = None) -> No
     Run it once single-process before a multi-host run (``main --prepare_only``): the multi-host
     loader reads the cached warm start but does not train it.
     """
-    from gspo_jax import data
-
     run = build_run(config, workdir)
     data.prepare(run.task, config.data.data_dir or None)
     if config.init.kind == "warmstart":

@@ -16,9 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gspo_jax import models
+from gspo_jax import models, sharding
 from gspo_jax.rl.batch import RLBatch, route_change_frac
-from gspo_jax.runtime import sharding
 from gspo_jax.state import Run
 
 
@@ -97,12 +96,11 @@ def make_logprob_fn(
 def run_logprob_fn(run: Run, *, return_routes: bool, replay_routes: bool) -> Callable:
     """make_logprob_fn with the run's model, temperature, chunking (one chunk per minibatch) and
     mesh: the old_logp recompute, the reference pass and the route-change pass (not jitted)."""
-    rl = run.config.rl
     return make_logprob_fn(
         run.graphdef,
         run.rest,
-        temperature=rl.temperature,
-        num_chunks=rl.num_minibatches,
+        temperature=run.step.temperature,
+        num_chunks=run.step.num_minibatches,
         return_routes=return_routes,
         mesh=run.mesh,
         replay_routes=replay_routes,

@@ -30,11 +30,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from gspo_jax import rollout
+from gspo_jax import rollout, sharding
 from gspo_jax.rl import batch as rl_batch
 from gspo_jax.rl.logprob_passes import make_route_change_fn, run_logprob_fn
 from gspo_jax.rl.update import make_update_fn
-from gspo_jax.runtime import distributed, sharding
+from gspo_jax.runtime import distributed
 from gspo_jax.runtime import metrics as metrics_lib
 from gspo_jax.state import Run, TrainState, step_keys
 
@@ -48,15 +48,12 @@ def make_rollout_fn(run: Run):
     generate() is traced inside this jit so the rollout compiles once with the trainer's
     shardings (its host-side checks then see tracers; the data was checked by the loader). The
     rollout computes in config.rl.rollout_dtype (run.rollout_graphdef) from the float32 parameters.
-    config.rl.rollout_logp_noise > 0 adds Gaussian noise of that std to each response token's
+    StepSpec.rollout_logp_noise > 0 adds Gaussian noise of that std to each response token's
     reported log-prob (not to the sampling): the claims' dose of sampler-trainer mismatch, which
     reaches the update as old_logp, or as rollout_logp under recompute_old_logp.
     """
-    rl = run.config.rl
-    eos_id, pad_id = run.task.tokenizer.eos_id, run.task.tokenizer.pad_id
-    # Routing Replay replays the rollout's routes; log_route_change compares them after the update
-    with_routes = rl.routing_replay or rl.log_route_change
-    noise_std = float(rl.rollout_logp_noise)
+    spec = run.step
+    noise_std = spec.rollout_logp_noise
 
     def fn(params, prompts, lengths, key):
         model = nnx.merge(run.rollout_graphdef, params, run.rest)
@@ -64,17 +61,17 @@ def make_rollout_fn(run: Run):
             model,
             prompts,
             lengths,
-            num_samples=rl.group_size,
-            max_new_tokens=rl.max_new_tokens,
+            num_samples=spec.group_size,
+            max_new_tokens=spec.response_len,
             rng=jax.random.wrap_key_data(key),
-            temperature=rl.temperature,
-            top_k=rl.top_k,
-            top_p=rl.top_p,
-            eos_id=eos_id,
-            pad_id=pad_id,
-            return_routes=with_routes,
+            temperature=spec.temperature,
+            top_k=spec.top_k,
+            top_p=spec.top_p,
+            eos_id=spec.eos_id,
+            pad_id=spec.pad_id,
+            return_routes=spec.records_routes,
         )
-        if with_routes:  # the model's [L, B, S, k] -> [B, L, S, k], as everywhere in the step
+        if spec.records_routes:  # the model's [L, B, S, k] -> [B, L, S, k], as in the step
             out = out.replace(routes=jnp.swapaxes(out.routes, 0, 1))
         if noise_std > 0:  # an engine whose log-probs are off by ~noise_std per token
             noise_key = jax.random.fold_in(jax.random.wrap_key_data(key), LOGP_NOISE_STREAM)
@@ -90,7 +87,7 @@ def make_rollout_fn(run: Run):
         sample_logp=rows(2),
         lengths=rows(1),
         # the rollout's expert choices (Routing Replay, route-change metric)
-        routes=rows(4) if with_routes else None,
+        routes=rows(4) if spec.records_routes else None,
     )
     return jax.jit(fn, out_shardings=out_sh)
 
@@ -144,13 +141,13 @@ class Phases:
 
 
 def make_phases(run: Run, state: TrainState, with_ref: bool) -> Phases:
-    rl = run.config.rl
+    spec = run.step
 
     def logprob_pass(replay_routes: bool):
         return jax.jit(run_logprob_fn(run, return_routes=False, replay_routes=replay_routes))
 
     # old_logp replays the rollout's routes; the reference model routes by itself
-    logprob = logprob_pass(replay_routes=True) if rl.recompute_old_logp else None
+    logprob = logprob_pass(replay_routes=True) if spec.recompute_old_logp else None
     ref = logprob_pass(replay_routes=False) if with_ref else None
     update = jax.jit(
         make_update_fn(
@@ -158,12 +155,12 @@ def make_phases(run: Run, state: TrainState, with_ref: bool) -> Phases:
             run.rest,
             run.objective,
             run.tx,
-            temperature=rl.temperature,
-            num_epochs=rl.num_epochs,
-            num_minibatches=rl.num_minibatches,
-            num_microbatches=rl.num_microbatches,
-            shuffle=rl.shuffle_minibatches,
-            aux_loss_coef=rl.aux_loss_coef,
+            temperature=spec.temperature,
+            num_epochs=spec.num_epochs,
+            num_minibatches=spec.num_minibatches,
+            num_microbatches=spec.num_microbatches,
+            shuffle=spec.shuffle_minibatches,
+            aux_loss_coef=spec.aux_loss_coef,
             mesh=run.mesh,
         ),
         out_shardings=(jax.tree.map(lambda x: x.sharding, state), None),
@@ -177,49 +174,43 @@ def make_phases(run: Run, state: TrainState, with_ref: bool) -> Phases:
         logprob,
         ref,
         update,
-        make_route_change_fn(run) if rl.log_route_change else None,
-        rl_batch.make_kl_reward_fn(run) if rl.kl_in_reward and with_ref else None,
+        make_route_change_fn(run) if spec.logs_route_change else None,
+        rl_batch.make_kl_reward_fn(run) if spec.kl_in_reward and with_ref else None,
     )
 
 
-def rl_step(
+@dataclasses.dataclass
+class Collected:
+    """What collect_rollouts hands to learn_on_batch: one rollout batch of P groups and what the
+    step measured making it."""
+
+    sample: Any  # SampleOutput [B, ...]
+    shaped: jax.Array  # [B] rewards after overlong shaping
+    shaping: jax.Array  # [B] the shaping term
+    truncated: jax.Array  # [B] bool: no EOS within T tokens
+    prompts: jax.Array  # [P, Lp]
+    lengths: jax.Array  # [P]
+    metrics: dict  # the rollout's means (scores, lengths, dynamic sampling's counts)
+    rollout_s: float  # seconds sampling
+    reward_s: float  # seconds scoring and shaping
+
+
+def collect_rollouts(
     run: Run,
     phases: Phases,
     state: TrainState,
+    keys: dict,
     batch_local: dict,
-    *,
-    ref_params=None,
-    more_batches: Callable[[], dict] | None = None,
-) -> tuple[TrainState, dict[str, float]]:
-    """One RL step on this process's prompts ``batch_local``; returns (state, host metrics).
-
-    With config.rl.dynamic_sampling, groups whose rewards are all equal are dropped and further
-    prompt batches are drawn with ``more_batches()`` (the trainer's data iterator, whose state is
-    checkpointed after the step, so a resume replays the same draws) until P groups carry a
-    signal or config.rl.max_gen_batches rollouts were made; generation batch g samples with
-    fold_in(the step's resample key, g), so a run is a pure function of (seed, step) as before.
-
-    Phases are timed with block_until_ready at their boundaries (time/rollout_s, time/reward_s,
-    time/logp_s for the optional old/ref passes and advantages, time/update_s, and with
-    config.rl.log_route_change time/route_change_s for the pass after the update that logs
-    train/route_change_frac).
-    """
-    rl, mesh = run.config.rl, run.mesh
-    if rl.dynamic_sampling and more_batches is None:
-        raise ValueError(
-            "config.rl.dynamic_sampling draws more prompt batches: pass more_batches= (a callable "
-            "returning this process's next batch, e.g. lambda: next(data_iterator))"
-        )
-    step = int(jax.device_get(state.step))
-    t_start = time.time()
-    keys = phases.keys(state.rng, state.step)
-    # The learning rate of the step's first update: optax's jnp arithmetic on a Python int, a
-    # host scalar in and out (allowed here: the guard is for the arrays of the step).
-    with jax.transfer_guard("allow"):
-        lr = run.schedule(step * run.updates_per_step)
+    more_batches: Callable[[], dict] | None,
+) -> Collected:
+    """Samples G responses for each of this process's prompts, scores them on the host and shapes
+    the rewards; with StepSpec.dynamic_sampling, drops groups whose rewards are all equal and
+    draws more prompt batches (more_batches()) until P groups carry a signal or max_gen_batches
+    rollouts were made (generation batch g samples with fold_in(the step's resample key, g))."""
+    spec, mesh = run.step, run.mesh
     gens, score_parts = [], []
     t_rollout = t_reward = 0.0
-    max_gens = rl.max_gen_batches if rl.dynamic_sampling else 1
+    max_gens = spec.max_gen_batches if spec.dynamic_sampling else 1
     n_signal = 0
     for g in range(max_gens):
         t0 = time.time()
@@ -232,7 +223,7 @@ def rl_step(
         t1 = time.time()
         mask_local = distributed.to_local(sample.mask)
         scores = run.task.score(
-            batch_local, distributed.to_local(sample.tokens), mask_local, rl.group_size
+            batch_local, distributed.to_local(sample.tokens), mask_local, spec.group_size
         )
         rewards = distributed.to_global(scores["reward"].astype(np.float32), mesh)
         lens = mask_local.sum(-1).astype(np.float32)  # [B] tokens
@@ -247,26 +238,41 @@ def rl_step(
         gens.append((sample, shaped, shaping, truncated, signal, prompts, lengths))
         t_rollout += t1 - t0
         t_reward += time.time() - t1
-        if not rl.dynamic_sampling:
+        if not spec.dynamic_sampling:
             break
         n_signal += int(np.sum(jax.device_get(signal)))
-        if n_signal >= rl.prompts_per_step or g + 1 == max_gens:
+        if n_signal >= spec.prompts or g + 1 == max_gens:
             break
         batch_local = more_batches()
-    t2 = time.time()
-    pass_m, valid = {}, None
+    metrics, valid = {}, None
     with sharding.use_mesh(mesh):
-        if rl.dynamic_sampling:
+        if spec.dynamic_sampling:
             sample, shaped, shaping, truncated, valid, prompts, lengths = phases.select(
                 *(tuple(field) for field in zip(*gens, strict=True))
             )
-            pass_m["ds_gen_batches"] = len(gens)
-            pass_m["ds_groups_filtered_frac"] = 1.0 - n_signal / (len(gens) * rl.prompts_per_step)
+            metrics["ds_gen_batches"] = len(gens)
+            metrics["ds_groups_filtered_frac"] = 1.0 - n_signal / (len(gens) * spec.prompts)
         else:
             sample, shaped, shaping, truncated, _, prompts, lengths = gens[0]
-        batch, roll_m = phases.prepare(sample, shaped, prompts, lengths, truncated)
-        pass_m.update(
-            phases.means(score_parts, shaping if rl.overlong_penalty > 0 else None, valid)
+        metrics.update(
+            phases.means(score_parts, shaping if spec.overlong_penalty > 0 else None, valid)
+        )
+    return Collected(
+        sample, shaped, shaping, truncated, prompts, lengths, metrics, t_rollout, t_reward
+    )
+
+
+def learn_on_batch(
+    run: Run, phases: Phases, state: TrainState, got: Collected, keys: dict, ref_params
+) -> tuple[TrainState, dict, dict, dict, dict[str, float]]:
+    """Makes the RLBatch of the collected rollouts (advantages, the optional recomputed old_logp,
+    ref_logp and KL-in-reward) and runs the update on it: (state, train metrics, rollout
+    metrics, pass metrics, times)."""
+    pass_m = dict(got.metrics)
+    t2 = time.time()
+    with sharding.use_mesh(run.mesh):
+        batch, roll_m = phases.prepare(
+            got.sample, got.shaped, got.prompts, got.lengths, got.truncated
         )
         if phases.logprob is not None:
             logp = phases.logprob(state.params, batch)["logp"]
@@ -275,7 +281,7 @@ def rl_step(
         if phases.ref is not None:
             batch = batch.replace(ref_logp=phases.ref(ref_params, batch)["logp"])
         if phases.kl_reward is not None:  # the KL to the reference enters the rewards
-            batch, kl_m = phases.kl_reward(batch, shaped)
+            batch, kl_m = phases.kl_reward(batch, got.shaped)
             pass_m.update(kl_m)
         jax.block_until_ready(batch.old_logp)
         t3 = time.time()
@@ -283,20 +289,63 @@ def rl_step(
         jax.block_until_ready(train_m["loss"])
         t4 = time.time()
         if phases.routes is not None:  # the updated policy's own experts vs the rollout's
-            train_m.update(jax.block_until_ready(phases.routes(state.params, batch, sample.routes)))
+            train_m.update(
+                jax.block_until_ready(phases.routes(state.params, batch, got.sample.routes))
+            )
     t5 = time.time()
+    times = {"time/logp_s": t3 - t2, "time/update_s": t4 - t3}
+    if phases.routes is not None:
+        times["time/route_change_s"] = t5 - t4
+    return state, train_m, roll_m, pass_m, times
+
+
+def rl_step(
+    run: Run,
+    phases: Phases,
+    state: TrainState,
+    batch_local: dict,
+    *,
+    ref_params=None,
+    more_batches: Callable[[], dict] | None = None,
+) -> tuple[TrainState, dict[str, float]]:
+    """One RL step on this process's prompts ``batch_local``: collect_rollouts, then
+    learn_on_batch; returns (state, host metrics).
+
+    With config.rl.dynamic_sampling, ``more_batches()`` draws further prompt batches (the
+    trainer's data iterator, whose state is checkpointed after the step, so a resume replays the
+    same draws); a run is a pure function of (seed, step) as before.
+
+    Phases are timed with block_until_ready at their boundaries (time/rollout_s, time/reward_s,
+    time/logp_s for the optional old/ref passes and advantages, time/update_s, and with
+    config.rl.log_route_change time/route_change_s for the pass after the update that logs
+    train/route_change_frac).
+    """
+    if run.step.dynamic_sampling and more_batches is None:
+        raise ValueError(
+            "config.rl.dynamic_sampling draws more prompt batches: pass more_batches= (a callable "
+            "returning this process's next batch, e.g. lambda: next(data_iterator))"
+        )
+    step = int(jax.device_get(state.step))
+    t_start = time.time()
+    keys = phases.keys(state.rng, state.step)
+    # The learning rate of the step's first update: optax's jnp arithmetic on a Python int, a
+    # host scalar in and out (allowed here: the guard is for the arrays of the step).
+    with jax.transfer_guard("allow"):
+        lr = run.schedule(step * run.updates_per_step)
+    got = collect_rollouts(run, phases, state, keys, batch_local, more_batches)
+    state, train_m, roll_m, pass_m, times = learn_on_batch(
+        run, phases, state, got, keys, ref_params
+    )
     return state, _host_metrics(
         train_m,
         roll_m,
         pass_m,
         lr=lr,
         times={
-            "time/rollout_s": t_rollout,
-            "time/reward_s": t_reward,
-            "time/logp_s": t3 - t2,
-            "time/update_s": t4 - t3,
-            "time/step_s": t5 - t_start,
-            **({"time/route_change_s": t5 - t4} if phases.routes is not None else {}),
+            "time/rollout_s": got.rollout_s,
+            "time/reward_s": got.reward_s,
+            **times,
+            "time/step_s": time.time() - t_start,
         },
     )
 

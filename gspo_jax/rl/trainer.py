@@ -44,14 +44,16 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from gspo_jax import sharding
 from gspo_jax.data import iterator as data_iterator
 from gspo_jax.rl import batch as rl_batch
 from gspo_jax.rl import build as exp
+from gspo_jax.rl import evaluation
 from gspo_jax.rl import step as ts
 from gspo_jax.runtime import agreement as pod
 from gspo_jax.runtime import checkpoint as checkpoint_lib
 from gspo_jax.runtime import metrics as metrics_lib
-from gspo_jax.runtime import rundir, sharding
+from gspo_jax.runtime import rundir
 from gspo_jax.state import Run, TrainState
 
 # ------------------------------------------------------------------------------ evaluation
@@ -62,8 +64,6 @@ def evaluate(run: Run, params) -> dict[str, float] | None:
 
     None when evaluation is off (config.eval.num_problems = 0).
     """
-    from gspo_jax.rl import evaluation
-
     ev = run.config.eval
     if ev.num_problems <= 0:
         return None

@@ -28,10 +28,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from gspo_jax import objectives
+from gspo_jax import objectives, sharding
 from gspo_jax.rl.batch import RLBatch
 from gspo_jax.rl.logprob_passes import forward
-from gspo_jax.runtime import sharding
 from gspo_jax.state import TrainState
 
 

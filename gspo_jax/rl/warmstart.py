@@ -46,7 +46,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from tqdm import tqdm  # the terminal bar (tqdm.auto warns in kernels without ipywidgets)
 
-from gspo_jax import data, models
+from gspo_jax import data, models, sharding
 from gspo_jax.runtime import filelock
 from gspo_jax.tasks.task import Task
 
@@ -362,8 +362,6 @@ def cache_path(
 def _restore(path: str, model_cfg: models.ModelConfig, mesh) -> nnx.Module:
     """The cached parameters as a model: on the default device, or (mesh given) straight into
     the model's mesh shardings, so each process of a multi-host run reads only its shards."""
-    from gspo_jax.runtime import sharding
-
     abstract = nnx.eval_shape(lambda: models.create_model(model_cfg))
     graphdef, abs_state = nnx.split(abstract)
     target = abs_state
@@ -514,8 +512,6 @@ def get_base_model(
             file=sys.stderr,
         )
     if mesh is not None:
-        from gspo_jax.runtime import sharding
-
         graphdef, state = nnx.split(model)
         model = nnx.merge(graphdef, jax.device_put(state, sharding.state_shardings(state, mesh)))
     return model

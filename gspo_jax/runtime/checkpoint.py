@@ -56,6 +56,7 @@ from etils import epath
 
 from gspo_jax.errors import CheckpointError
 from gspo_jax.errors import one_line as _one_line
+from gspo_jax.models.transformer import unstacked_layers_error
 from gspo_jax.runtime import agreement as pod
 
 
@@ -439,8 +440,6 @@ class Checkpointer:
     def _check_layout(self, step: int) -> None:
         """CheckpointError (one line, what to do) for a checkpoint of the model's older layout,
         before any step is tried (so none is taken as unreadable and moved aside)."""
-        from gspo_jax.models.transformer import unstacked_layers_error
-
         try:
             saved = self._manager.item_metadata(step)["state"]
         except Exception:  # noqa: BLE001 (an unreadable step is judged by the restore loop)

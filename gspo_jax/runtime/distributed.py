@@ -18,8 +18,8 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from gspo_jax import sharding
 from gspo_jax.runtime import agreement as pod
-from gspo_jax.runtime import sharding
 
 
 def init_distributed(

@@ -39,6 +39,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from gspo_jax.runtime import rundir
+
 PREFIXES = ("train/", "rollout/", "eval/", "time/")
 # Quantities whose non-finiteness stops the run (the loss and everything that feeds the update).
 GUARDED = ("train/loss", "train/grad_norm", "train/update_norm")
@@ -191,8 +193,6 @@ class MetricWriter:
     """
 
     def __init__(self, workdir: str, *, resume_step: int | None = None, tensorboard: bool = True):
-        from gspo_jax.runtime import rundir
-
         self.enabled = is_writer_process()
         self.workdir = workdir
         self.jsonl_path = os.path.join(workdir, "metrics.jsonl")
@@ -213,8 +213,6 @@ class MetricWriter:
     def write_config(self, config: Any) -> str | None:
         """Writes config.json (a ConfigDict, dict, or anything with to_dict()); an earlier,
         different config.json is kept as config.<n>.json, whose path is returned."""
-        from gspo_jax.runtime import rundir
-
         if not self.enabled:
             return None
         return rundir.write_config_json(self.workdir, config)

@@ -1,0 +1,201 @@
+"""The library's layout: each layer imports only the layers below it, no module imports itself
+back through others (an import cycle), and no library module reads the research folders.
+
+Read from the source with ast (nothing is imported): every ``import`` / ``from ... import`` of a
+gspo_jax module, at module level or inside a function (a lazy import still ties two modules),
+except under ``if TYPE_CHECKING:`` (annotations only). The layers are docs/design.md's table.
+"""
+
+import ast
+import os
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIB = os.path.join(REPO, "gspo_jax")
+
+# layer -> the layers it may import (besides itself); docs/design.md "Layout" shows the same.
+LAYERS = {
+    "errors": set(),
+    "state": set(),
+    "sharding": set(),  # the logical-axis rule table: models name axes, runtime places arrays
+    "objectives": set(),
+    "advantages": set(),
+    "models": {"sharding"},
+    "tasks": set(),
+    "config": {"objectives", "advantages", "errors"},
+    "runtime": {"config", "errors", "models", "sharding"},
+    "rollout": {"models", "sharding"},
+    "sampler": {"rollout"},
+    "data": {"tasks", "runtime", "errors", "sharding"},
+    "rl": {
+        "sharding",
+        "errors",
+        "state",
+        "objectives",
+        "advantages",
+        "models",
+        "tasks",
+        "config",
+        "runtime",
+        "rollout",
+        "data",
+    },
+    "planning": {
+        "sharding",
+        "errors",
+        "state",
+        "objectives",
+        "advantages",
+        "models",
+        "tasks",
+        "config",
+        "runtime",
+        "rollout",
+        "data",
+        "rl",
+    },
+    "main": {"config", "errors", "runtime", "data", "rl", "planning"},
+}
+
+
+def _module_name(path: str) -> str:
+    rel = os.path.relpath(path, REPO)[: -len(".py")].replace(os.sep, ".")
+    return rel[: -len(".__init__")] if rel.endswith(".__init__") else rel
+
+
+def _library_files():
+    for root, _, files in os.walk(LIB):
+        for f in sorted(files):
+            if f.endswith(".py"):
+                yield os.path.join(root, f)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (
+        isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST, modules: set[str]) -> set[str]:
+    """The gspo_jax modules a file imports (a package's name when the module is the package)."""
+    found = set()
+
+    def visit(node):
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("gspo_jax"))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gspo_jax"):
+            for a in node.names:  # `from gspo_jax.pkg import mod` imports gspo_jax.pkg.mod
+                sub = f"{node.module}.{a.name}"
+                found.add(sub if sub in modules else node.module)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+@pytest.fixture(scope="module")
+def graph():
+    files = list(_library_files())
+    modules = {_module_name(f) for f in files}
+    out = {}
+    for f in files:
+        with open(f) as fh:
+            out[_module_name(f)] = _imports(ast.parse(fh.read()), modules) & modules
+    return out
+
+
+def _layer(module: str) -> str:
+    return module.split(".")[1] if "." in module else module
+
+
+def test_every_module_is_in_a_layer(graph):
+    layers = {_layer(m) for m in graph} - {"__init__", "gspo_jax"}
+    assert layers <= set(LAYERS), f"modules outside the layer table: {layers - set(LAYERS)}"
+
+
+def test_each_layer_imports_only_the_layers_below(graph):
+    bad = []
+    for module, imported in graph.items():
+        here = _layer(module)
+        for other in imported:
+            there = _layer(other)
+            if there != here and there not in LAYERS.get(here, set()):
+                bad.append(f"{module} -> {other}")
+    assert not bad, "imports against the layer table (docs/design.md):\n" + "\n".join(bad)
+
+
+def test_no_import_cycle(graph):
+    """Depth-first search for a back edge: a cycle is named module by module."""
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for n in sorted(graph[m]):
+            if n == m or n not in graph:
+                continue
+            if state.get(n) == "open":
+                cycle = stack[stack.index(n) :] + [n]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if n not in state:
+                visit(n)
+        stack.pop()
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_cycle_check_finds_a_cycle():
+    """The check above can fail: two modules importing each other are reported."""
+    a, b = ast.parse("from gspo_jax.x import b"), ast.parse("import gspo_jax.x.a")
+    mods = {"gspo_jax.x.a", "gspo_jax.x.b"}
+    g = {"gspo_jax.x.a": _imports(a, mods), "gspo_jax.x.b": _imports(b, mods)}
+    assert g == {"gspo_jax.x.a": {"gspo_jax.x.b"}, "gspo_jax.x.b": {"gspo_jax.x.a"}}
+    with pytest.raises(AssertionError, match="import cycle"):
+        test_no_import_cycle.__wrapped__(g) if hasattr(test_no_import_cycle, "__wrapped__") else (
+            test_no_import_cycle(g)
+        )
+
+
+def test_no_library_module_reads_the_research_folders():
+    """experiments/ and notebooks/ use the library, never the other way round: no string in
+    library code (docstrings aside) names them as a path to read."""
+    bad = []
+    for f in _library_files():
+        with open(f) as fh:
+            tree = ast.parse(fh.read())
+        docstrings = {
+            id(n.body[0].value)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Module | ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)
+            and n.body
+            and isinstance(n.body[0], ast.Expr)
+            and isinstance(n.body[0].value, ast.Constant)
+        }
+        for n in ast.walk(tree):
+            if (
+                isinstance(n, ast.Constant)
+                and isinstance(n.value, str)
+                and id(n) not in docstrings
+                and any(p in n.value for p in ("experiments/", "notebooks/"))
+                and ("open(" in n.value or n.value.strip().endswith(".py"))
+            ):
+                bad.append(f"{os.path.relpath(f, REPO)}: {n.value!r}")
+    assert not bad, bad
+
+
+def test_public_import_paths_of_the_api_keep_working():
+    """Users' scripts and notebooks import these; the layout may move code, not these names."""
+    from gspo_jax import advantages, models, objectives, sampler, tasks
+
+    assert callable(objectives.get_objective) and objectives.PRESET_NAMES
+    assert callable(sampler.generate) and sampler.SampleOutput
+    assert callable(models.create_model) and callable(advantages.group_advantages)
+    assert tasks.TASKS
