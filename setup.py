@@ -22,7 +22,7 @@ setup(
         "tensorflow-datasets>=4.9.8",
         "importlib_resources",  # tensorflow-datasets imports it without declaring it
         "array-record>=0.7.0",
-        "pyarrow>=14",  # Hugging Face parquet datasets (data_files.py); no TensorFlow needed
+        "pyarrow>=14",  # Hugging Face parquet datasets (data/files.py); no TensorFlow needed
         "ml-collections>=1.0.0",
         "chex>=0.1.89",
         "numpy>=1.26",

@@ -115,7 +115,5 @@ class Run:
     state_shardings: nnx.State  # NamedSharding per parameter
     updates_per_step: int
     abs_params: nnx.State  # ShapeDtypeStructs with shardings: the restore target
-    rollout_graphdef: (
-        nnx.GraphDef
-    )  # the model computing in config.rl.rollout_dtype (same parameters)
-    uses_rollout_logp: bool  # the objective reads the rollout's log-probs (correction, masking)
+    # the model computing in config.rl.rollout_dtype (the same parameters)
+    rollout_graphdef: nnx.GraphDef

@@ -3,7 +3,7 @@
 A train split of 7,473 rows and a test split of 1,319 (GSM8K's sizes; the rows are
 tests/data/gsm8k_sample.jsonl's, repeated with numbered questions, since this machine is offline)
 is written as OpenAI's JSONL and as Hugging Face's parquet layout (``main/``), then, for each
-layout, from an empty cache: the one-time conversion to array_record (data_files.py), a second
+layout, from an empty cache: the one-time conversion to array_record (data/files.py), a second
 load (the cache hit: hashing the files and opening the records), and 20 character-mode training
 batches of 64 through grain. The ratio that matters is conversion over the batches a run reads
 anyway: a conversion costing a few batches is paid once per content of the files.

@@ -47,11 +47,11 @@ sys.path.insert(0, REPO)
 from machine import describe  # noqa: E402 (this folder is on sys.path: the script runs from it)
 
 from gspo_jax import config as config_lib  # noqa: E402
+from gspo_jax import sharding  # noqa: E402
 from gspo_jax.data import iterator as data_iterator  # noqa: E402
 from gspo_jax.rl import batch as rl_batch  # noqa: E402
 from gspo_jax.rl import build as exp  # noqa: E402
 from gspo_jax.rl import step as ts  # noqa: E402
-from gspo_jax import sharding  # noqa: E402
 from gspo_jax.runtime import distributed  # noqa: E402
 
 PHASES = ("rollout", "reward", "logp", "update", "step")

@@ -29,7 +29,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     Covers: finite float hyperparameters, the advantage estimator and scale_rewards, group size
     >= 2, positive counts (prompts, minibatches, micro-batches, epochs, steps), temperature,
     response lengths, the schedule and intervals, and the rollout options. The checks that need a
-    built part (the objective, the mesh, the task, the model config) run where experiment.py builds
+    built part (the objective, the mesh, the task, the model config) run where rl/build.py builds
     it, and the workdir is probed last (experiment.build_run).
     """
     rl = config.rl

@@ -10,7 +10,7 @@ under ``data_dir`` (with a progress bar) and read back through ``tfds.data_sourc
 source that grain shuffles by index: the same path a real catalogue dataset (gsm8k) takes when it
 has been prepared under ``data_dir``. A task reading released files (``task.data_path``: GSM8K's
 JSONL, Hugging Face parquet) has them converted once to array_record under ``data_dir`` and read by
-grain's ArrayRecordDataSource (data_files.py), with no TensorFlow. Runs started together share one
+grain's ArrayRecordDataSource (data/files.py), with no TensorFlow. Runs started together share one
 preparation: the first generates the files under a file lock, the others wait for it (see
 ``prepare``).
 
@@ -58,8 +58,9 @@ def prepare(task: Task, data_dir: str | os.PathLike | None = None):
     Generated tasks: generate it unless it is there already and return its prepared TFDS
     builder. Safe to call from many processes at once (parallel runs, the hosts of a pod sharing
     ``data_dir``): the first one generates the files under a lock next to them
-    (``<version dir>.lock``, see filelock.py), the others wait for it and then read its files.
-    Tasks reading files (``task.data_path``): convert every split the folder holds (data_files.py,
+    (``<version dir>.lock``, see runtime/filelock.py), the others wait for it and then read its
+    files.
+    Tasks reading files (``task.data_path``): convert every split the folder holds (data/files.py,
     the same lock) and return {split: array_record path}. Catalogue datasets: check that they are
     prepared, in array_record format, and return the builder.
     """

@@ -9,10 +9,10 @@ Nothing outside gspo_jax/models/ calls more of a model than this Protocol:
   steps writing the cache at a slot), ``init_cache``, ``logits``, ``cfg`` (vocab_size,
   max_seq_len, is_moe), and the cache-layout helpers models/ exports (shared_prefix_cache,
   add_chunk, is_shared_prefix), so no engine reaches into models/attention.py;
-- gspo_jax/models/logprobs.py (response_logprobs, which train_step.py, warmstart.py and
-  evaluation.py call): ``forward`` without a cache, ``output_matrix`` and ``cfg``
+- gspo_jax/models/logprobs.py (response_logprobs, which rl/step.py, rl/warmstart.py and
+  rl/evaluation.py call): ``forward`` without a cache, ``output_matrix`` and ``cfg``
   (compute_dtype, logprob_chunk_bytes, num_layers, experts_per_token);
-- gspo_jax/rl/step.py, experiment.py, warmstart.py and evaluation.py: the model is an
+- gspo_jax/rl/step.py, rl/build.py, rl/warmstart.py and rl/evaluation.py: the model is an
   ``nnx.Module`` whose trainable state is its ``nnx.Param`` variables (split with
   ``nnx.split(model, nnx.Param, ...)``, merged back inside jit) and each Param carries logical axis
   names in its ``out_sharding`` metadata (gspo_jax/sharding.py turns them into shardings);

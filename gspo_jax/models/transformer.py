@@ -13,7 +13,7 @@ decode_mask): the teacher-forced pass, the sampler's prefill and its decode step
 functions. slot_mask is the unmaterialised form the attention kernels take (models/attention.py).
 
 create_model is the one constructor of a model (unsharded, or created already sharded on a mesh);
-experiment.py, warmstart.py, models/hf.py and the tests build models through it.
+rl/build.py, rl/warmstart.py, models/hf.py and the tests build models through it.
 """
 
 from __future__ import annotations

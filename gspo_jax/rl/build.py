@@ -7,7 +7,7 @@
 build_run builds each part once, and every builder checks its own input as it builds
 (make_objective, make_mesh, make_task, make_model_config), after config.validate's checks of the
 config alone and before the workdir is probed. Nothing here runs an RL step (that is
-train_step.py, which imports this module; trainer.py is the loop); notebooks and benchmarks use
+rl/step.py, which imports this module; rl/trainer.py is the loop); notebooks and benchmarks use
 these functions to get the same objects the trainer uses.
 
 Dimension legend: none (configuration objects and parameter pytrees).

@@ -4,9 +4,9 @@ rl_step, which runs them.
     phases = train_step.make_phases(run, state, with_ref=False)
     state, host_metrics = train_step.rl_step(run, phases, state, batch_local)
 
-trainer.py is the run loop around rl_step; experiment.py builds the Run (task, model, objective,
-optimizer, mesh) it takes and the TrainState; rl_batch.py makes the RLBatch the update
-(update.py) trains on; logprob_passes.py holds the forward-only passes.
+rl/trainer.py is the run loop around rl_step; rl/build.py builds the Run (task, model, objective,
+optimizer, mesh) it takes and the TrainState; rl/batch.py makes the RLBatch the update
+(rl/update.py) trains on; rl/logprob_passes.py holds the forward-only passes.
 
 Dimension legend: P prompts per step, G samples per prompt, B = P*G response rows, Lp padded
 prompt length, T padded response length (= max_new_tokens), L layers, S = Lp+T sequence slots, k

@@ -2,10 +2,12 @@
 
     summary = trainer.train(config, workdir)     # what `python -m gspo_jax.main` calls
 
-Setup (task, model, objective, optimizer, mesh, base policy) lives in experiment.py; one RL step
-(its jitted phases and ``rl_step``) in train_step.py; multi-host data placement in distributed.py.
+Setup (task, model, objective, optimizer, mesh, base policy) lives in rl/build.py; one RL step
+(its jitted phases and ``rl_step``) in rl/step.py; multi-host data placement in
+runtime/distributed.py.
 This module is the loop around them: resume, log, evaluate, checkpoint; the run directory's
-files (base_eval.json, summary.json, the --start_fresh moves) are rundir.py's. ``Session`` holds
+files (base_eval.json, summary.json, the --start_fresh moves) are runtime/rundir.py's. ``Session``
+holds
 what one invocation sets up before the first step and finishes after the last; ``train`` is the
 loop over steps.
 
@@ -20,12 +22,14 @@ exactly: parameters and metrics equal those of an uninterrupted run. The same co
 results on one device and on a mesh of many (sharding changes only the order of float sums).
 
 Multi-host: every process runs this same loop (SPMD) on its share of the prompts (see
-distributed.py: by default every host reads the global batch and keeps its rows, so results do not
+runtime/distributed.py: by default every host reads the global batch and keeps its rows, so results
+do not
 depend on the process count); jax.make_array_from_process_local_data assembles the global batch,
 and each process scores the response rows of its own prompts. Only process 0 writes metrics,
 config.json and summary.json; orbax writes checkpoint shards from every process. Every decision one
 host could take alone (the config check, the restore and its fallback, the warm-start load, a
-failed save, a stop signal) is agreed first (pod.py), within config.multihost.timeout_s, and
+failed save, a stop signal) is agreed first (runtime/agreement.py), within
+config.multihost.timeout_s, and
 before any work every process checks that all run the same config in the same shared workdir.
 """
 
@@ -155,7 +159,8 @@ class Session:
     """One invocation of ``train``: the run, its data, checkpoints, logs and training state.
 
     Constructing it does everything before the first step, in the order every process of a pod
-    takes the same agreed decisions (pod.py): the config and workdir checks, --start_fresh, the
+    takes the same agreed decisions (runtime/agreement.py): the config and workdir checks,
+    --start_fresh, the
     resume config check, the restore with its fallback, config.json and metrics.jsonl, then the
     initial state (the resumed one, or the base policy with its evaluation) and the reference
     parameters. The loop in ``train`` advances ``state``; ``finish`` ends a completed run.

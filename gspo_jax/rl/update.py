@@ -34,29 +34,10 @@ from gspo_jax.rl.logprob_passes import forward
 from gspo_jax.state import TrainState
 
 
-def make_update_fn(
-    graphdef,
-    rest,
-    objective,
-    tx: optax.GradientTransformation,
-    *,
-    temperature: float,
-    num_epochs: int,
-    num_minibatches: int,
-    num_microbatches: int = 1,
-    shuffle: bool = True,
-    aux_loss_coef: float = 0.0,
-    mesh=None,
-) -> Callable:
-    """(state, batch: RLBatch, shuffle_key) -> (state, metrics): μ epochs × K minibatches of
-    optax steps; rows stay sharded over ``mesh`` (None: one device).
-
-    metrics (scalars): loss and the objective's finalised metrics averaged over the μ·K updates
-    (ratio_min / ratio_max: min / max over them), grad_norm (mean and max), update_norm, entropy,
-    aux_loss, and logp_diff_mean / logp_diff_absmax of the very first minibatch (pre-update
-    parameters: the rollout-vs-trainer log-prob difference).
-    """
-    K, U = num_minibatches, num_microbatches
+def make_micro_loss(graphdef, rest, objective, *, temperature: float, aux_loss_coef: float, U: int):
+    """(params, micro-batch, den) -> (num / den + aux term, (Sums, extra sums)): the loss of one
+    micro-batch with the whole minibatch's normaliser ``den``, so that summing the values (and
+    gradients) over the U micro-batches gives the un-accumulated minibatch's."""
 
     def micro_loss(params, mb: RLBatch, den):
         out = forward(graphdef, params, rest, mb, temperature)
@@ -82,36 +63,105 @@ def make_update_fn(
             "logp_diff_absmax": jnp.abs(diff).max(),
             "aux_loss": out["aux_loss"],
         }
-        # num/den with the whole minibatch's den: summing these over micro-batches gives the loss
-        # (and gradient) of the un-accumulated minibatch.
         value = sums.num / jnp.maximum(den, 1.0) + aux_loss_coef * out["aux_loss"] / U
         return value, (sums, extra)
 
+    return micro_loss
+
+
+def minibatch_gradient(grad_fn, params, mb: RLBatch, den, U: int, mesh):
+    """(grads, Sums, extra sums) of one minibatch: one gradient, or the sum of U micro-batches'
+    gradients (gradient accumulation under lax.scan) and their sums combined."""
+    if U == 1:
+        (_, (sums, extra)), grads = grad_fn(params, mb, den)
+        return grads, sums, extra
+    micro = sharding.chunk_rows(mb, U, mesh)
+
+    def acc(g_sum, m):
+        (_, aux), g = grad_fn(params, m, den)
+        return jax.tree.map(jnp.add, g_sum, g), aux
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    grads, (sums_u, extra_u) = jax.lax.scan(acc, zeros, micro)
+    extra = {
+        "entropy_sum": extra_u["entropy_sum"].sum(),
+        "tokens": extra_u["tokens"].sum(),
+        "logp_diff_sum": extra_u["logp_diff_sum"].sum(),
+        "logp_diff_absmax": extra_u["logp_diff_absmax"].max(),
+        "aux_loss": extra_u["aux_loss"].mean(),
+    }
+    return grads, sums_u.reduce_stacked(), extra
+
+
+def minibatch_rows(shuffle_key, B: int, K: int, num_epochs: int, shuffle: bool) -> jax.Array:
+    """[μK, Bm] row indices of each minibatch: a permutation per epoch (the step's shuffle key
+    folded with the epoch), or the rows in order."""
+    key = jax.random.wrap_key_data(shuffle_key)
+    if shuffle:
+        perms = [jax.random.permutation(jax.random.fold_in(key, e), B) for e in range(num_epochs)]
+    else:
+        perms = [jnp.arange(B) for _ in range(num_epochs)]
+    return jnp.stack(perms).reshape(num_epochs * K, B // K)
+
+
+def step_metrics(ms: dict) -> dict:
+    """The step's metrics from the μK updates' [μK] stacks: means, except min / max for the
+    _min / _max metrics, |log w| percentiles from the summed counts, the largest gradient norm,
+    and the first minibatch's log-prob difference (before any update of this step: the
+    trainer's log-probs vs the rollout's)."""
+    percentiles = {}
+    if "abs_log_w_below" in ms:  # [μK, edges]: the step's counts, not a mean of edges
+        percentiles = objectives.log_w_percentiles_from_counts(
+            ms.pop("abs_log_w_below").sum(0), ms.pop("abs_log_w_tokens").sum()
+        )
+    metrics = {}
+    for k, v in ms.items():
+        if k.endswith("_min"):
+            metrics[k] = v.min()
+        elif k.endswith("_max") or k == "logp_diff_absmax":
+            metrics[k] = v.max()
+        else:
+            metrics[k] = v.mean()
+    metrics.update(percentiles)
+    metrics["grad_norm_max"] = ms["grad_norm"].max()
+    metrics["logp_diff_mean"] = ms["logp_diff_mean"][0]
+    metrics["logp_diff_absmax"] = ms["logp_diff_absmax"][0]
+    return metrics
+
+
+def make_update_fn(
+    graphdef,
+    rest,
+    objective,
+    tx: optax.GradientTransformation,
+    *,
+    temperature: float,
+    num_epochs: int,
+    num_minibatches: int,
+    num_microbatches: int = 1,
+    shuffle: bool = True,
+    aux_loss_coef: float = 0.0,
+    mesh=None,
+) -> Callable:
+    """(state, batch: RLBatch, shuffle_key) -> (state, metrics): μ epochs × K minibatches of
+    optax steps; rows stay sharded over ``mesh`` (None: one device).
+
+    metrics (scalars): loss and the objective's finalised metrics averaged over the μ·K updates
+    (ratio_min / ratio_max: min / max over them), grad_norm (mean and max), update_norm, entropy,
+    aux_loss, and logp_diff_mean / logp_diff_absmax of the very first minibatch (pre-update
+    parameters: the rollout-vs-trainer log-prob difference).
+    """
+    K, U = num_minibatches, num_microbatches
+    micro_loss = make_micro_loss(
+        graphdef, rest, objective, temperature=temperature, aux_loss_coef=aux_loss_coef, U=U
+    )
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
     def minibatch_step(carry, mb):
         params, opt_state = carry
         mb = jax.tree.map(lambda x: sharding.constrain_rows(x, mesh), mb)
         den = objective.denominator(mb.mask)  # whole-minibatch normaliser, mask only
-        if U == 1:
-            (_, (sums, extra)), grads = grad_fn(params, mb, den)
-        else:
-            micro = sharding.chunk_rows(mb, U, mesh)
-
-            def acc(g_sum, m):
-                (_, aux), g = grad_fn(params, m, den)
-                return jax.tree.map(jnp.add, g_sum, g), aux
-
-            zeros = jax.tree.map(jnp.zeros_like, params)
-            grads, (sums_u, extra_u) = jax.lax.scan(acc, zeros, micro)
-            sums = sums_u.reduce_stacked()
-            extra = {
-                "entropy_sum": extra_u["entropy_sum"].sum(),
-                "tokens": extra_u["tokens"].sum(),
-                "logp_diff_sum": extra_u["logp_diff_sum"].sum(),
-                "logp_diff_absmax": extra_u["logp_diff_absmax"].max(),
-                "aux_loss": extra_u["aux_loss"].mean(),
-            }
+        grads, sums, extra = minibatch_gradient(grad_fn, params, mb, den, U, mesh)
         loss, m = sums.finalize()
         if "abs_log_w_below" in sums.metrics:  # percentiles: once per step, from the step's counts
             m["abs_log_w_below"] = sums.metrics["abs_log_w_below"]
@@ -139,42 +189,15 @@ def make_update_fn(
             raise ValueError(f"adv has shape {batch.adv.shape}; need {(B,)} or {(B, T)}")
         chex.assert_rank(batch.prompts, 2)
         if B % K:
-            raise ValueError(
-                f"{B} rows do not split into {K} minibatches; see experiment.make_mesh"
-            )
-        key = jax.random.wrap_key_data(shuffle_key)
-        if shuffle:
-            perms = [
-                jax.random.permutation(jax.random.fold_in(key, e), B) for e in range(num_epochs)
-            ]
-        else:
-            perms = [jnp.arange(B) for _ in range(num_epochs)]
-        idx = jnp.stack(perms).reshape(num_epochs * K, B // K)  # [μK, Bm] rows of each minibatch
+            raise ValueError(f"{B} rows do not split into {K} minibatches; see build.make_mesh")
+        idx = minibatch_rows(shuffle_key, B, K, num_epochs, shuffle)
 
         def body(carry, rows):
             mb = jax.tree.map(lambda x: jnp.take(x, rows, axis=0), batch)
             return minibatch_step(carry, mb)
 
         (params, opt_state), ms = jax.lax.scan(body, (state.params, state.opt_state), idx)
-        percentiles = {}
-        if "abs_log_w_below" in ms:  # [μK, edges]: the step's counts, not a mean of edges
-            percentiles = objectives.log_w_percentiles_from_counts(
-                ms.pop("abs_log_w_below").sum(0), ms.pop("abs_log_w_tokens").sum()
-            )
-        metrics = {}
-        for k, v in ms.items():
-            if k.endswith("_min"):
-                metrics[k] = v.min()
-            elif k.endswith("_max") or k == "logp_diff_absmax":
-                metrics[k] = v.max()
-            else:
-                metrics[k] = v.mean()
-        metrics.update(percentiles)
-        metrics["grad_norm_max"] = ms["grad_norm"].max()
-        # Before any update of this step: the trainer's log-probs vs the rollout's.
-        metrics["logp_diff_mean"] = ms["logp_diff_mean"][0]
-        metrics["logp_diff_absmax"] = ms["logp_diff_absmax"][0]
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-        return new_state, metrics
+        return new_state, step_metrics(ms)
 
     return update

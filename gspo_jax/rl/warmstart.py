@@ -14,7 +14,8 @@ Caching: the trained parameters are saved with orbax under
 warm-start config and a code version, so every run asking for the same base reuses it and any
 change to one of them trains a new one. A ``meta.json`` next to the checkpoint records the configs,
 the final loss and the wall time. Runs started together train it once: the first trains under a
-file lock (``<entry>.lock``, see filelock.py) while the others wait, then load its entry. An entry
+file lock (``<entry>.lock``, see runtime/filelock.py) while the others wait, then load its entry. An
+entry
 is written into a private folder and renamed into place, so it is either absent or complete; one
 that cannot be read (files deleted or truncated since) is moved aside to
 ``<entry>.corrupt-<time>`` (never deleted) and trained again.

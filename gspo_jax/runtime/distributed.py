@@ -29,11 +29,12 @@ def init_distributed(
     timeout_s: float = pod.DEFAULT_TIMEOUT_S,
 ) -> None:
     """jax.distributed.initialize, with gloo collectives when the platform is the CPU, and this
-    process's heartbeat watchdog (pod.py).
+    process's heartbeat watchdog (runtime/agreement.py).
 
     Must run before any JAX computation. On a TPU pod all three arguments can be None (JAX reads
     them from the environment); on CPUs they are required. ``timeout_s`` (config.multihost
-    .timeout_s) bounds every wait for another process: pod.py's agreements and watchdog use it,
+    .timeout_s) bounds every wait for another process: runtime/agreement.py's agreements and
+    watchdog use it,
     the coordinator's own heartbeat timeout is twice it (so that the watchdog's one-line report
     comes first, not the coordinator's abort) and its shutdown barrier waits at most this long.
     """

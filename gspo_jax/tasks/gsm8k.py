@@ -2,7 +2,7 @@
 
 Two sources, chosen by the ``data_path`` knob:
 
-* a folder of the released files (``data_path``, data_files.py): ``train.jsonl`` / ``test.jsonl``
+* a folder of the released files (``data_path``, data/files.py): ``train.jsonl`` / ``test.jsonl``
   as OpenAI released them (one {"question", "answer"} object per line), or Hugging Face's parquet
   shards (``main/train-00000-of-00001.parquet``, ...). Converted once into the cache, no
   TensorFlow needed.

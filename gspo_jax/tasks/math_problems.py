@@ -1,6 +1,6 @@
 r"""MATH: competition mathematics (Hendrycks et al.), and MATH-500, from the released files.
 
-Rows (JSONL or Hugging Face parquet, data_files.py) carry ``problem`` and ``solution`` (a worked
+Rows (JSONL or Hugging Face parquet, data/files.py) carry ``problem`` and ``solution`` (a worked
 solution in LaTeX whose final answer is boxed), and ``answer`` in MATH-500's release; when there is
 no ``answer`` field it is the last ``\boxed{}`` of the solution (math_answers.last_boxed). A row
 with neither is an error naming it. Records carry problem, solution and answer (text), all three

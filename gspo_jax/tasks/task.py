@@ -61,7 +61,7 @@ class Task(abc.ABC):
     # module that registers its builder (TFDS finds a catalogue builder only once it is imported).
     catalogue_name: str | None = None
     catalogue_module: str | None = None
-    # A folder of released split files the data is read from instead (data_files.py); "" if none.
+    # A folder of released split files the data is read from instead (data/files.py); "" if none.
     data_path: str = ""
     # The splits the task's dataset has (what evaluation and the data loader may read); known
     # before any data is generated, so a config naming another split fails at validation.
