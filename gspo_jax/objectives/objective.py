@@ -2,6 +2,36 @@
 minibatch's log-probs (the module docstring of gspo_jax.objectives has the equations).
 
 Dimension legend: B response rows, T padded response length.
+
+The parts besides the ratio level (ratios.py) and the surrogate (surrogates.py), with
+δ_{i,t} = logp − old_logp, |y_i| = Σ_t mask_{i,t} and sg the stop-gradient:
+
+  weight       (only when asked for; needs rollout_logp, or entropy) ℓ ← c·m·ℓ, all detached:
+     rollout_correction  c from exp(Δ), Δ = old_logp − rollout_logp, per token (token_tis /
+                         token_mis) or exp(Σ_t Δ_{i,t}) per response (seq_tis / seq_mis): *_tis
+                         clips it to [rollout_is_min, rollout_is_max], *_mis zeroes it outside
+                         geo_rs: c_i = 1 if exp(mean_t Δ_{i,t}) is inside the bounds, else 0
+     off_policy_mask δ   m = 0 where A < 0 and mean_t(rollout_logp − sg[logp]) > δ, else 1
+     top_entropy_quantile q  m = 0 on tokens whose entropy is below the call's (1 − q)-quantile
+  aggregation  per-token losses ℓ_{i,t} (a response-level L_i counts on each of its tokens):
+               seq-mean-token-mean      (1/R) Σ_i (1/|y_i|) Σ_t ℓ_{i,t}
+               token-mean               Σ_{i,t} ℓ_{i,t} / Σ_i |y_i|
+               seq-mean-token-sum       (1/R) Σ_i Σ_t ℓ_{i,t}          (LUSPO's length weight)
+               seq-mean-token-sum-norm  Σ_{i,t} ℓ_{i,t} / (R·max_len)  (Dr. GRPO)
+  KL           + kl_coef · KL[π_θ ‖ π_ref], per-token k1 | k2 | k3 of x = ref_logp − logp,
+               aggregated like the policy loss (not weighted by c·m; only when ref_logp is given:
+               grpo's β = 0.04 applies only then; the other presets have kl_coef 0, kl_ref is still
+               reported); kl_unbiased: KL_{i,t} weighted by the (undetached) ratio ρ
+  entropy      − entropy_coef · the entropy aggregated like the policy loss
+Batch-level statistics (the covariances and their top-k, the entropy quantile) are over the rows
+of one call: they do not combine over micro-batches or shards (docs/objectives.md).
+
+R counts the *non-empty* rows: a row whose mask is all zero contributes nothing to any sum or
+count, so padding a minibatch with empty rows (e.g. to fill every shard) changes nothing.
+max_len=None means the padded T of the arrays passed (set it to the sampler's max_new_tokens when
+micro-batches might differ in T). exp() arguments are clamped to ±20 (before the exp, so that no
+branch ever holds an inf whose gradient could turn into NaN); values under mask 0, even NaN or inf,
+never reach a value or a gradient.
 """
 
 from __future__ import annotations

@@ -1,6 +1,11 @@
 """The presets (one line per objective of the family) and the fields a config may override.
 
 Dimension legend: none.
+
+A preset (PRESETS) is a ratio level, a surrogate, an aggregation and field values; luspo is gspo
+with seq-mean-token-sum, gspo with eps 0.2 is `get_objective("gspo", eps_low=0.2, eps_high=0.2)`.
+For gmpo, eps_low and eps_high bound δ in log space (clip (e^−0.4, e^0.4)), so eps_low < 1 is not
+required there. The cispo value contains logp itself: only its gradient is meaningful.
 """
 
 from __future__ import annotations

@@ -2,6 +2,15 @@
 δ = logp − old_logp: token w_{i,t}, sequence s_i, sequence_token s_{i,t}, geometric (GMPO).
 
 Dimension legend: B response rows, T padded response length.
+
+The ratio levels, with
+δ_{i,t} = logp − old_logp, |y_i| = Σ_t mask_{i,t} and sg the stop-gradient:
+
+  ratio_level  which ratio ρ, per unit (a token or a response)
+     "token"           w_{i,t} = exp(δ_{i,t})                 grpo, dapo, dr_grpo, cispo, sapo
+     "sequence"        s_i = exp(Σ_t δ_{i,t} / |y_i|)         gspo, luspo
+     "sequence_token"  s_{i,t} = sg[s_i]·π_θ(y_{i,t}) / sg[π_θ(y_{i,t})]   gspo_token
+     "geometric"       exp(Σ_t δ*_{i,t} / |y_i|), δ* = δ clipped in log space, sign-aware: gmpo
 """
 
 from __future__ import annotations

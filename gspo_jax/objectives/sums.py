@@ -2,6 +2,58 @@
 which add over micro-batches and shards (global normalisation, docs/objectives.md).
 
 Dimension legend: B response rows, T padded response length.
+
+Global normalisation. Every aggregation is `loss = num / den` with
+  num = Σ_{i,t} κ_{i,t}·ℓ_{i,t}   (κ_{i,t} = 1/|y_i| for seq-mean-token-mean, else 1)
+  den = R | Σ_i |y_i| | R | R·max_len          (depends on the mask only; a weight of 0 from
+                                                 rollout correction or masking leaves it as is)
+and num, den and every metric sum simply add up over micro-batches and shards. `obj.sums(...)`
+returns them as `Sums(num, den, metrics)`; `obj(...)` is `obj.sums(...).finalize()`. The trainer:
+
+  den = sum(obj.denominator(mask_k) for k in micro_batches)      # mask only: before any forward
+  grad = Σ_k ∇θ obj.sums(logp_k(θ), old_k, adv_k, mask_k, rollout_logp=roll_k).num / den
+  loss, metrics = functools.reduce(Sums.combine, sums_k).finalize()   # = Σ_k num_k / den
+  # in jax.shard_map over the batch axis: loss, metrics = obj.sums(...).psum("data").finalize()
+  # under plain jit with batch-sharded arrays obj(...) is already global (XLA sums over shards)
+  # a scanned micro-batch loop with stacked Sums: sums.reduce_stacked().finalize()
+Gradients flow through `num` only (metric sums are stop-gradient); jax.grad through
+`.psum(...).finalize()[0]` inside shard_map gives the global gradient.
+
+Metric sums are additive except those named `*_min` / `*_max` (ratio_min / ratio_max,
+rollout_is_min / rollout_is_max: combined by min / max; ±inf or 0 in a part with no unit, the
+identity of min / max). Finalised metrics:
+  clip_frac, clip_frac_low, clip_frac_high   per response token (a clipped response clips all of
+                                             its tokens). clip: low ρ < 1 − eps_low with A < 0,
+                                             high ρ > 1 + eps_high with A > 0 (gmpo: tokens whose
+                                             δ its log clip moved); cispo: units whose ρ the clip
+                                             moved, whatever the sign of A; sapo: 0 (no clip)
+  seq_clip_frac        mean over responses of the fraction of their tokens clipped (for the
+                       sequence-level objectives: the fraction of clipped responses)
+  dual_clip_frac       per token, only when dual_clip is set
+  ratio_mean/min/max   over ratio units: tokens for token ratios, responses (s_i, before any
+                       clip) for gspo, gspo_token, luspo and gmpo; 1.0 when there is no unit
+  token_ratio_mean/min/max  (objectives with one ratio per response only) the token ratios
+                       w_{i,t} = exp(δ_{i,t}) under it, over response tokens: the like-for-like
+                       comparison with a token-level objective's ratio_*
+  approx_kl            Σ k3(δ) / tokens = mean of exp(δ) − 1 − δ: the unbiased estimate of
+                       KL[π_old ‖ π_θ] from the rollout tokens (sampled from π_old)
+  kl_ref, kl_loss      (ref_logp given) token mean of the estimator, and its aggregated value
+  pg_loss              the (weighted) policy term; loss = pg_loss + kl_coef · kl_loss
+  rollout_is_mean/min/max  (rollout_correction set) the weight c after its clip or mask, over its
+                       units (tokens for token_*, responses for seq_*); 1.0 when there is no unit
+  rollout_is_masked_frac   (rollout_correction set) response tokens whose weight is 0 (mis modes)
+  opsm_drop_frac       (off_policy_mask set) mean over responses of the fraction of their tokens
+                       dropped: the fraction of dropped responses for [B] advantages
+  delta_clip_frac      (delta set) response tokens with A < 0 and ρ > δ
+  cov_frac             (clip_cov, kl_cov) response tokens the covariance rule selected
+  entropy_kept_frac    (top_entropy_quantile < 1) response tokens in the high-entropy mask
+  entropy_loss         (entropy_coef > 0) the aggregated entropy; loss = pg_loss + kl_coef ·
+                       kl_loss − entropy_coef · entropy_loss
+  abs_log_w_p50/p90/p99  (log_w_percentiles) percentiles of the token log-ratios |δ_{i,t}| over
+                       response tokens, whatever the ratio level, to a quarter decade: each is
+                       the upper edge of its bin in LOG_W_EDGES (an upper bound within a factor
+                       10^0.25), from counts that add over micro-batches and shards; 0 with no
+                       token, inf past the last finite edge
 """
 
 from __future__ import annotations

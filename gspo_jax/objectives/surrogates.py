@@ -2,6 +2,37 @@
 (clip, cispo, sapo, clip_cov, kl_cov, dppo_tv, dppo_kl).
 
 Dimension legend: B response rows, T padded response length.
+
+With δ_{i,t} = logp − old_logp and sg the stop-gradient:
+
+  surrogate    what is done with ρ: the per-unit loss ℓ (A broadcast to ρ's unit)
+     "clip"   ℓ = −min(ρ·A, clip(ρ, 1 − eps_low, 1 + eps_high)·A); dual clip c > 1:
+              ℓ = min(ℓ, −c·A) where A < 0 (the geometric ratio is clipped already: ℓ = −ρ·A)
+     "cispo"  ℓ_{i,t} = −sg[clip(ρ, 1 − eps_low, 1 + eps_high)]·A·logp_{i,t}   (always per token)
+     "sapo"   ℓ = −(4/τ)·σ(τ·(ρ − 1))·A,  τ = tau_pos where A > 0, else tau_neg
+     "clip_cov"  clip's ℓ, and ℓ = 0 on the ⌊clip_cov_ratio·N⌋ unclipped tokens of largest
+              Cov = (A − mean A)(logp − mean logp) inside (clip_cov_lb, clip_cov_ub)
+     "kl_cov"    ℓ = −ρ·A, + ppo_kl_coef·|δ| on the ⌊kl_cov_ratio·N⌋ tokens of largest Cov
+     "dppo_tv" / "dppo_kl"  ℓ = −A·sg[min(ρ, clip_ratio_c)]·logp_{i,t} on the tokens inside
+              DPPO's binary-TV / binary-KL trust region (eps_low / eps_high), 0 outside
+     (the last three per token only; N = the call's response tokens, at least 1 token)
+     delta δ  (clip, clip_cov) the unclipped branch takes min(ρ, δ): a two-sided clip
+
+A new objective is one surrogate (or ratio) function plus one preset line. CISPO, for example:
+
+    def _cispo_surrogate(obj, r, A, tok):
+        lo, hi = 1.0 - obj.eps_low, 1.0 + obj.eps_high
+        weight = jax.lax.stop_gradient(clip(r.rho, lo, hi))  # [B, T] or [B]
+        loss = -_per_token(weight * A) * tok.logp  # [B, T]
+        return _Surrogate(loss, r.rho < lo, r.rho > hi, by_adv_sign=False)  # clipped: ρ moved
+
+    _SURROGATES = {"clip": ..., "cispo": _cispo_surrogate, ...}
+    PRESETS = {..., "cispo": _preset("token", "cispo", "token-mean", eps_low=1.0, eps_high=4.0)}
+
+and it is a preset name, a sweep entry (configs/arith.py) and a configurable objective with no
+other edit (tests/test_objectives.py then checks every preset against its transcribed formula).
+A new field of Objective is likewise overridable everywhere (OVERRIDABLE_FIELDS, the config's
+placeholders) once it has a default and a check in _validate.
 """
 
 from __future__ import annotations
