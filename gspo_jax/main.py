@@ -109,7 +109,7 @@ def _dry_run(config) -> None:
 
     from gspo_jax.planning import memory_plan
 
-    if config.get("slice") is None:
+    if config.slice is None:
         raise ConfigError("--dry_run needs config.slice (e.g. v5p-8): see configs/qwen3_gsm8k.py")
     import jax
 

@@ -34,9 +34,8 @@ import numpy as np
 
 from reporting import analysis
 
-REGISTRY_PATH = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "claims_registry.py"
-)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REGISTRY_PATH = os.path.join(REPO, "experiments", "claims_registry.py")
 # "reproduced", "not reproduced" or "inconclusive: <precondition> absent", then ": <numbers>"
 VERDICT_LINE = re.compile(r"^VERDICT: (reproduced|not reproduced|inconclusive: .+? absent): .+")
 _MODULE = "gspo_claims_registry"
