@@ -19,7 +19,7 @@ from gspo_jax.tasks import gsm8k
 from gspo_jax.tasks import math_answers as ma
 
 FIXTURE = Path(__file__).parent / "data" / "gsm8k_sample.jsonl"
-TIME_BOUND_S = 5.0  # one verdict, main thread, timeout_s=1: parses and comparisons of 1 s each
+TIME_BOUND_S = 5.0  # one verdict: the input bounds keep each well under a second
 
 # (reference, response): the response's final answer equals the reference
 EQUIVALENT = [
@@ -152,9 +152,9 @@ def test_reference_answer():
     assert ma.reference_answer(" 17 ") == "17"
 
 
-def test_timeouts_are_on_in_the_main_thread_only(monkeypatch):
-    """math-verify gets its signal-based limits in the main thread and none elsewhere (where
-    signal.alarm would raise), and still answers correctly off the main thread."""
+def test_no_alarm_decides_a_verdict(monkeypatch):
+    """math-verify is always called with its time limits off (a verdict must not depend on the
+    machine's load), and still answers correctly, and quickly on a tower, off the main thread."""
     import math_verify
 
     seen = []
@@ -168,27 +168,25 @@ def test_timeouts_are_on_in_the_main_thread_only(monkeypatch):
         seen.append(("verify", kwargs["timeout_seconds"]))
         return verify(*args, **kwargs)
 
-    ma._parse_found.cache_clear()  # parses are cached: make this test's calls reach the library
+    ma._parse.cache_clear()  # parses are cached: make this test's calls reach the library
     monkeypatch.setattr(math_verify, "parse", spy_parse)
     monkeypatch.setattr(math_verify, "verify", spy_verify)
-    assert ma.is_equivalent("0.5", r"\frac{1}{2}", timeout_s=2)
-    assert seen and all(t == 2 for _, t in seen), seen
-    assert {kind for kind, _ in seen} == {"parse", "verify"}
-
-    seen.clear()
+    assert ma.is_equivalent("0.5", r"\frac{1}{2}")
     results = {}
 
     def work():
         results["right"] = ma.score_response("0.5", r"\boxed{\dfrac{1}{2}}")[0]
         results["wrong"] = ma.score_response("0.5", "#### 0.6")[0]
         results["tower"] = ma.score_response("42", r"\boxed{9^{9^{9}}}")[0]
+        results["expansion"] = ma.score_response("1", r"\boxed{(x+y+z)^{20}}")[0]
 
     thread = threading.Thread(target=work, daemon=True)
     thread.start()
-    thread.join(60)  # without the size guard the tower would run for minutes here
+    thread.join(60)  # without the size guards the tower and the expansion would run for long
     assert not thread.is_alive()
-    assert results == {"right": 1.0, "wrong": 0.0, "tower": 0.0}
-    assert seen and all(t is None for _, t in seen), seen
+    assert results == {"right": 1.0, "wrong": 0.0, "tower": 0.0, "expansion": 0.0}
+    assert {kind for kind, _ in seen} == {"parse", "verify"}
+    assert all(t is None for _, t in seen), seen
 
 
 _SOUP = st.sampled_from(
