@@ -248,6 +248,14 @@ def _latex_reader() -> tuple[Any, ...]:
 
 # An unescaped dollar (inline-math delimiter): dropped before the answer is wrapped in $...$.
 _DOLLAR_RE = re.compile(r"(?<!\\)\$")
+# Digits grouped by thousands with a LaTeX space or a blank ("10\,080", "10\!080", "10 080",
+# "10{,}080"): math-verify's LaTeX reader reads "10\,080" as 90, so the groups are joined first.
+_GROUP_SEPARATOR = r"(?:\\[,!;: ]|~|\{,\}|,\\!|[ \t])"
+_GROUPED_RE = re.compile(rf"(?<![\d.])\d{{1,3}}(?:{_GROUP_SEPARATOR}\d{{3}})+(?![\d.])")
+_SEPARATOR_RE = re.compile(_GROUP_SEPARATOR)
+# A blank or \cdot between a coefficient and i ("5 i", "5\cdot i"): math-verify reads a lone
+# "i" as the imaginary unit but "5i" as a symbol i, so "6 - 5 i" would not equal "6 - 5i".
+_SPACED_I_RE = re.compile(r"(?<=\d)\s*(?:\\cdot\s*)?(?=i\b)")
 
 
 def _balanced(text: str) -> bool:
@@ -275,6 +283,8 @@ def _parse(text: str) -> tuple[Any, ...]:
     import math_verify
 
     text = _DOLLAR_RE.sub(" ", text).strip()
+    text = _GROUPED_RE.sub(lambda m: _SEPARATOR_RE.sub("", m.group()), text)
+    text = _SPACED_I_RE.sub("", text)
     if not text or not _balanced(text):
         return ()
     parsed = math_verify.parse(
