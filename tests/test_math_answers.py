@@ -1,6 +1,8 @@
 """Math answers (gspo_jax/tasks/math_answers.py): extraction, equivalence through math-verify, the
-bounds that keep a verdict 0/1 and quick on garbage (also off the main thread), and the gsm8k
-task scoring the GSM8K-format fixture (tests/data/gsm8k_sample.jsonl)."""
+bounds that keep a verdict 0/1 and quick on garbage (also off the main thread), the answer corpus
+(tests/math_answer_corpus.py: every class of MATH answer, its rewrites and near misses, scored
+once through the worker pool of gspo_jax/tasks/scoring.py), the pool's limit, and the gsm8k and
+math tasks scoring through it (tests/data/gsm8k_sample.jsonl)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,14 @@ import threading
 import time
 from pathlib import Path
 
+import math_answer_corpus as corpus
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gspo_jax import data, tasks
-from gspo_jax.tasks import gsm8k
+from gspo_jax.tasks import gsm8k, scoring
 from gspo_jax.tasks import math_answers as ma
 
 FIXTURE = Path(__file__).parent / "data" / "gsm8k_sample.jsonl"
@@ -216,6 +219,76 @@ def test_fuzz_verdicts_are_binary_and_quick(text):
 def test_a_final_box_is_the_answer_whatever_precedes_it(prefix):
     assert _verdict("42", prefix + "\n\\boxed{42}") == 1.0
     assert _verdict("42", prefix + "\n\\boxed{43}") == 0.0
+
+
+# ------------------------------------------------------------------------------ answer corpus
+
+
+@pytest.fixture(scope="module")
+def corpus_verdicts():
+    """Every corpus case scored once, through the shared pool (two workers: what the test
+    machine has), as {case: correct}."""
+    cases = corpus.cases()
+    found = [ma.extract_answer(c.response) for c in cases]
+    assert all(f is not None and f.source == "boxed" for f in found)
+    pairs = [(c.gold, f.text) for c, f in zip(cases, found, strict=True)]
+    results = scoring.score_batch(pairs, workers=2)
+    assert [r.timeouts for r in results] == [0] * len(cases)
+    # the pool's verdicts are the in-process ones (a sample: the serial path costs seconds)
+    sample = range(0, len(pairs), 7)
+    serial = scoring.score_batch([pairs[i] for i in sample], workers=0)
+    assert [results[i].correct for i in sample] == [r.correct for r in serial]
+    return dict(zip(cases, (r.correct for r in results), strict=True))
+
+
+@pytest.mark.parametrize("cls", [*corpus.CLASSES, "multi_box"])
+def test_corpus_near_misses_score_0_and_rewrites_1(cls, corpus_verdicts):
+    got = {c: v for c, v in corpus_verdicts.items() if c.cls == cls}
+    assert {c.kind for c in got} == {"equal", "near"}  # every class has both
+    false_positives = [(c.gold, c.response) for c, v in got.items() if c.kind == "near" and v]
+    assert false_positives == []
+    false_negatives = {(c.gold, c.answer) for c, v in got.items() if c.kind == "equal" and not v}
+    assert false_negatives == {k for k in corpus.KNOWN_FALSE_NEGATIVES if k in false_negatives}
+    for c in got:  # the known ones are still not shown equal (else the list is stale)
+        if (c.gold, c.answer) in corpus.KNOWN_FALSE_NEGATIVES:
+            assert (c.gold, c.answer) in false_negatives
+
+
+def test_known_false_negatives_are_in_the_corpus():
+    cases = {(c.gold, c.answer) for c in corpus.cases() if c.kind == "equal"}
+    assert set(corpus.KNOWN_FALSE_NEGATIVES) <= cases
+
+
+def test_pool_counts_logs_and_retries_what_runs_past_its_limit(caplog):
+    """A limit of 0 s: every comparison runs past it, is retried once in a fresh worker, then
+    scores 0, each expiry logged and counted; the pool scores normally afterwards."""
+    pool = scoring.Pool(1)
+    try:
+        with caplog.at_level("WARNING", logger=scoring.__name__):
+            (result,) = pool.map([("1/2", "0.5")], limit_s=0.0)
+        assert result == scoring.Result(0.0, timeouts=scoring.ATTEMPTS)
+        assert sum("ran past" in r.getMessage() for r in caplog.records) == scoring.ATTEMPTS
+        assert pool.map([("1/2", "0.5"), ("1/2", "0.6")]) == [
+            scoring.Result(1.0),
+            scoring.Result(0.0),
+        ]
+    finally:
+        pool.close()
+
+
+def test_math_task_counts_only_boxed_answers():
+    """MATH's answers are expressions: the last number of an unboxed response is one number
+    read out of one (of "6 - 5i" here), so it never counts as correct; GSM8K keeps the rule."""
+    from gspo_jax.tasks import math_problems
+
+    record = {"problem": "p", "solution": r"\boxed{5}", "answer": "5"}
+    task = object.__new__(math_problems.MathTask)  # no data folder needed to verify
+    task.format_weight = 0.1
+    v = task.verify(record, "so z = 6 - 5i", True)
+    assert (v.correct, v.format) == (0.0, 0.0)
+    v = task.verify(record, r"so z = \boxed{5}", True)
+    assert (v.correct, v.format, v.extras) == (1.0, 1.0, {"verify_timeouts": 0.0})
+    assert tasks.get_task("gsm8k").verify({"short_answer": "5"}, "so z = 6 - 5", True).correct == 1
 
 
 # ------------------------------------------------------------------------------ gsm8k task
