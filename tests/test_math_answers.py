@@ -227,18 +227,17 @@ def test_a_final_box_is_the_answer_whatever_precedes_it(prefix):
 @pytest.fixture(scope="module")
 def corpus_verdicts():
     """Every corpus case scored once, through the shared pool (two workers: what the test
-    machine has), as {case: correct}."""
+    machine has), as {case: correct}. A (gold, answer) pair that two templates share is
+    compared once: the verdict depends on the pair alone."""
     cases = corpus.cases()
     found = [ma.extract_answer(c.response) for c in cases]
     assert all(f is not None and f.source == "boxed" for f in found)
     pairs = [(c.gold, f.text) for c, f in zip(cases, found, strict=True)]
-    results = scoring.score_batch(pairs, workers=2)
-    assert [r.timeouts for r in results] == [0] * len(cases)
-    # the pool's verdicts are the in-process ones (a sample: the serial path costs seconds)
-    sample = range(0, len(pairs), 7)
-    serial = scoring.score_batch([pairs[i] for i in sample], workers=0)
-    assert [results[i].correct for i in sample] == [r.correct for r in serial]
-    return dict(zip(cases, (r.correct for r in results), strict=True))
+    distinct = list(dict.fromkeys(pairs))
+    results = dict(zip(distinct, scoring.score_batch(distinct, workers=2), strict=True))
+    assert [r.timeouts for r in results.values()] == [0] * len(distinct)
+    # (pool = in-process verdicts: test_math_task_score_equals_verify_row_by_row)
+    return {c: results[p].correct for c, p in zip(cases, pairs, strict=True)}
 
 
 @pytest.mark.parametrize("cls", [*corpus.CLASSES, "multi_box"])
@@ -276,19 +275,60 @@ def test_pool_counts_logs_and_retries_what_runs_past_its_limit(caplog):
         pool.close()
 
 
+def _math_task():
+    """A MathTask without a data folder (verify and score read only records and responses)."""
+    import string
+
+    from gspo_jax.tasks import math_problems
+    from gspo_jax.tasks.tokenizer import CharTokenizer
+
+    task = object.__new__(math_problems.MathTask)
+    task.format_weight, task.tokenizer = 0.1, CharTokenizer(string.printable)
+    return task
+
+
 def test_math_task_counts_only_boxed_answers():
     """MATH's answers are expressions: the last number of an unboxed response is one number
     read out of one (of "6 - 5i" here), so it never counts as correct; GSM8K keeps the rule."""
-    from gspo_jax.tasks import math_problems
-
     record = {"problem": "p", "solution": r"\boxed{5}", "answer": "5"}
-    task = object.__new__(math_problems.MathTask)  # no data folder needed to verify
-    task.format_weight = 0.1
+    task = _math_task()
     v = task.verify(record, "so z = 6 - 5i", True)
     assert (v.correct, v.format) == (0.0, 0.0)
     v = task.verify(record, r"so z = \boxed{5}", True)
     assert (v.correct, v.format, v.extras) == (1.0, 1.0, {"verify_timeouts": 0.0})
     assert tasks.get_task("gsm8k").verify({"short_answer": "5"}, "so z = 6 - 5", True).correct == 1
+
+
+def test_math_task_score_equals_verify_row_by_row(corpus_verdicts):
+    """task.score (the pool) and task.verify (in-process) agree on a batch of corpus responses,
+    unterminated rows and rows without a box included; verify_timeouts is 0 on every row."""
+    task = _math_task()
+    tok = task.tokenizer
+    cases = list(corpus_verdicts)[::17][:40]  # P = 40 prompts, G = 1, every class
+    texts = [c.response for c in cases[:-2]] + ["so z = 6 - 5i", r"\boxed{12"]
+    batch = {
+        "prompt": np.zeros((len(cases), 1), np.int32),
+        "problem": np.array(["p"] * len(cases)),
+        "solution": np.array(["s"] * len(cases)),
+        "answer": np.array([c.gold for c in cases]),
+    }
+    T = max(len(t) for t in texts) + 1
+    rows = np.full((len(texts), T), tok.pad_id, np.int32)
+    mask = np.zeros((len(texts), T), np.float32)
+    for b, text in enumerate(texts):
+        ids = tok.encode(text, add_eos=b % 3 != 0)  # every third row truncated (no eos)
+        rows[b, : len(ids)], mask[b, : len(ids)] = ids, 1
+    scores = task.score(batch, rows, mask, group_size=1)
+    assert set(scores) == set(task.score_keys)
+    for b, (c, text) in enumerate(zip(cases, texts, strict=True)):
+        v = task.verify({"answer": c.gold}, text, b % 3 != 0)
+        assert (scores["reward"][b], scores["correct"][b], scores["format"][b]) == (
+            np.float32(v.reward),
+            v.correct,
+            v.format,
+        ), (c, text)
+    np.testing.assert_array_equal(scores["verify_timeouts"], 0.0)
+    assert scores["correct"].any() and not scores["correct"].all()
 
 
 # ------------------------------------------------------------------------------ gsm8k task

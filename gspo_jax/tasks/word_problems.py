@@ -21,8 +21,9 @@ after its last "####", else its last number; it is correct when it was found by 
 "format" is 1 for a terminated response that marks its answer with one of the task's
 ``answer_markers``; reward = correct + format_weight * format. ``score`` compares the B answers
 of a batch in worker processes (scoring.py: in parallel, same verdicts as one by one) and
-returns per row "verify_timeouts": how often the comparison ran past scoring.LIMIT_S (then
-retried, logged; 0 in practice), so the trainer logs it beside the reward.
+returns per row "verify_timeouts": 1 where the comparison ran past scoring.LIMIT_S (logged,
+retried, scored 0 if the retry also ran past it; 0 in practice), so the trainer logs the share
+of such rows beside the reward.
 
 Dimension legend: none beyond task.py.
 """
@@ -192,7 +193,7 @@ class WordProblemTask(Task):
             reward=correct + self.format_weight * well_formed,
             correct=correct,
             format=well_formed,
-            extras={"verify_timeouts": float(timeouts)},
+            extras={"verify_timeouts": float(timeouts > 0)},
         )
 
     def _to_compare(self, text: str) -> tuple[Any, str | None]:
@@ -217,8 +218,8 @@ class WordProblemTask(Task):
         group_size: int,
     ) -> dict[str, np.ndarray]:
         """Task.score with the B comparisons in scoring.score_batch (worker processes when B is
-        large enough): the verdicts equal ``verify``'s row by row; "verify_timeouts" [B] counts
-        each row's comparisons that ran past scoring.LIMIT_S."""
+        large enough): the verdicts equal ``verify``'s row by row; "verify_timeouts" [B] is 1 where
+        the row's comparison ran past scoring.LIMIT_S (its sum counts them)."""
         responses, response_mask = self._check_score_args(
             batch, responses, response_mask, group_size
         )
