@@ -15,7 +15,7 @@ Equivalence is decided by the ``math-verify`` library (``math_verify.parse`` the
 ``math_verify.verify``), never by eval; what this module decides is how an answer string is handed
 to it. Every answer (and every reference) is read whole, as one LaTeX expression: it is wrapped
 in ``$\\boxed{...}$`` and parsed by math-verify's LaTeX reader alone, taking only that box. So
-``6-5i`` is a complex number, ``15x-80`` a linear expression, ``1,-3`` a list of two numbers,
+``6-5i`` is 6 - 5*i (i a symbol), ``15x-80`` a linear expression, ``1,-3`` a list of two numbers,
 ``(2,4)`` a pair or interval, ``y=2x+3`` an equation, and spacing, ``\\left``/``\\right``,
 ``\\dfrac``/``\\tfrac``/``\\frac12``, ``\\text{}`` units, ``^\\circ``, ``\\%`` and ``\\$`` are
 normalised by math-verify the way the MATH graders strip them. math-verify's plain expression
@@ -253,8 +253,9 @@ _DOLLAR_RE = re.compile(r"(?<!\\)\$")
 _GROUP_SEPARATOR = r"(?:\\[,!;: ]|~|\{,\}|,\\!|[ \t])"
 _GROUPED_RE = re.compile(rf"(?<![\d.])\d{{1,3}}(?:{_GROUP_SEPARATOR}\d{{3}})+(?![\d.])")
 _SEPARATOR_RE = re.compile(_GROUP_SEPARATOR)
-# A blank or \cdot between a coefficient and i ("5 i", "5\cdot i"): math-verify reads a lone
-# "i" as the imaginary unit but "5i" as a symbol i, so "6 - 5 i" would not equal "6 - 5i".
+# A blank or \cdot between a coefficient and i ("5 i", "5\cdot i"): a free-standing "i" makes
+# math-verify read the answer with complex symbols, "5i" with real ones, and the two i are then
+# different symbols ("6 - 5 i" would not equal "6 - 5i"); joined, both read i the same way.
 _SPACED_I_RE = re.compile(r"(?<=\d)\s*(?:\\cdot\s*)?(?=i\b)")
 
 
