@@ -113,7 +113,14 @@ CLASSES: dict[str, list[tuple[str, list[str], list[str]]]] = {
         (
             r"(-\infty, 3]",
             [r"(-\infty,3]", r"\left(-\infty, 3\right]", r"( -\infty , 3 ]"],
-            [r"(-\infty, 3)", r"[3, \infty)", r"(-\infty, 4]", r"(-\infty, -3]"],
+            [
+                r"(-\infty, 3)",
+                r"[3, \infty)",
+                r"(-\infty, 4]",
+                r"(-\infty, -3]",
+                r"[-\infty, 3]",  # a closed end at infinity: not read as the open one
+                r"\left[-\infty, 3\right]",
+            ],
         ),
         (
             "[2, 5)",
@@ -147,6 +154,8 @@ CLASSES: dict[str, list[tuple[str, list[str], list[str]]]] = {
                 r"(-\infty,3)\cup(3,\infty)",
                 r"(-\infty,-3)",
                 r"(-\infty,-3)\cup[3,\infty)",
+                r"(-\infty,-3)\cup(3,\infty]",
+                r"[-\infty,-3)\cup(3,\infty)",
             ],
         ),
     ],

@@ -259,6 +259,12 @@ _SEPARATOR_RE = re.compile(_GROUP_SEPARATOR)
 _SPACED_I_RE = re.compile(r"(?<=\d)\s*(?:\\cdot\s*)?(?=i\b)")
 
 
+# A square bracket at an infinite end of an interval ("[-\infty, 3]", "(2, \infty\right]"): not an
+# interval MATH writes, and math-verify would read it as the open end, paying a reversed
+# bracket; such an answer is not shown equal to anything.
+_CLOSED_INFINITY_RE = re.compile(r"\[\s*[-+]?\s*\\infty|\\infty\s*(?:\\right\s*)?\]")
+
+
 def _balanced(text: str) -> bool:
     """Whether the unescaped braces of ``text`` balance (else wrapping it in a box would let it
     close the box early and be read in pieces)."""
@@ -309,6 +315,8 @@ def is_equivalent(reference: str, answer: str) -> bool:
         return False
     for text in (reference, answer):
         if len(text) > MAX_ANSWER_CHARS or _nesting_depth(text) > MAX_NESTING:
+            return False
+        if _CLOSED_INFINITY_RE.search(text):
             return False
     import math_verify
 
