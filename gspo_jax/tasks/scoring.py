@@ -45,6 +45,7 @@ LIMIT_S = 60.0  # per answer; bounded answers take well under a second even on a
 MIN_POOLED = 32  # batches smaller than this are scored in the calling process
 MAX_WORKERS = 16
 ATTEMPTS = 2  # a comparison that runs past LIMIT_S is tried once more in a fresh worker
+CHUNK = 8  # consecutive pairs per message to a worker (a group of the MATH recipe: G = 8)
 START_LIMIT_S = 120.0  # a worker imports SymPy and math-verify (seconds) before it is ready
 
 
@@ -75,19 +76,20 @@ class Result:
 
 
 def _worker_main(conn: connection.Connection) -> None:
-    """A worker's loop: (index, reference, answer) in, (index, correct) out; None ends it."""
+    """A worker's loop: a chunk [(index, reference, answer)] in, (index, correct) out for each
+    pair as soon as it is decided (so the parent knows which pair is running); None ends it."""
     import math_verify  # noqa: F401 - imported before the first pair, not inside its limit
 
     conn.send("ready")
     while True:
         try:
-            job = conn.recv()
+            chunk = conn.recv()
         except (EOFError, OSError):  # the parent is gone
             return
-        if job is None:
+        if chunk is None:
             return
-        index, reference, answer = job
-        conn.send((index, float(math_answers.is_equivalent(reference, answer))))
+        for index, reference, answer in chunk:
+            conn.send((index, float(math_answers.is_equivalent(reference, answer))))
 
 
 class _Worker:
@@ -98,8 +100,8 @@ class _Worker:
         )
         self.process.start()
         child.close()
-        self.job: int | None = None  # the pair it is working on
-        self.started = 0.0
+        self.jobs: collections.deque[int] = collections.deque()  # its chunk's undecided pairs
+        self.started = 0.0  # when jobs[0] started: the chunk's arrival or the last verdict
 
     def kill(self) -> None:
         self.process.kill()
@@ -162,61 +164,69 @@ class Pool:
         correct: list[float | None] = [None] * len(pairs)
         timeouts = [0] * len(pairs)
         attempts = [0] * len(pairs)  # ended without a verdict: past the limit, or the worker died
-        queue = collections.deque(range(len(pairs)))
+        # Chunks of consecutive pairs: a group's G answers share a reference, which a worker
+        # then reads once (its cache), and a verdict costs one message, not a round trip.
+        queue = collections.deque(
+            list(range(i, min(i + CHUNK, len(pairs)))) for i in range(0, len(pairs), CHUNK)
+        )
         busy: dict[connection.Connection, _Worker] = {}
+
+        def fail(w: _Worker, why: str) -> None:
+            """w's running pair ended without a verdict: replace w, requeue its chunk's rest
+            and the pair itself (alone) unless this was its last attempt."""
+            del busy[w.conn]
+            index, rest = w.jobs[0], list(w.jobs)[1:]
+            attempts[index] += 1
+            retry = attempts[index] < ATTEMPTS
+            logger.warning(
+                "scoring answer %r against %r %s (attempt %d of %d)%s",
+                pairs[index][1][:80],
+                pairs[index][0][:80],
+                why,
+                attempts[index],
+                ATTEMPTS,
+                "; retrying" if retry else "; scored 0",
+            )
+            w.jobs.clear()
+            self._replace(w)
+            if rest:
+                queue.appendleft(rest)
+            if retry:
+                queue.appendleft([index])
+            else:
+                correct[index] = 0.0
+
         while queue or busy:
-            for w in self.workers:  # hand each idle worker the next pair
-                if w.job is None and queue:
-                    w.job, w.started = queue.popleft(), time.monotonic()
+            for w in self.workers:  # hand each idle worker the next chunk
+                if not w.jobs and queue:
+                    chunk = queue.popleft()
+                    w.jobs.extend(chunk)
+                    w.started = time.monotonic()
                     try:
-                        w.conn.send((w.job, *pairs[w.job]))
+                        w.conn.send([(i, *pairs[i]) for i in chunk])
                     except (OSError, ValueError):  # it died idle: wait() reports the closed pipe
                         pass
                     busy[w.conn] = w
             next_expiry = min(w.started + limit_s for w in busy.values())
             ready = connection.wait(list(busy), timeout=max(0.0, next_expiry - time.monotonic()))
             for conn in ready:
-                w = busy.pop(conn)
+                w = busy[conn]
                 try:
-                    index, verdict = conn.recv()
+                    while w.jobs and conn.poll():
+                        index, verdict = conn.recv()  # in the chunk's order: index == jobs[0]
+                        correct[index] = verdict
+                        w.jobs.popleft()
+                        w.started = time.monotonic()
                 except (EOFError, OSError):  # the worker died (killed, out of memory)
-                    index = w.job
-                    attempts[index] += 1
-                    retry = attempts[index] < ATTEMPTS
-                    logger.warning(
-                        "scoring worker died on answer %r%s",
-                        pairs[index][1][:80],
-                        "; retrying" if retry else "; scored 0",
-                    )
-                    self._replace(w)
-                    if retry:
-                        queue.appendleft(index)
-                    else:
-                        correct[index] = 0.0
+                    fail(w, "killed its worker")
                     continue
-                correct[index], w.job = verdict, None
-            now = time.monotonic()
-            for conn, w in list(busy.items()):
-                if w.job is not None and now - w.started >= limit_s:
-                    index = w.job
-                    timeouts[index] += 1
-                    attempts[index] += 1
-                    retry = attempts[index] < ATTEMPTS
-                    logger.warning(
-                        "scoring answer %r against %r ran past %.0f s (attempt %d of %d)%s",
-                        pairs[index][1][:80],
-                        pairs[index][0][:80],
-                        limit_s,
-                        attempts[index],
-                        ATTEMPTS,
-                        "; retrying" if retry else "; scored 0",
-                    )
+                if not w.jobs:
                     del busy[conn]
-                    self._replace(w)
-                    if retry:
-                        queue.appendleft(index)
-                    else:
-                        correct[index] = 0.0
+            now = time.monotonic()
+            for w in list(busy.values()):
+                if now - w.started >= limit_s:
+                    timeouts[w.jobs[0]] += 1
+                    fail(w, f"ran past {limit_s:.0f} s")
         return [
             Result(c if c is not None else 0.0, t) for c, t in zip(correct, timeouts, strict=True)
         ]
