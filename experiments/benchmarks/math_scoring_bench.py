@@ -17,6 +17,9 @@ What it does, in order:
    compares all verdicts exactly: serial vs pooled, idle vs busy.
 4. Reports the corpus's false positives (near misses scoring 1) and false negatives (rewrites
    scoring 0), each with math-verify's reading of both sides.
+5. Sweeps mechanical mutations of the corpus's golds and SWEEP_GOLDS (a digit changed, a sign
+   flipped, a bracket or variable swapped, an element dropped or swapped) and lists those that
+   score 1: each must be a rewrite that is in fact equal, checked by reading the list.
 
 The machine's other load is not controlled; its 1-minute load average at the start of each
 phase is reported beside the figures.
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -49,6 +53,42 @@ REASONING = (
     "$\\frac{25(3 + 99)}{2} = 1275$. Next, $x^2 - 5x + 6 = (x-2)(x-3)$, so $x = 2$ or $x = 3$; "
     "checking $2^3 = 8 < 10$ and $\\sqrt{16} = 4$, the remaining case is $k \\ge 7$. "
 )
+
+
+# Golds for the mutation sweep beside the corpus's own: other MATH answer shapes.
+SWEEP_GOLDS = (
+    *("(0,1)", "(-1,5)", "(3,-4)", "(1,2)", "(5,5,-2)", r"\left(\frac{1}{2}, \frac{3}{4}\right)"),
+    *(r"(2,\frac{5\pi}{3})", "1,2,3", "-2,3", "[1,4]", "(-2,7]", r"\frac{5}{7}", "x^3-2x+1"),
+    *(r"-\sqrt{3}", "3^{10}", "2^{-3}", r"\$1.23", r"45^\circ", "0.001", r"1.5\%", r"7\pi/3"),
+    *(r"\sqrt[3]{2}", r"\log_2 5", "e^2", r"\binom{5}{2}", "5!", r"\frac{1+\sqrt{5}}{2}"),
+    *("p^2+q^2", "a=3,b=4", r"x\in(1,3)", "x>2", r"x \le -1", r"\text{even}", "4, -4"),
+    *(r"\begin{pmatrix} 3 \\ 5 \\ 7 \end{pmatrix}", "6-5i", "15x-80", "2x+3", "-2+7i"),
+)
+# Mechanical near misses: (old, new) replaced once.
+_SWAPS = (("(", "["), ("[", "("), (")", "]"), ("]", ")"), ("x", "y"), ("<", "\\le"), (">", "\\ge"))
+
+
+def mutations(gold: str) -> list[str]:
+    """Mechanical rewrites of ``gold`` that are near misses unless they happen to be equal: each
+    digit changed, each sign flipped, one bracket or variable swapped, the sign of the whole,
+    and for a comma list its first or last element dropped and its first two swapped."""
+    out = set()
+    for m in re.finditer(r"\d", gold):
+        i = m.start()
+        out.add(gold[:i] + str((int(gold[i]) + 1) % 10) + gold[i + 1 :])
+    for m in re.finditer(r"[+-]", gold):
+        i = m.start()
+        out.add(gold[:i] + ("-" if gold[i] == "+" else "+") + gold[i + 1 :])
+    for old, new in _SWAPS:
+        if old in gold:
+            out.add(gold.replace(old, new, 1))
+    out.add(gold[1:] if gold.startswith("-") else "-" + gold)
+    parts = re.split(r",\s*", gold)
+    if len(parts) > 1:
+        out.update([", ".join(parts[1:]), ", ".join(parts[:-1])])
+        out.add(", ".join([parts[1], parts[0], *parts[2:]]))
+    out.discard(gold)
+    return sorted(out)
 
 
 def _pairs(responses: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -230,6 +270,17 @@ def main() -> None:
             "timeouts": timeouts,
         }
 
+    golds = list(
+        dict.fromkeys([*(g for e in corpus.CLASSES.values() for g, _, _ in e), *SWEEP_GOLDS])
+    )
+    swept = [(g, m) for g in golds for m in mutations(g)]
+    swept_verdicts = scoring.score_batch(swept, workers=0)
+    sweep = {
+        "golds": len(golds),
+        "mutations": len(swept),
+        "scoring_1": [p for p, r in zip(swept, swept_verdicts, strict=True) if r.correct],
+    }
+
     idle, busy = runs["idle"], runs["busy"]
     same = {
         "idle_serial_vs_pooled": idle["serial"] == idle["pooled"],
@@ -243,6 +294,7 @@ def main() -> None:
             prompts=args.prompts, group=args.group, workers=args.workers, burners=args.burners
         ),
         "corpus": corpus_report(cases, corpus_verdicts),
+        "mutation_sweep": sweep,
         "verdicts_compared": sum(map(len, batches)),
         "step_responses": len(steps[0]),
         "steps_correct_fraction": float(np.mean(np.concatenate(idle["serial"][: args.steps]))),
