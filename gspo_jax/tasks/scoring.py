@@ -133,18 +133,18 @@ class Pool:
             raise ValueError(f"a scoring pool needs workers >= 1, got {workers}.")
         self._ctx = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()
-        self.workers = []
+        # All started at once, then awaited: each imports SymPy and math-verify (seconds).
+        self.workers = [_Worker(self._ctx) for _ in range(workers)]
         try:
-            for _ in range(workers):
-                self.workers.append(self._started())
+            for worker in self.workers:
+                self._await_ready(worker)
         except PoolUnavailable:
             self.close()
             raise
 
-    def _started(self) -> _Worker:
-        """A new worker that has imported its libraries, or PoolUnavailable (a spawned child
+    def _await_ready(self, worker: _Worker) -> _Worker:
+        """``worker`` once it has imported its libraries, or PoolUnavailable (a spawned child
         re-imports the parent's main module, which fails for a script read from stdin)."""
-        worker = _Worker(self._ctx)
         try:
             if worker.conn.poll(START_LIMIT_S) and worker.conn.recv() == "ready":
                 return worker
@@ -233,7 +233,7 @@ class Pool:
 
     def _replace(self, worker: _Worker) -> None:
         worker.kill()
-        self.workers[self.workers.index(worker)] = self._started()
+        self.workers[self.workers.index(worker)] = self._await_ready(_Worker(self._ctx))
 
     def close(self) -> None:
         for w in self.workers:
