@@ -4,22 +4,29 @@
     results[i].correct   # 1.0 / 0.0, math_answers.is_equivalent(reference, answer_text)
     results[i].timeouts  # how often its comparison ran past the limit (0 nearly always)
 
-Why processes: math-verify's SymPy work takes milliseconds to a second per answer and holds the
-GIL, so the P·G responses of a MATH step scored one after another leave the step waiting on one
-core. A pool of persistent worker processes (WORKERS, ``GSPO_JAX_SCORING_WORKERS`` overrides)
+Why processes: math-verify's parsing and SymPy's comparisons take milliseconds to a tenth of a
+second per answer and hold the GIL, so the P·G responses of a MATH step scored one after another
+keep one core busy while the others wait. A pool of persistent worker processes
+(default_workers(): one per core up to MAX_WORKERS; ``GSPO_JAX_SCORING_WORKERS`` overrides)
 scores them in parallel. The pool starts on the first batch of at least MIN_POOLED pairs (smaller
 batches are scored here, in order: starting processes would cost more), is reused by every later
 batch, uses the "spawn" start method (the trainer's process runs JAX's threads, which fork would
-copy in an undefined state), and is shut down at interpreter exit.
+copy in an undefined state; a spawned worker re-imports the parent's main module, guarded by
+``if __name__ == "__main__"``), and is shut down at interpreter exit. A worker takes CHUNK
+consecutive pairs at a time (a group's answers share a reference, which it then reads once) and
+returns each verdict as soon as it is decided. When the workers cannot start (a script read from
+stdin has no main module to re-import), the batch and every later one are scored here, with a
+warning.
 
 Why the result does not depend on time: a verdict is math_answers.is_equivalent, which has no
 time limit inside (its work is bounded by the input). The pool adds one last line for what those
-bounds miss: an answer whose comparison has not finished LIMIT_S seconds after a worker took it
-(a limit that no bounded answer comes near, idle or loaded) has its worker killed and is scored
+bounds miss: an answer whose comparison has not finished LIMIT_S seconds after it started (a
+limit that no bounded answer comes near, idle or loaded) has its worker killed and is scored
 again in a fresh one; if that also runs past the limit, it scores 0. Each expiry is logged (a
-warning naming the answer) and counted in ``timeouts``, which the word-problem tasks return per
-row as "verify_timeouts"; it is never silent. The serial path (workers=0, small batches) gives
-the same verdicts.
+warning naming the answer) and counted in ``timeouts``, which the word-problem tasks turn into
+the per-row flag "verify_timeouts"; it is never silent. A worker that dies (killed, out of
+memory) has its pair retried the same way, logged but not counted as a timeout. The serial path
+(workers=0, small batches) gives the same verdicts.
 
 Dimension legend: N pairs in a batch.
 """
