@@ -10,7 +10,8 @@ Prompts, tokenizers and scoring: word_problems.py. Character mode's prompt is
 "Problem: <problem>\nSolution:" and its demonstration the solution itself; chat mode asks for the
 answer in ``\boxed{}`` (Qwen's instruction) and demonstrates the solution, ending in a boxed final
 answer. The reference is ``answer``, compared by math-verify (so ``\frac{1}{2}``, ``0.5`` and
-``\dfrac12`` match); only a ``\boxed{}`` answer counts as well formed.
+``\dfrac12`` match); only a ``\boxed{}`` answer counts as well formed, and only a boxed answer
+can be correct.
 
 Dimension legend: none beyond task.py.
 """
@@ -45,6 +46,10 @@ class MathTask(WordProblemTask):
     record_fields = ("problem", "solution", "answer")
     question_field = "problem"
     answer_markers = ("boxed",)
+    # Only a boxed answer can be correct: a MATH answer is an expression, and the number after
+    # "####" or the last number of an unboxed response is one number read out of one (the last
+    # number of "z = 6 - 5i" is 5), which would pay a wrong answer whose digits end right.
+    answer_sources = ("boxed",)
 
     def record_from_example(self, example: Mapping[str, Any]) -> dict[str, str]:
         return record_from_example(example)

@@ -135,6 +135,28 @@ class Task(abc.ABC):
         Returns ``score_keys`` -> float32 [B]: "reward" (what RL maximises), "correct" (0/1),
         "format" (0/1, well-formed and terminated), plus task-specific parts.
         """
+        responses, response_mask = self._check_score_args(
+            batch, responses, response_mask, group_size
+        )
+        out = {k: np.zeros(responses.shape[0], np.float32) for k in self.score_keys}
+        records = [self.record_from_batch(batch, p) for p in range(len(batch["prompt"]))]
+        for b in range(responses.shape[0]):
+            text, terminated = self.split_response(responses[b], response_mask[b])
+            verdict = self.verify(records[b // group_size], text, terminated)
+            parts = {"reward": verdict.reward, "correct": verdict.correct, "format": verdict.format}
+            parts.update(verdict.extras)
+            for k in self.score_keys:
+                out[k][b] = parts.get(k, 0.0)
+        return out
+
+    def _check_score_args(
+        self,
+        batch: Mapping[str, np.ndarray],
+        responses: np.ndarray,
+        response_mask: np.ndarray,
+        group_size: int,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """score's arguments as arrays, or a ValueError naming what is wrong with them."""
         responses = np.asarray(responses)
         response_mask = np.asarray(response_mask)
         if responses.ndim != 2 or responses.shape != response_mask.shape:
@@ -148,16 +170,7 @@ class Task(abc.ABC):
                 f"got {responses.shape[0]} responses for {num_prompts} prompts with group_size="
                 f"{group_size}; B must equal P * group_size (group-contiguous rows)."
             )
-        out = {k: np.zeros(responses.shape[0], np.float32) for k in self.score_keys}
-        records = [self.record_from_batch(batch, p) for p in range(num_prompts)]
-        for b in range(responses.shape[0]):
-            text, terminated = self.split_response(responses[b], response_mask[b])
-            verdict = self.verify(records[b // group_size], text, terminated)
-            parts = {"reward": verdict.reward, "correct": verdict.correct, "format": verdict.format}
-            parts.update(verdict.extras)
-            for k in self.score_keys:
-                out[k][b] = parts.get(k, 0.0)
-        return out
+        return responses, response_mask
 
     def __repr__(self) -> str:
         knobs = ", ".join(f"{k}={v!r}" for k, v in self.config.items())

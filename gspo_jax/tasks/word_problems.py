@@ -16,9 +16,14 @@ Data (``data_path``): a folder with the released split files (tasks/released.py)
 once into the cache; each row becomes a record by the task's ``record_from_example``.
 
 Scoring (math_answers.py): the response's final answer is its last ``\boxed{}``, else the number
-after its last "####", else its last number; it is correct when math-verify finds it equal to the
-reference (``reference(record)``). "format" is 1 for a terminated response that marks its answer
-with one of the task's ``answer_markers``; reward = correct + format_weight * format.
+after its last "####", else its last number; it is correct when it was found by one of the task's
+``answer_sources`` and math-verify finds it equal to the reference (``reference(record)``).
+"format" is 1 for a terminated response that marks its answer with one of the task's
+``answer_markers``; reward = correct + format_weight * format. ``score`` compares the B answers
+of a batch in worker processes (scoring.py: in parallel, same verdicts as one by one) and
+returns per row "verify_timeouts": 1 where the comparison ran past scoring.LIMIT_S (logged,
+retried, scored 0 if the retry also ran past it; 0 in practice), so the trainer logs the share
+of such rows beside the reward.
 
 Dimension legend: none beyond task.py.
 """
@@ -31,7 +36,9 @@ import string
 from collections.abc import Mapping
 from typing import Any
 
-from gspo_jax.tasks import math_answers, released
+import numpy as np
+
+from gspo_jax.tasks import math_answers, released, scoring
 from gspo_jax.tasks.hf_tokenizer import HFTokenizer
 from gspo_jax.tasks.task import Task, Verdict, as_str
 from gspo_jax.tasks.tokenizer import CharTokenizer
@@ -47,6 +54,9 @@ class WordProblemTask(Task):
     question_field: str
     # Which math_answers sources count as a marked answer for the format score.
     answer_markers: tuple[str, ...] = ("boxed", "####")
+    # Which math_answers sources may be correct (an answer found otherwise scores 0).
+    answer_sources: tuple[str, ...] = ("boxed", "####", "last_number")
+    score_keys = ("reward", "correct", "format", "verify_timeouts")
 
     def __init__(
         self,
@@ -169,11 +179,65 @@ class WordProblemTask(Task):
             return f"{worked}\nThe final answer is $\\boxed{{{self.reference(record).strip()}}}$."
         return self.plain_demonstration(record)
 
-    def verify(self, record: Mapping[str, Any], text: str, terminated: bool) -> Verdict:
-        correct, found = math_answers.score_response(as_str(self.reference(record)), text)
+    def _verdict(
+        self, found: math_answers.Extracted | None, correct: float, terminated: bool, timeouts: int
+    ) -> Verdict:
         well_formed = float(
             terminated and found is not None and found.source in self.answer_markers
         )
         return Verdict(
-            reward=correct + self.format_weight * well_formed, correct=correct, format=well_formed
+            reward=correct + self.format_weight * well_formed,
+            correct=correct,
+            format=well_formed,
+            extras={"verify_timeouts": float(timeouts > 0)},
         )
+
+    def _to_compare(self, text: str) -> tuple[Any, str | None]:
+        """(the response's extracted answer, the answer text to compare or None when it cannot
+        be correct: none found, or found by a source the task does not accept)."""
+        found = math_answers.extract_answer(text)
+        if found is None or found.source not in self.answer_sources:
+            return found, None
+        return found, found.text
+
+    def verify(self, record: Mapping[str, Any], text: str, terminated: bool) -> Verdict:
+        found, answer = self._to_compare(text)
+        reference = as_str(self.reference(record))
+        correct = float(answer is not None and math_answers.is_equivalent(reference, answer))
+        return self._verdict(found, correct, terminated, 0)
+
+    def score(
+        self,
+        batch: Mapping[str, np.ndarray],
+        responses: np.ndarray,  # [B, T] int
+        response_mask: np.ndarray,  # [B, T]
+        group_size: int,
+    ) -> dict[str, np.ndarray]:
+        """Task.score with the B comparisons in scoring.score_batch (worker processes when B is
+        large enough): the verdicts equal ``verify``'s row by row; "verify_timeouts" [B] is 1 where
+        the row's comparison ran past scoring.LIMIT_S (its sum counts them)."""
+        responses, response_mask = self._check_score_args(
+            batch, responses, response_mask, group_size
+        )
+        records = [self.record_from_batch(batch, p) for p in range(len(batch["prompt"]))]
+        rows, pairs, where = [], [], []
+        for b in range(responses.shape[0]):
+            text, terminated = self.split_response(responses[b], response_mask[b])
+            record = records[b // group_size]
+            found, answer = self._to_compare(text)
+            rows.append((found, terminated))
+            if answer is not None:
+                where.append(b)
+                pairs.append((as_str(self.reference(record)), answer))
+        results: list[scoring.Result | None] = [None] * len(rows)
+        for b, result in zip(where, scoring.score_batch(pairs), strict=True):
+            results[b] = result
+        out = {k: np.zeros(len(rows), np.float32) for k in self.score_keys}
+        for b, ((found, terminated), result) in enumerate(zip(rows, results, strict=True)):
+            correct, timeouts = (0.0, 0) if result is None else (result.correct, result.timeouts)
+            verdict = self._verdict(found, correct, terminated, timeouts)
+            parts = {"reward": verdict.reward, "correct": verdict.correct, "format": verdict.format}
+            parts.update(verdict.extras)
+            for k in self.score_keys:
+                out[k][b] = parts[k]
+        return out
