@@ -28,6 +28,11 @@ How it works:
   at its T-th token: its slot frees, its generated pages go back to the pool and its prompt's
   pages lose one reference. Slots with no row still run (static shapes) and write to the
   scratch page; their outputs are dropped.
+- Drain: once the queue is empty, no slot can be refilled, and the last rows (the long tail)
+  would keep all N slots decoding for a few rows. So the live rows are compacted into the first
+  slots (a row moves by its page-table row; its KV stays in its pages) and each step decodes
+  them in ceil(live / w) sub-batches of w = N / 2^shrink slots (one more decode of width w in
+  the program), so the drain's slot-steps follow the live rows, w at a time.
 - Randomness per sequence, not per slot: row b draws its t-th token with the uniform
   uniform(fold_in(rng, t), (B,))[b], the static engine's, computed for that row alone
   (sampling.row_uniforms). So the tokens do not depend on the schedule (slots, page size,
@@ -40,8 +45,9 @@ How it works:
   loops until every row has ended), so a slot freed inside a chunk idles until the chunk ends.
   docs/benchmarks.md has the measured comparison.
 - One compile per (graphdef, shapes, G, T, slots, page_size, sampling settings, refill,
-  chunk): the program holds one refill loop and one decode step whatever T, so compile time does
-  not grow with max_new_tokens. Parameters, prompts, lengths, rng, eos_id and pad_id are traced.
+  chunk, shrink): the program holds one refill loop, one N-slot decode step and one w-slot
+  decode step (the drain's) whatever T, so compile time does not grow with max_new_tokens.
+  Parameters, prompts, lengths, rng, eos_id and pad_id are traced.
 - Memory: the pool holds paged.pages_needed(slots, Lp, T, ps) pages by default (enough that
   allocation never fails: models.paged_cache_bytes gives its bytes), against the static
   engine's B rows of T generated slots: the cache scales with N, not B.
@@ -89,7 +95,8 @@ class EngineState:
     logp: jax.Array  # [B, T] f32
     sample_logp: jax.Array  # [B, T] f32
     routes: jax.Array | None  # [L, B, Lp + T, k] int32 when routes are requested
-    decode_steps: jax.Array  # scalar int32: decode steps run (each N slot-steps)
+    decode_steps: jax.Array  # scalar int32: decode steps run
+    decoded_slots: jax.Array  # scalar int32: slot-steps decoded (the steps' widths summed)
     failed: jax.Array  # scalar bool: an allocation found no free page (never, by pages_needed)
 
     def finished(self) -> jax.Array:
@@ -135,6 +142,7 @@ def init_state(model, inputs: _Inputs, cfg: dict) -> EngineState:
         if cfg["return_routes"]
         else None,
         decode_steps=jnp.zeros((), jnp.int32),
+        decoded_slots=jnp.zeros((), jnp.int32),
         failed=jnp.zeros((), bool),
     )
 
@@ -209,25 +217,28 @@ def refill(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
     return jax.lax.while_loop(lambda s: (s.next_row < B) & ~jnp.all(s.active), body, s)
 
 
-def decode(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
-    """One decode step of all N slots: each active slot's row samples its next token."""
+def decode(model, inputs: _Inputs, s: EngineState, cfg: dict, width: int | None = None, start=0):
+    """One decode step of slots [start, start + width) (default all N): each active slot's row
+    samples its next token. Counts width decoded slot-steps (not a decode step: the caller)."""
     P, Lp = inputs.prompts.shape
     B, T, G, ps = s.tokens.shape[0], cfg["T"], cfg["G"], cfg["page_size"]
-    table = s.cache["page_table"]
-    N, Pt = table.shape
+    w = s.active.shape[0] if width is None else width
+    take = lambda x: jax.lax.dynamic_slice_in_dim(x, start, w)  # noqa: E731
+    table = take(s.cache["page_table"])  # [w, Pt]
+    Pt = table.shape[1]
     Pp = s.prompt_pages.shape[1]
-    act, t = s.active, s.slot_t
-    row = jnp.minimum(s.slot_row, B - 1)  # free slots read row B - 1's entries, then drop
+    act, t = take(s.active), take(s.slot_t)
+    row = jnp.minimum(take(s.slot_row), B - 1)  # free slots read row B - 1's entries, then drop
     fed = t - 1  # generated index of the token fed this step (sampled at step t - 1)
 
     # A slot that starts a page takes a free one.
     need = act & (fed % ps == 0)
     refcount, new_pages, failed = paged.allocate_rows(s.refcount, need)
     entry = jnp.where(need, Pp + fed // ps, Pt)  # Pt: out of range, dropped
-    table = table.at[jnp.arange(N), entry].set(new_pages, mode="drop")
+    table = table.at[jnp.arange(w), entry].set(new_pages, mode="drop")
 
-    n = inputs.prompt_lengths[row // G].astype(jnp.int32)  # [N]
-    prev = s.tokens[row, fed]  # [N]
+    n = inputs.prompt_lengths[row // G].astype(jnp.int32)  # [w]
+    prev = s.tokens[row, fed]  # [w]
     mask = slot_mask(paged.key_valid(n, fed, Pp, Pt, ps), jnp.full((1,), Pt * ps - 1, jnp.int32))
     o = model.forward(
         prev[:, None],
@@ -237,7 +248,7 @@ def decode(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
         write_index=Pp * ps + fed,
         return_routes=cfg["return_routes"],
     )
-    logits = model.logits(o["hidden"][:, 0])  # [N, V]
+    logits = model.logits(o["hidden"][:, 0])  # [w, V]
     u = row_uniforms(inputs.rng, t, row, B)
     tok, lp, slp = sample_with_uniform(logits, u, **_settings(cfg))
 
@@ -248,28 +259,71 @@ def decode(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
         routes = routes.at[:, out_row, Lp + fed].set(o["routes"][:, :, 0], mode="drop")
     ended = act & ((tok == inputs.eos_id) | (t == T - 1))
     refcount = paged.release(refcount, table, ended)
-    cache = dict(o["cache"], page_table=jnp.where(ended[:, None], SCRATCH_PAGE, table))
+    table = jnp.where(ended[:, None], SCRATCH_PAGE, table)
     active = act & ~ended
+    put_slots = lambda x, v: jax.lax.dynamic_update_slice_in_dim(x, v, start, 0)  # noqa: E731
     return s.replace(
-        slot_row=jnp.where(active, s.slot_row, B),
-        slot_t=jnp.where(active, t + 1, 1),
-        active=active,
+        slot_row=put_slots(s.slot_row, jnp.where(active, row, B)),
+        slot_t=put_slots(s.slot_t, jnp.where(active, t + 1, 1)),
+        active=put_slots(s.active, active),
         refcount=refcount,
-        cache=cache,
+        cache=dict(o["cache"], page_table=put_slots(s.cache["page_table"], table)),
         tokens=put(s.tokens, tok),
         mask=put(s.mask, jnp.ones_like(lp)),
         logp=put(s.logp, lp),
         sample_logp=put(s.sample_logp, slp),
         routes=routes,
-        decode_steps=s.decode_steps + 1,
+        decoded_slots=s.decoded_slots + w,
         failed=s.failed | failed,
     )
+
+
+def drain_width(slots: int, shrink: int) -> int:
+    """The width of the drain's sub-batches: slots / 2^shrink, at least 1."""
+    return max(1, slots >> shrink)
+
+
+def compact(s: EngineState) -> EngineState:
+    """The slots reordered so that the active ones come first (stable). Moving a row between
+    slots moves its page-table row only: its KV stays in its pages."""
+    order = jnp.argsort(~s.active, stable=True)
+    table = s.cache["page_table"]
+    return s.replace(
+        slot_row=s.slot_row[order],
+        slot_t=s.slot_t[order],
+        active=s.active[order],
+        cache=dict(s.cache, page_table=table[order]),
+    )
+
+
+def decode_draining(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
+    """One decode step, narrowed once the queue is empty. While the queue has rows every slot
+    is refilled and all N decode at once; after, the live rows are moved to the first slots
+    (compact) and decoded ceil(live / w) sub-batches of w = drain_width slots at a time (a
+    lax.fori_loop over one decode of width w), so the drain runs w-slot steps, not N."""
+    N = s.active.shape[0]
+    w = drain_width(N, cfg["shrink"])
+    full = lambda s: decode(model, inputs, s, cfg)  # noqa: E731
+    if w == N:
+        s = full(s)
+    else:
+
+        def drain(s: EngineState) -> EngineState:
+            s = compact(s)
+            parts = (jnp.sum(s.active) + w - 1) // w
+            sub = lambda i, s: decode(model, inputs, s, cfg, w, i * w)  # noqa: E731
+            return jax.lax.fori_loop(0, parts, sub, s)
+
+        s = jax.lax.cond(s.next_row >= s.tokens.shape[0], drain, full, s)
+    return s.replace(decode_steps=s.decode_steps + 1)
 
 
 def _step(model, inputs, s, cfg):
     """Refill, then one decode step if any slot holds a row."""
     s = refill(model, inputs, s, cfg)
-    return jax.lax.cond(jnp.any(s.active), lambda s: decode(model, inputs, s, cfg), lambda s: s, s)
+    return jax.lax.cond(
+        jnp.any(s.active), lambda s: decode_draining(model, inputs, s, cfg), lambda s: s, s
+    )
 
 
 def _run(graphdef, params, inputs: _Inputs, s: EngineState | None, *, cfg: tuple):
@@ -287,7 +341,7 @@ def _run(graphdef, params, inputs: _Inputs, s: EngineState | None, *, cfg: tuple
     s = refill(model, inputs, s, cfg)
     s, _ = jax.lax.while_loop(
         lambda c: jnp.any(c[0].active) & (c[1] < cfg["chunk"]),
-        lambda c: (decode(model, inputs, c[0], cfg), c[1] + 1),
+        lambda c: (decode_draining(model, inputs, c[0], cfg), c[1] + 1),
         (s, jnp.zeros((), jnp.int32)),
     )
     return s
@@ -327,12 +381,14 @@ def engine_config(
     num_pages: int | None = None,
     refill: str = "device",
     chunk: int = 16,
+    shrink: int = 3,
 ) -> dict:
     """The engine's static configuration, checked (one-line ValueErrors naming the fix).
 
     slots: decode slots N (default: B, one per row; more than B is clamped to B). page_size: KV
     slots per page. num_pages: the pool (default and minimum: paged.pages_needed, so allocation
-    never fails). refill / chunk: REFILL_STRATEGIES (module docstring)."""
+    never fails). refill / chunk: REFILL_STRATEGIES (module docstring). shrink: the drain decodes
+    sub-batches of N / 2^shrink slots (drain_width; 0 = always decode all N slots at once)."""
     P, Lp = prompts_shape
     B = P * num_samples
     slots = B if slots is None else int(slots)
@@ -342,6 +398,8 @@ def engine_config(
         raise ValueError(f"page_size={page_size} must be >= 1 (KV slots per page, e.g. 16).")
     if refill not in REFILL_STRATEGIES:
         raise ValueError(f"refill={refill!r} is not one of {REFILL_STRATEGIES}.")
+    if int(shrink) < 0:
+        raise ValueError(f"shrink={shrink} must be >= 0 (the drain decodes N / 2^shrink slots).")
     if int(chunk) < 1:
         raise ValueError(f"chunk={chunk} must be >= 1 (decode steps per call, refill='chunked').")
     slots = min(slots, B)
@@ -365,14 +423,15 @@ def engine_config(
         num_pages=num_pages,
         refill=refill,
         chunk=int(chunk),
+        shrink=int(shrink),
     )
 
 
 def run(model, prompts, prompt_lengths, rng, *, eos_id, pad_id, **config):
     """The rollout and its final EngineState: (SampleOutput, EngineState). config:
     engine_config's keywords. The state carries the figures the benchmark reports
-    (decode_steps: each ran N slot-steps) and the pool (refcount: all 0 but the scratch page at
-    the end, every page returned)."""
+    (decode_steps, decoded_slots: the slot-steps they ran) and the pool (refcount: all 0 but
+    the scratch page at the end, every page returned)."""
     cfg = engine_config(prompts.shape, **config)
     graphdef, params = nnx.split(model)
     inputs = _Inputs(
@@ -416,11 +475,13 @@ def generate_continuous(
     num_pages: int | None = None,
     refill: str = "device",
     chunk: int = 16,
+    shrink: int = 3,
 ) -> SampleOutput:
     """The continuous engine behind rollout.generate (which checks the arguments first).
     slots: decode slots (default B); page_size: KV slots per page; num_pages: the pool (default
     the minimum that never runs out); refill: "device" (one on-device loop) or "chunked"
-    (`chunk` decode steps per jitted call, refilled between calls). Module docstring."""
+    (`chunk` decode steps per jitted call, refilled between calls); shrink: the last rows
+    drain in sub-batches of slots / 2^shrink (0: always all slots at once). Module docstring."""
     out, _ = run(
         model,
         prompts,
@@ -439,6 +500,7 @@ def generate_continuous(
         num_pages=num_pages,
         refill=refill,
         chunk=chunk,
+        shrink=shrink,
     )
     return out
 
