@@ -201,12 +201,12 @@ def test_page_allocation_and_release():
 
 
 def test_plan_hooks_lower_and_cache_bytes_match(dense):
-    """decode_step_for_plan lowers (what the plan compiles to cost a step), and
-    paged_cache_bytes is the byte size of the pool the engine allocates."""
+    """decode_step_for_plan lowers (what the plan compiles to cost a step) with the engine's
+    pool as its state, and paged_cache_bytes is that pool's byte size."""
     model = dense[0]
     cfg = dict(num_samples=G, max_new_tokens=T, slots=5, page_size=4, return_routes=False)
     fn, args = rollout.decode_step_for_plan(model, num_prompts=3, prompt_len=LP, **cfg, **SETTINGS)
-    state = jax.eval_shape(fn, *args)
+    state = args[2]
     pool = state.cache["k_pages"], state.cache["v_pages"]
     num_pages = rollout.pages_needed(5, LP, T, 4)
     assert pool[0].shape[1] == num_pages == 1 + 5 * (2 + 3)

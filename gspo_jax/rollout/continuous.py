@@ -506,11 +506,13 @@ def generate_continuous(
 
 
 def decode_step_for_plan(model, *, num_prompts: int, prompt_len: int, **config):
-    """(jitted function, its arguments): one refill + decode step of the engine at these shapes,
-    for the memory plan to lower and cost (jax.jit(...).lower(*args).compile()). config:
-    engine_config's keywords (num_samples, max_new_tokens, slots, page_size, sampling). The
-    step's inputs are the engine's start state (empty slots, so the refill prefills the first
-    prompts); its arrays are what a step of the real loop holds."""
+    """(jitted function, its arguments): one N-slot decode step of the engine at these shapes
+    (the unit the rollout repeats), for the memory plan to lower and cost:
+    fn.lower(*args).compile() (memory_analysis, cost_analysis). config: engine_config's
+    keywords (num_samples, max_new_tokens, temperature, top_k, top_p, return_routes, slots,
+    page_size, ...). The engine state argument is abstract (jax.ShapeDtypeStruct leaves): the
+    page pool, tables and output buffers a step of the real loop carries; nothing is allocated.
+    A refill's prefill is a [1, Lp] forward, once per prompt (not per step)."""
     cfg = engine_config((num_prompts, prompt_len), **config)
     graphdef, params = nnx.split(model)
     inputs = _Inputs(
@@ -520,9 +522,9 @@ def decode_step_for_plan(model, *, num_prompts: int, prompt_len: int, **config):
         eos_id=jnp.asarray(-1, jnp.int32),
         pad_id=jnp.asarray(0, jnp.int32),
     )
+    state = jax.eval_shape(lambda: init_state(model, inputs, cfg))
 
-    def one_step(params, inputs):
-        m = nnx.merge(graphdef, params)
-        return _step(m, inputs, init_state(m, inputs, cfg), cfg)
+    def one_step(params, inputs, state):
+        return decode(nnx.merge(graphdef, params), inputs, state, cfg)
 
-    return jax.jit(one_step), (params, inputs)
+    return jax.jit(one_step, donate_argnums=2), (params, inputs, state)
