@@ -17,7 +17,7 @@ row of the queue at once, so the N slots stay busy until the queue runs dry.
 How it works:
 - Queue and slots: rows are taken in order 0 .. B - 1. Before each decode step the refill loop
   (a lax.while_loop) gives every free slot the next row. The first row of a group prefills its
-  prompt ([1, Lp] forward, under lax.cond, so only when one is due): the prompt's KV goes to Pp
+  prompt ([1, Lp] forward, run only when one is due): the prompt's KV goes to Pp
   fresh pages and its G rows' first tokens are sampled from the prompt's last logits at once.
   The group's other rows attach to the same pages (reference-counted, rollout/paged.py), so a
   prompt's KV is held once however many of its samples decode, as the static shared-prefix
@@ -198,7 +198,7 @@ def refill(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
     def body(s: EngineState) -> EngineState:
         b = s.next_row
         p = b // G
-        s = jax.lax.cond(b % G == 0, lambda s: _prefill(model, inputs, s, p, cfg), lambda s: s, s)
+        s = _when(b % G == 0, lambda s: _prefill(model, inputs, s, p, cfg), s)
         alive = (s.tokens[b, 0] != inputs.eos_id) & (T > 1)
         slot = jnp.where(alive, jnp.argmin(s.active), N)  # the first free slot; N: none
         table = s.cache["page_table"]
@@ -299,31 +299,37 @@ def compact(s: EngineState) -> EngineState:
 def decode_draining(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
     """One decode step, narrowed once the queue is empty. While the queue has rows every slot
     is refilled and all N decode at once; after, the live rows are moved to the first slots
-    (compact) and decoded ceil(live / w) sub-batches of w = drain_width slots at a time (a
-    lax.fori_loop over one decode of width w), so the drain runs w-slot steps, not N."""
+    (compact) and decoded ceil(live / w) sub-batches of w = drain_width slots at a time (a loop
+    over one decode of width w), so the drain runs w-slot steps, not N."""
     N = s.active.shape[0]
     w = drain_width(N, cfg["shrink"])
     full = lambda s: decode(model, inputs, s, cfg)  # noqa: E731
+    stepped = s.decode_steps + jnp.any(s.active)
     if w == N:
         s = full(s)
     else:
+        draining = s.next_row >= s.tokens.shape[0]
+        s = compact(s)  # the identity while the queue has rows: refill has filled every slot
+        s = _when(~draining, full, s)
+        parts = jnp.where(draining, (jnp.sum(s.active) + w - 1) // w, 0)
+        sub = lambda i, s: decode(model, inputs, s, cfg, w, i * w)  # noqa: E731
+        s = jax.lax.fori_loop(0, parts, sub, s)
+    return s.replace(decode_steps=stepped)
 
-        def drain(s: EngineState) -> EngineState:
-            s = compact(s)
-            parts = (jnp.sum(s.active) + w - 1) // w
-            sub = lambda i, s: decode(model, inputs, s, cfg, w, i * w)  # noqa: E731
-            return jax.lax.fori_loop(0, parts, sub, s)
 
-        s = jax.lax.cond(s.next_row >= s.tokens.shape[0], drain, full, s)
-    return s.replace(decode_steps=s.decode_steps + 1)
+def _when(pred, fn, s: EngineState) -> EngineState:
+    """fn(s) if pred else s, as a loop of 0 or 1 trips rather than lax.cond: on XLA:CPU a
+    conditional whose branch writes the page pool copied the whole pool (a decode step took
+    twice as long), while a loop updates its carry in place."""
+    return jax.lax.fori_loop(0, pred.astype(jnp.int32), lambda _, s: fn(s), s)
 
 
 def _step(model, inputs, s, cfg):
-    """Refill, then one decode step if any slot holds a row."""
+    """Refill, then one decode step (the loop ends when no slot holds a row and the queue is
+    empty, so after a refill there is a row to decode unless the last rows all ended at
+    their first token; then the step decodes nothing and counts no step)."""
     s = refill(model, inputs, s, cfg)
-    return jax.lax.cond(
-        jnp.any(s.active), lambda s: decode_draining(model, inputs, s, cfg), lambda s: s, s
-    )
+    return decode_draining(model, inputs, s, cfg)
 
 
 def _run(graphdef, params, inputs: _Inputs, s: EngineState | None, *, cfg: tuple):
