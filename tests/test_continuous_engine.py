@@ -92,7 +92,7 @@ def test_row_uniforms_are_the_static_engines_draws():
 @pytest.mark.parametrize(
     "config",
     [
-        dict(slots=B, page_size=4),  # a slot per row, refilled on device
+        dict(slots=B, page_size=4, shrink=0),  # a slot per row, no narrowed drain
         dict(slots=B // 4, page_size=5, refill="chunked", chunk=3),  # refilled between calls
     ],
     ids=["slots=B", "slots=B/4-chunked"],
@@ -101,8 +101,8 @@ def test_continuous_equals_static_and_the_trainers_logprobs(dense, config):
     """Same key: the same tokens as the static engine with temperature, top-k, top-p and EOS
     (some rows stop early), with a slot per row and with B/4 slots refilled as rows end (there
     every 3 decode steps, between jitted calls, with pages of 5 slots: dividing neither Lp nor
-    T); log-probs equal the static engine's and the trainer's response_logprobs; every page is
-    back in the pool at the end."""
+    T, and the last rows drained one slot at a time); log-probs equal the static engine's and
+    the trainer's response_logprobs; every page is back in the pool at the end."""
     model, prompts, lengths, static = dense
     out, state = _run(model, prompts, lengths, **config)
     _assert_same_rollout(out, static)
@@ -135,7 +135,15 @@ def test_continuous_under_outer_jit(dense):
     def rollout_fn(state, prompts, lengths, rng):
         m = nnx.merge(graphdef, state)
         return rollout.generate(
-            m, prompts, lengths, rng=rng, engine="continuous", slots=B // 4, page_size=4, **_kw()
+            m,
+            prompts,
+            lengths,
+            rng=rng,
+            engine="continuous",
+            slots=B // 4,
+            page_size=4,
+            shrink=0,  # one decode step in the program (the drain is covered elsewhere)
+            **_kw(),
         )
 
     out = rollout_fn(state, prompts, lengths, jax.random.key(0))
@@ -143,7 +151,8 @@ def test_continuous_under_outer_jit(dense):
 
 
 def test_moe_continuous_equals_static_with_routes():
-    """MoE with return_routes: the same tokens and log-probs as the static engine, routes
+    """MoE with return_routes, 5 slots refilled on device and the last rows drained one slot
+    at a time: the same tokens and log-probs as the static engine, routes
     [L, B, Lp + T, k] equal to the static engine's at every slot that matters (valid prompt
     slots and fed response tokens), and replaying them gives the sampler's log-probs."""
     model = _peaked("tiny_moe")

@@ -384,6 +384,7 @@ def compile_seconds(T_values, P=2, G=4, Lp=16, slots=4):
             graphdef, state, inputs, None, cfg=tuple(sorted(ecfg.items()))
         ).compile()
         out[T] = {"static_s": static_s, "continuous_s": time.perf_counter() - t0}
+        log(f"T={T}: static {static_s:.1f} s, continuous {out[T]['continuous_s']:.1f} s")
     return out
 
 

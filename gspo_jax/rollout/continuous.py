@@ -57,6 +57,7 @@ The plan's unit of cost: decode_step_for_plan (one decode step of N slots, modul
 
 from __future__ import annotations
 
+import chex
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -119,7 +120,7 @@ def _settings(s: dict) -> dict:
 
 
 def init_state(model, inputs: _Inputs, cfg: dict) -> EngineState:
-    """Empty slots, a free pool, pad-filled outputs. cfg: _Config's dict (static)."""
+    """Empty slots, a free pool, pad-filled outputs. cfg: engine_config's dict (static)."""
     P, Lp = inputs.prompts.shape
     B, T, N = P * cfg["G"], cfg["T"], cfg["slots"]
     Pp, Pg = paged.page_counts(Lp, T, cfg["page_size"])
@@ -438,6 +439,7 @@ def run(model, prompts, prompt_lengths, rng, *, eos_id, pad_id, **config):
     engine_config's keywords. The state carries the figures the benchmark reports
     (decode_steps, decoded_slots: the slot-steps they ran) and the pool (refcount: all 0 but
     the scratch page at the end, every page returned)."""
+    chex.assert_rank([prompts, prompt_lengths], [2, 1])
     cfg = engine_config(prompts.shape, **config)
     graphdef, params = nnx.split(model)
     inputs = _Inputs(
