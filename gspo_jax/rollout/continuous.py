@@ -38,7 +38,8 @@ How it works:
   (sampling.row_uniforms). So the tokens do not depend on the schedule (slots, page size,
   refill strategy) and equal the static engine's from the same logits; log-probs agree to
   float32 summation order (attention over pages sums in another order than the shared-prefix
-  decode).
+  decode). In bfloat16 that order shows: a token whose draw falls within rounding of a CDF
+  boundary can differ between the engines (as between the static engine's two layouts).
 - Refill strategies (refill=): "device" (default) runs the whole rollout as one on-device
   lax.while_loop that refills before every decode step, never returning to the host;
   "chunked" runs `chunk` decode steps per jitted call and refills only between calls (the host
