@@ -55,10 +55,20 @@ def dense():
     return m, prompts, lengths, static
 
 
-def _run(model, prompts, lengths, **config):
+def _run(model, prompts, lengths, outer_jit=False, **config):
+    """continuous.run -> (SampleOutput, final EngineState); outer_jit: inside a jitted function
+    of the model's state, as the trainer calls generate (a merged model, traced prompts)."""
     kw = _kw(return_routes=False)
     kw.update(config)
-    return continuous.run(model, prompts, lengths, jax.random.key(0), **kw)
+    if not outer_jit:
+        return continuous.run(model, prompts, lengths, jax.random.key(0), **kw)
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def rollout_fn(state, prompts, lengths, rng):
+        return continuous.run(nnx.merge(graphdef, state), prompts, lengths, rng, **kw)
+
+    return rollout_fn(state, prompts, lengths, jax.random.key(0))
 
 
 def _assert_same_rollout(out, ref, atol=1e-5):
@@ -92,16 +102,17 @@ def test_row_uniforms_are_the_static_engines_draws():
 @pytest.mark.parametrize(
     "config",
     [
-        dict(slots=B, page_size=4, shrink=0),  # a slot per row, no narrowed drain
+        dict(slots=B, page_size=4, outer_jit=True),  # a slot per row, under the trainer's jit
         dict(slots=B // 4, page_size=5, refill="chunked", chunk=3),  # refilled between calls
     ],
-    ids=["slots=B", "slots=B/4-chunked"],
+    ids=["slots=B-outer-jit", "slots=B/4-chunked"],
 )
 def test_continuous_equals_static_and_the_trainers_logprobs(dense, config):
     """Same key: the same tokens as the static engine with temperature, top-k, top-p and EOS
-    (some rows stop early), with a slot per row and with B/4 slots refilled as rows end (there
-    every 3 decode steps, between jitted calls, with pages of 5 slots: dividing neither Lp nor
-    T, and the last rows drained one slot at a time); log-probs equal the static engine's and
+    (some rows stop early), with a slot per row (refilled on device, inside an outer jit as the
+    trainer calls it) and with B/4 slots refilled as rows end (every 3 decode steps, between
+    jitted calls, with pages of 5 slots: dividing neither Lp nor T); the last rows drained one
+    slot at a time in both; log-probs equal the static engine's and
     the trainer's response_logprobs; every page is back in the pool at the end."""
     model, prompts, lengths, static = dense
     out, state = _run(model, prompts, lengths, **config)
@@ -125,41 +136,19 @@ def test_continuous_equals_static_and_the_trainers_logprobs(dense, config):
         assert int(state.decode_steps) > T - 1
 
 
-def test_continuous_under_outer_jit(dense):
-    """The trainer calls generate inside its own jitted rollout with a merged model: B/4 slots
-    refilled on device, the same tokens as the static engine."""
-    model, prompts, lengths, static = dense
-    graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def rollout_fn(state, prompts, lengths, rng):
-        m = nnx.merge(graphdef, state)
-        return rollout.generate(
-            m,
-            prompts,
-            lengths,
-            rng=rng,
-            engine="continuous",
-            slots=B // 4,
-            page_size=4,
-            shrink=0,  # one decode step in the program (the drain is covered elsewhere)
-            **_kw(),
-        )
-
-    out = rollout_fn(state, prompts, lengths, jax.random.key(0))
-    np.testing.assert_array_equal(out.tokens, static.tokens)
-
-
 def test_moe_continuous_equals_static_with_routes():
-    """MoE with return_routes, 5 slots refilled on device and the last rows drained one slot
-    at a time: the same tokens and log-probs as the static engine, routes
+    """MoE with return_routes, 5 slots refilled on device (no narrowed drain: one decode step
+    in the program, the drain is covered by the dense tests): the same tokens and log-probs as
+    the static engine, routes
     [L, B, Lp + T, k] equal to the static engine's at every slot that matters (valid prompt
     slots and fed response tokens), and replaying them gives the sampler's log-probs."""
     model = _peaked("tiny_moe")
     prompts, lengths = _prompts(model.cfg.vocab_size)
     kw = _kw(rng=jax.random.key(1), return_routes=True)
     static = rollout.generate(model, prompts, lengths, **kw)
-    out = rollout.generate(model, prompts, lengths, engine="continuous", slots=5, page_size=4, **kw)
+    out = rollout.generate(
+        model, prompts, lengths, engine="continuous", slots=5, page_size=4, shrink=0, **kw
+    )
     _assert_same_rollout(out, static)
     assert out.routes.shape == static.routes.shape
     # Fed slots: the valid prompt slots and the response tokens fed back (all but the last of
