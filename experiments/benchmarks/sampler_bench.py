@@ -29,6 +29,29 @@ prefill of each layout timed separately. The long shape of docs/benchmarks.md:
     python experiments/benchmarks/sampler_bench.py --compare-decode --shapes small --P 8 --G 8 \
         --prompt-len 256 --new-tokens 512
 
+Engines (--compare-engines, instead of the figures above): the static engine against
+engine="continuous" (gspo_jax/rollout/continuous.py), in the same process, interleaved; the
+parts chosen with --parts (comma-separated):
+  long_tail: P x G rows with long-tailed response lengths, N slots. Lengths are imposed by a
+      benchmark-only logits hook, the same for both engines (EosRate below): the EOS token's
+      logit is set so that its probability is exactly --eos-prob at every step (temperature 1,
+      full vocabulary), so each row samples EOS like a coin of that bias and its length is
+      geometric (mean 1 / eos_prob, capped at T) -- the rows' own sampled tokens end them, no
+      length is forced from outside. Both engines must return the same tokens (checked).
+      Figures: slot occupancy = useful decoded tokens (sum over rows of length - 1: the first
+      token comes from the prefill) / decoded slot-steps (static: B x its decode steps, the
+      longest row's length - 1; continuous: N x its decode steps), hardware-independent; useful
+      tokens/s = sum of lengths / wall seconds; both refill strategies of the continuous engine
+      (device loop, --chunk decode steps per call).
+  uniform: the default workload above (no early stop, every row T tokens) with slots = B:
+      continuous total tokens/s / static's (target >= 0.9).
+  compile: compile seconds of each engine (jit lower + compile, the "tiny" model) at
+      --compile-tokens new tokens (static: one decode loop per decode_block chunk; continuous:
+      one decode step whatever T).
+The long-tailed shape of docs/benchmarks.md (the issue's 1,024-token limit scaled to 256):
+    python experiments/benchmarks/sampler_bench.py --compare-engines --P 32 --G 8 \
+        --prompt-len 32 --new-tokens 256 --slots 64 --eos-prob 0.015625
+
 Each figure: warm-up call first (compile time reported separately), median of --repeats runs.
     python experiments/benchmarks/sampler_bench.py [--shapes small,wide] [--out PATH]
 Expected runtime on 2 shared CPU cores: small ~2 min, wide (32 new tokens) ~5-10 min.
@@ -51,7 +74,7 @@ from flax import nnx
 from machine import describe  # this folder is on sys.path: the script runs from it
 
 from gspo_jax import models, sampler
-from gspo_jax.rollout import static
+from gspo_jax.rollout import continuous, static
 
 SHAPES = {
     "small": dict(
@@ -225,6 +248,214 @@ def compare_decode(a):
             f"{shape:<7}shared_prefix / repeated: decode {r['decode_speedup']:.2f}x, total "
             f"{r['total_speedup']:.2f}x (target decode >= 1.5x: {ok})"
         )
+    return results
+
+
+class EosRate(models.Transformer):
+    """Benchmark-only: the model with its EOS logit replaced so that softmax gives EOS exactly
+    probability eos_prob at every step: logit[eos] = logsumexp(other logits) + log(p / (1 - p)).
+    At temperature 1 over the full vocabulary every row then stops with probability p per token,
+    its own sampled tokens deciding, so response lengths are geometric with mean 1 / p (capped at
+    T). Both engines call model.logits for every sampled token, so the hook is the same for both
+    and they sample the same tokens."""
+
+    def __init__(self, cfg, *, rngs, eos_id: int, eos_prob: float):
+        super().__init__(cfg, rngs=rngs)
+        self.eos_id, self.eos_prob = int(eos_id), float(eos_prob)
+
+    def logits(self, hidden):
+        z = super().logits(hidden)  # [..., V] f32
+        others = jax.nn.logsumexp(z.at[..., self.eos_id].set(-jnp.inf), axis=-1)
+        odds = np.log(self.eos_prob / (1.0 - self.eos_prob))
+        return z.at[..., self.eos_id].set(others + odds)
+
+
+def _engine_fns(model, prompts, lengths, G, T, eos_id, slots, chunk):
+    """{name: () -> (SampleOutput, decoded slot-steps)} for the static engine and both refill
+    strategies of the continuous engine, at temperature 1 over the full vocabulary."""
+    key = jax.random.key(0)
+    kw = dict(num_samples=G, max_new_tokens=T, temperature=1.0, top_k=0, top_p=1.0)
+    B = prompts.shape[0] * G
+
+    def run_static():
+        out = sampler.generate(model, prompts, lengths, rng=key, eos_id=eos_id, **kw)
+        return out, B * (int(jnp.max(out.lengths)) - 1)  # its loop ran until the longest ended
+
+    def run_continuous(refill):
+        out, state = continuous.run(
+            model,
+            prompts,
+            lengths,
+            key,
+            eos_id=eos_id,
+            pad_id=0,
+            return_routes=False,
+            slots=slots,
+            refill=refill,
+            chunk=chunk,
+            **kw,
+        )
+        return out, int(state.decoded_slots)
+
+    return {
+        "static": run_static,
+        "continuous": lambda: run_continuous("device"),
+        f"continuous_chunked{chunk}": lambda: run_continuous("chunked"),
+    }
+
+
+def bench_engines(model, prompts, lengths, G, T, eos_id, slots, chunk, repeats):
+    """Per engine: occupancy, useful tokens/s, first-call seconds; interleaved repeats. Checks
+    that every engine returned the static engine's tokens."""
+    fns = _engine_fns(model, prompts, lengths, G, T, eos_id, slots, chunk)
+    res, ref = {}, None
+    for name, fn in fns.items():  # compile + warm up
+        log(f"first call (compile) of {name}")
+        t0 = time.perf_counter()
+        out, slot_steps = fn()
+        jax.block_until_ready(out.tokens)
+        lengths_np = np.asarray(out.lengths)
+        if ref is None:
+            ref = np.asarray(out.tokens)
+        elif not np.array_equal(ref, np.asarray(out.tokens)):
+            raise AssertionError(f"{name} sampled other tokens than the static engine")
+        res[name] = {
+            "first_call_s": time.perf_counter() - t0,
+            "slot_steps": slot_steps,
+            "useful_tokens": int(lengths_np.sum()),
+            "occupancy": float((lengths_np - 1).sum() / slot_steps),
+            "times": [],
+        }
+    for _ in tqdm.trange(repeats, desc="engines (interleaved repeats)"):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(fn()[0].tokens)
+            res[name]["times"].append(time.perf_counter() - t0)
+    for r in res.values():
+        r["total_s"] = statistics.median(r.pop("times"))
+        r["useful_tps"] = r["useful_tokens"] / r["total_s"]
+    lengths_np = np.asarray(lengths_np)
+    res["lengths"] = {
+        "mean": float(lengths_np.mean()),
+        "median": float(np.median(lengths_np)),
+        "max": int(lengths_np.max()),
+        "at_limit": int((lengths_np == T).sum()),
+    }
+    return res
+
+
+def compile_seconds(T_values, P=2, G=4, Lp=16, slots=4):
+    """Compile seconds (jit lower + compile) of each engine at each number of new tokens, the
+    "tiny" model (decode_block 64, so the static program holds ceil((T - 1) / 64) loops)."""
+    out = {}
+    for T in T_values:
+        cfg = models.get_model_config("tiny", max_seq_len=Lp + T)
+        model = models.Transformer(cfg, rngs=nnx.Rngs(0))
+        graphdef, state = nnx.split(model)
+        prompts = jnp.ones((P, Lp), jnp.int32)
+        lengths = jnp.full((P,), Lp, jnp.int32)
+        kw = dict(temperature=1.0, top_k=0, top_p=1.0, return_routes=False)
+        log(f"compiling both engines at T={T}")
+        t0 = time.perf_counter()
+        static._generate_jit.lower(
+            graphdef,
+            state,
+            prompts,
+            lengths,
+            jax.random.key(0),
+            jnp.int32(1),
+            jnp.int32(0),
+            num_samples=G,
+            max_new_tokens=T,
+            decode="shared_prefix",
+            **kw,
+        ).compile()
+        static_s = time.perf_counter() - t0
+        ecfg = continuous.engine_config((P, Lp), num_samples=G, max_new_tokens=T, slots=slots, **kw)
+        inputs = continuous._Inputs(
+            prompts=prompts,
+            prompt_lengths=lengths,
+            rng=jax.random.key(0),
+            eos_id=jnp.int32(1),
+            pad_id=jnp.int32(0),
+        )
+        t0 = time.perf_counter()
+        continuous._run_jit.lower(
+            graphdef, state, inputs, None, cfg=tuple(sorted(ecfg.items()))
+        ).compile()
+        out[T] = {"static_s": static_s, "continuous_s": time.perf_counter() - t0}
+        log(f"T={T}: static {static_s:.1f} s, continuous {out[T]['continuous_s']:.1f} s")
+    return out
+
+
+def compare_engines(a):
+    """--compare-engines: the parts of --parts, printed with their targets."""
+    parts = a.parts.split(",")
+    results = {"parts": parts}
+    platform = f"{jax.devices()[0].platform}, {len(jax.devices())} dev"
+    if "long_tail" in parts:
+        P, G, Lp, T, N = a.P, a.G, a.prompt_len, a.new_tokens, a.slots
+        log(f"long-tailed: P={P} x G={G}, prompt {Lp}, limit {T}, eos_prob {a.eos_prob}, N={N}")
+        eos_id = 1
+        cfg = models.get_model_config(
+            "small", **SHAPES[a.engine_shape], max_seq_len=Lp + T, decode_block=a.decode_block or 64
+        )
+        model = EosRate(cfg, rngs=nnx.Rngs(0), eos_id=eos_id, eos_prob=a.eos_prob)
+        rng = np.random.default_rng(0)
+        prompts = jnp.asarray(rng.integers(3, cfg.vocab_size, (P, Lp)), jnp.int32)
+        lengths = jnp.full((P,), Lp, jnp.int32)
+        r = bench_engines(model, prompts, lengths, G, T, eos_id, N, a.chunk, a.repeats)
+        results["long_tail"] = r
+        print(
+            f"\nlong-tailed lengths: P={P} x G={G} = {P * G} rows, prompt {Lp}, limit {T} new "
+            f"tokens, EOS probability {a.eos_prob} per token (lengths: mean "
+            f"{r['lengths']['mean']:.1f}, median {r['lengths']['median']:.0f}, max "
+            f"{r['lengths']['max']}, {r['lengths']['at_limit']} at the limit), {N} slots, "
+            f"shape {a.engine_shape}, float32 ({platform})"
+        )
+        hdr = (
+            f"{'engine':<22}{'occupancy':>10}{'slot-steps':>12}{'useful tok/s':>14}{'x static':>10}"
+        )
+        print(hdr)
+        print("-" * len(hdr))
+        for name, v in r.items():
+            if name == "lengths":
+                continue
+            print(
+                f"{name:<22}{v['occupancy']:>10.3f}{v['slot_steps']:>12}{v['useful_tps']:>14.0f}"
+                f"{v['useful_tps'] / r['static']['useful_tps']:>9.2f}x"
+            )
+        c = r["continuous"]
+        print(
+            f"targets: continuous occupancy {c['occupancy']:.3f} >= 0.85 "
+            f"({'PASS' if c['occupancy'] >= 0.85 else 'MISS'}); useful tok/s "
+            f"{c['useful_tps'] / r['static']['useful_tps']:.2f}x >= 2.5x static "
+            f"({'PASS' if c['useful_tps'] >= 2.5 * r['static']['useful_tps'] else 'MISS'})"
+        )
+    if "uniform" in parts:
+        P, G, Lp, T = a.uniform_P, a.G, 64, 128
+        log(f"uniform: P={P} x G={G}, prompt {Lp}, {T} new tokens, no early stop, slots = B")
+        model = make_model("small", max_seq_len=Lp + T)
+        rng = np.random.default_rng(0)
+        prompts = jnp.asarray(rng.integers(3, SHAPES["small"]["vocab_size"], (P, Lp)), jnp.int32)
+        lengths = jnp.full((P,), Lp, jnp.int32)
+        r = bench_engines(model, prompts, lengths, G, T, -1, P * G, a.chunk, a.repeats)
+        results["uniform"] = r
+        ratio = r["continuous"]["useful_tps"] / r["static"]["useful_tps"]
+        print(
+            f"\nuniform: P={P} x G={G}, prompt {Lp}, {T} new tokens, no early stop, slots = B "
+            f"({platform}): static {r['static']['useful_tps']:.0f} tok/s, continuous "
+            f"{r['continuous']['useful_tps']:.0f} tok/s = {ratio:.2f}x (target >= 0.9: "
+            f"{'PASS' if ratio >= 0.9 else 'MISS'})"
+        )
+    if "compile" in parts:
+        Ts = [int(t) for t in a.compile_tokens.split(",")]
+        r = results["compile"] = compile_seconds(Ts)
+        print(f"\ncompile seconds, tiny model ({platform}):")
+        for T, v in r.items():
+            print(
+                f"  T={T:>5}: static {v['static_s']:6.1f} s, continuous {v['continuous_s']:6.1f} s"
+            )
     return results
 
 
@@ -473,7 +704,26 @@ def main(argv=None):
         default=None,
         help="--compare-decode: generated slots per chunk (default: ModelConfig's)",
     )
+    ap.add_argument(
+        "--compare-engines",
+        action="store_true",
+        help="only compare the static and continuous engines (module docstring)",
+    )
+    ap.add_argument("--parts", default="long_tail,uniform,compile")
+    ap.add_argument("--slots", type=int, default=64, help="--compare-engines: continuous slots")
+    ap.add_argument("--eos-prob", type=float, default=1 / 64, help="long_tail: EOS per token")
+    ap.add_argument("--chunk", type=int, default=16, help="decode steps per call, chunked refill")
+    ap.add_argument("--engine-shape", default="small", help="long_tail: a SHAPES entry")
+    ap.add_argument("--uniform-P", type=int, default=16, help="uniform: prompts")
+    ap.add_argument("--compile-tokens", default="256,1024,4096")
     a = ap.parse_args(argv)
+    if a.compare_engines:
+        results = compare_engines(a)
+        if a.out:
+            os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+            with open(a.out, "w") as f:
+                json.dump({"machine": describe(), "engines": results}, f, indent=2)
+        return results
     if a.compare_decode:
         results = compare_decode(a)
         if a.out:

@@ -15,7 +15,8 @@ attention_bias), not copies of it.
 
 See config.py (presets, flags), layers.py (blocks, MoE router), moe_dispatch.py (how the
 experts run: dense reference, sparse grouped matmuls, expert parallelism), transformer.py
-(layout, masks, model, create_model), logprobs.py (chunked log-prob / entropy), interface.py
+(layout, masks, model, create_model), paged_attention.py (the continuous rollout engine's paged
+KV cache and attention over its pages), logprobs.py (chunked log-prob / entropy), interface.py
 (the seam) and hf.py (Hugging Face checkpoints).
 """
 
@@ -29,6 +30,13 @@ from gspo_jax.models.logprobs import (
     response_logprobs,
     scale_logits,
     token_logprob_entropy,
+)
+from gspo_jax.models.paged_attention import (
+    SCRATCH_PAGE,
+    init_paged_cache,
+    is_paged,
+    paged_cache_bytes,
+    write_prompt_pages,
 )
 from gspo_jax.models.transformer import (
     Transformer,
@@ -44,6 +52,7 @@ from gspo_jax.models.transformer import (
 __all__ = [
     "EXECUTION_FIELDS",
     "PRESETS",
+    "SCRATCH_PAGE",
     "CausalLM",
     "ModelConfig",
     "Transformer",
@@ -54,9 +63,12 @@ __all__ = [
     "decode_mask",
     "effective_temperature",
     "get_model_config",
+    "init_paged_cache",
+    "is_paged",
     "is_shared_prefix",
     "config_from_hf",
     "load_hf_checkpoint",
+    "paged_cache_bytes",
     "param_count",
     "response_logprobs",
     "save_hf_checkpoint",
@@ -66,4 +78,5 @@ __all__ = [
     "slot_mask",
     "token_logprob_entropy",
     "unembed",
+    "write_prompt_pages",
 ]

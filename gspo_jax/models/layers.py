@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gspo_jax.models import attention, moe_dispatch
+from gspo_jax.models import attention, moe_dispatch, paged_attention
 from gspo_jax.models.config import ModelConfig
 from gspo_jax.sharding import logical_constraint
 
@@ -92,7 +92,11 @@ class Attention(nnx.Module):
     - shared prefix {"prefix_k", "prefix_v", "k", "v"}: the prompts' KV once per prompt and the
       generated tokens' KV per row in chunks; a one-token decode step writes generated slot
       write_index - Lp and reads only the chunks the cache holds
-      (attention.shared_prefix_attention).
+      (attention.shared_prefix_attention);
+    - paged {"k_pages", "v_pages", "page_table"} (the continuous rollout engine's): a page pool
+      and a page table per row; a one-token step writes each row at its own logical slot
+      write_index [N] and attends over the row's pages, the mask's key_valid saying which
+      slots it sees (models/paged_attention.py).
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -136,7 +140,10 @@ class Attention(nnx.Module):
         # (docs/benchmarks.md), and a [B, Sk, K, Dh] cache was transposed whole every step.
         k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
         new_cache = None
-        if cache is not None and attention.is_shared_prefix(cache):
+        if paged_attention.is_paged(cache):
+            new_cache = paged_attention.write_paged(cache, k, v, write_index, layer)
+            out = paged_attention.paged_attention(q, new_cache, mask.key_valid, layer)
+        elif cache is not None and attention.is_shared_prefix(cache):
             Lp = cache["prefix_k"].shape[-1]
             new_cache = attention.write_generated(cache, k, v, write_index - Lp, layer)
             out = attention.shared_prefix_attention(

@@ -142,9 +142,11 @@ class Transformer(nnx.Module):
 
         tokens [B, S] int32, positions [B, S] int32, mask: slot_mask(...) of the layout or an
         explicit [B, S, Sk] bool (Sk = S without a cache, the cache length with one),
-        token_mask [B, S] (MoE aux loss counts only these tokens), cache: init_cache's pytree or
+        token_mask [B, S] (MoE aux loss counts only these tokens), cache: init_cache's pytree,
         the sampler's shared-prefix cache (layers.Attention; every leaf stacked on a leading [L]
-        axis), written at slot `write_index`,
+        axis), written at slot `write_index`, or a paged cache (models/paged_attention.py: one
+        token per row, written at each row's logical slot write_index [B]; mask a SlotMask
+        whose key_valid [B, Sk] alone decides what each row sees),
         routes [L, B, S, k] int32 (MoE Routing Replay) or None.
 
         Returns dict(hidden [B, S, D] final-normed, aux_loss scalar f32 (mean over layers; 0 for

@@ -5,23 +5,38 @@
 
 output.py (SampleOutput), engine.py (the seam, the engine table, argument checks), sampling.py
 (truncation and the inverse-CDF draw every engine samples with), static.py (one fixed batch
-decoded by a lax.while_loop over a shared-prefix KV cache).
+decoded by a lax.while_loop over a shared-prefix KV cache), continuous.py (engine="continuous":
+a fixed number of decode slots refilled from the queue of rows as rows end) over paged.py (the
+paged KV cache's page tables and reference counts).
 """
 
+from gspo_jax.rollout.continuous import REFILL_STRATEGIES, decode_step_for_plan
 from gspo_jax.rollout.engine import ENGINES, RolloutEngine, generate
 from gspo_jax.rollout.output import SampleOutput
-from gspo_jax.rollout.sampling import inverse_cdf_sample, sample_token, truncate_logits
+from gspo_jax.rollout.paged import pages_needed
+from gspo_jax.rollout.sampling import (
+    inverse_cdf_sample,
+    row_uniforms,
+    sample_token,
+    sample_with_uniform,
+    truncate_logits,
+)
 from gspo_jax.rollout.static import DECODE_LAYOUTS, decode_step, prefill
 
 __all__ = [
     "DECODE_LAYOUTS",
     "ENGINES",
+    "REFILL_STRATEGIES",
     "RolloutEngine",
     "SampleOutput",
     "decode_step",
+    "decode_step_for_plan",
     "generate",
     "inverse_cdf_sample",
+    "pages_needed",
     "prefill",
+    "row_uniforms",
     "sample_token",
+    "sample_with_uniform",
     "truncate_logits",
 ]

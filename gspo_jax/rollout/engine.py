@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from gspo_jax.rollout.continuous import generate_continuous
 from gspo_jax.rollout.output import SampleOutput
 from gspo_jax.rollout.static import generate_static
 
@@ -59,7 +60,10 @@ class RolloutEngine(Protocol):
 
 
 # The engines by name (config field rl.rollout_engine); one line per engine.
-ENGINES: dict[str, RolloutEngine] = {"static": generate_static}
+ENGINES: dict[str, RolloutEngine] = {
+    "static": generate_static,
+    "continuous": generate_continuous,
+}
 
 
 def generate(
@@ -88,7 +92,10 @@ def generate(
     Raises ValueError for settings or shapes the cache cannot hold, before compiling anything.
     return_routes (MoE only): also return the experts used at every slot (SampleOutput.routes)
     for Routing Replay. engine: a name in ENGINES; options go to it (the static engine's
-    decode="shared_prefix" | "repeated", rollout/static.py).
+    decode="shared_prefix" | "repeated", rollout/static.py; the continuous engine's slots=N,
+    page_size, num_pages, refill="device" | "chunked", chunk, rollout/continuous.py). Both
+    engines sample the same tokens from the same key (row b's t-th token draws
+    uniform(fold_in(rng, t), (B,))[b] in either).
     """
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r} is not one of {tuple(ENGINES)}.")

@@ -16,6 +16,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.extend.random import threefry2x32_p
 
 from gspo_jax.models import effective_temperature, scale_logits, token_logprob_entropy
 
@@ -65,7 +66,17 @@ def inverse_cdf_sample(probs: jax.Array, u: jax.Array, block: int = 512) -> jax.
 
 
 def sample_token(logits: jax.Array, key, *, temperature: float, top_k: int, top_p: float):
-    """logits [B, V] f32 -> (token [B] int32, logp [B], sample_logp [B])."""
+    """logits [B, V] f32 -> (token [B] int32, logp [B], sample_logp [B]); row b draws with
+    uniform(key, (B,))[b]."""
+    u = jax.random.uniform(key, (logits.shape[0],), jnp.float32)
+    return sample_with_uniform(logits, u, temperature=temperature, top_k=top_k, top_p=top_p)
+
+
+def sample_with_uniform(
+    logits: jax.Array, u: jax.Array, *, temperature: float, top_k: int, top_p: float
+):
+    """sample_token with the rows' uniforms u [B] in [0, 1) given (unused when greedy): an
+    engine whose rows are at different steps draws each row's own uniform (row_uniforms)."""
     temp = effective_temperature(temperature)
     scaled = scale_logits(logits, temp)
     if temperature == 0:
@@ -75,8 +86,33 @@ def sample_token(logits: jax.Array, key, *, temperature: float, top_k: int, top_
     truncated = (0 < top_k < logits.shape[-1]) or top_p < 1.0
     trunc = truncate_logits(scaled, top_k, top_p) if truncated else scaled
     lse = jax.nn.logsumexp(trunc, axis=-1)
-    u = jax.random.uniform(key, (logits.shape[0],), jnp.float32)
     tok = inverse_cdf_sample(jnp.exp(trunc - lse[:, None]), u)
     logp = token_logprob_entropy(scaled, tok)[0]
     sample_logp = token_logprob_entropy(trunc, tok)[0] if truncated else logp
     return tok, logp, sample_logp
+
+
+def row_uniforms(rng, steps: jax.Array, rows: jax.Array, num_rows: int) -> jax.Array:
+    """u [N] with u[i] == jax.random.uniform(fold_in(rng, steps[i]), (num_rows,))[rows[i]]: the
+    uniform row rows[i] draws at its token steps[i], bit for bit, without drawing the other
+    num_rows - 1 (the static engine draws all B of a step at once; a continuous engine's slots
+    are at different steps of different rows).
+
+    With the partitionable threefry (JAX's default, jax_threefry_partitionable), element b of a
+    (num_rows,) uniform is the threefry2x32 hash of the counter b under the key, its two words
+    xor-ed, its top 23 bits made a float in [1, 2) minus 1 (jax.random.uniform's recipe). Other
+    PRNG settings fall back to drawing the whole (num_rows,) vector per row (O(N * B)).
+    tests/test_continuous_engine.py checks the equality against jax.random.uniform.
+    """
+    keys = jax.vmap(lambda t: jax.random.fold_in(rng, t))(steps)  # [N] keys
+    rows = rows.astype(jnp.int32)
+    threefry = str(jax.random.key_impl(rng)) == "threefry2x32"  # typed and raw uint32 keys
+    if not (jax.config.jax_threefry_partitionable and threefry):
+        draw = lambda k, b: jax.random.uniform(k, (num_rows,), jnp.float32)[b]  # noqa: E731
+        return jax.vmap(draw)(keys, rows)
+    data = jax.random.key_data(keys)  # [N, 2] uint32
+    counter = rows.astype(jnp.uint32)
+    hi, lo = threefry2x32_p.bind(data[:, 0], data[:, 1], jnp.zeros_like(counter), counter)
+    mantissa = jax.lax.shift_right_logical(hi ^ lo, jnp.uint32(32 - 23))
+    one_to_two = jax.lax.bitcast_convert_type(mantissa | jnp.uint32(0x3F800000), jnp.float32)
+    return jnp.maximum(0.0, one_to_two - 1.0)

@@ -1,0 +1,539 @@
+"""The continuous-batching engine: a fixed number of decode slots fed from the queue of the
+step's B = P·G sequences, over a paged KV cache.
+
+Dimension legend: P prompts, G samples per prompt, B = P * G rows (group-contiguous: row b
+belongs to prompt b // G), N = slots, Lp padded prompt length, T = max_new_tokens, V vocab,
+ps page size, Pp / Pg / Pt prompt / generated / all page-table entries per slot (rollout/paged.py),
+NP pages in the pool, L layers, k experts per token.
+
+Called through rollout.generate(..., engine="continuous", slots=N); returns the static engine's
+SampleOutput, and the same tokens: see "Randomness".
+
+Why: the static engine decodes all B rows until the longest ends, so a row that emitted EOS
+keeps its slot, computing nothing useful, until the last one finishes; with long-tailed
+response lengths most of its slot-steps are wasted. Here a slot whose row ends takes the next
+row of the queue at once, so the N slots stay busy until the queue runs dry.
+
+How it works:
+- Queue and slots: rows are taken in order 0 .. B - 1. Before each decode step the refill loop
+  (a lax.while_loop) gives every free slot the next row. The first row of a group prefills its
+  prompt ([1, Lp] forward, run only when one is due): the prompt's KV goes to Pp
+  fresh pages and its G rows' first tokens are sampled from the prompt's last logits at once.
+  The group's other rows attach to the same pages (reference-counted, rollout/paged.py), so a
+  prompt's KV is held once however many of its samples decode, as the static shared-prefix
+  decode shares it. A row whose first token is EOS (or with T = 1) never takes a slot.
+- Decode step: every slot feeds its row's last token at its own position and logical slot
+  (models/paged_attention.py: the step's key/value scattered into the row's page, attention over
+  the row's pages); a slot that starts a new page takes a free one first. A row ends at EOS or
+  at its T-th token: its slot frees, its generated pages go back to the pool and its prompt's
+  pages lose one reference. Slots with no row still run (static shapes) and write to the
+  scratch page; their outputs are dropped.
+- Drain: once the queue is empty, no slot can be refilled, and the last rows (the long tail)
+  would keep all N slots decoding for a few rows. So the live rows are compacted into the first
+  slots (a row moves by its page-table row; its KV stays in its pages) and each step decodes
+  them in ceil(live / w) sub-batches of w = N / 2^shrink slots (one more decode of width w in
+  the program), so the drain's slot-steps follow the live rows, w at a time.
+- Randomness per sequence, not per slot: row b draws its t-th token with the uniform
+  uniform(fold_in(rng, t), (B,))[b], the static engine's, computed for that row alone
+  (sampling.row_uniforms). So the tokens do not depend on the schedule (slots, page size,
+  refill strategy) and equal the static engine's from the same logits; log-probs agree to
+  float32 summation order (attention over pages sums in another order than the shared-prefix
+  decode). In bfloat16 that order shows: a token whose draw falls within rounding of a CDF
+  boundary can differ between the engines (as between the static engine's two layouts).
+- Refill strategies (refill=): "device" (default) runs the whole rollout as one on-device
+  lax.while_loop that refills before every decode step, never returning to the host;
+  "chunked" runs `chunk` decode steps per jitted call and refills only between calls (the host
+  loops until every row has ended), so a slot freed inside a chunk idles until the chunk ends.
+  docs/benchmarks.md has the measured comparison.
+- One compile per (graphdef, shapes, G, T, slots, page_size, sampling settings, refill,
+  chunk, shrink): the program holds one refill loop, one N-slot decode step and one w-slot
+  decode step (the drain's) whatever T, so compile time does not grow with max_new_tokens.
+  Parameters, prompts, lengths, rng, eos_id and pad_id are traced.
+- Memory: the pool holds paged.pages_needed(slots, Lp, T, ps) pages by default (enough that
+  allocation never fails: models.paged_cache_bytes gives its bytes), against the static
+  engine's B rows of T generated slots: the cache scales with N, not B.
+
+The plan's unit of cost: decode_step_for_plan (one decode step of N slots, module bottom).
+"""
+
+from __future__ import annotations
+
+import chex
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from gspo_jax.models import (
+    SCRATCH_PAGE,
+    init_paged_cache,
+    sequence_layout,
+    slot_mask,
+    write_prompt_pages,
+)
+from gspo_jax.rollout import paged
+from gspo_jax.rollout.output import SampleOutput
+from gspo_jax.rollout.sampling import row_uniforms, sample_with_uniform
+
+REFILL_STRATEGIES = ("device", "chunked")
+DEFAULT_PAGE_SIZE = 16
+
+_TRACES = {"run": 0}  # incremented at trace time; tests use it to prove "no recompile"
+
+
+@flax.struct.dataclass
+class EngineState:
+    """The engine's loop state; every field fixed-shape."""
+
+    next_row: jax.Array  # scalar int32: the queue's head, the next row to schedule
+    slot_row: jax.Array  # [N] int32: the row in each slot (B when the slot is free)
+    slot_t: jax.Array  # [N] int32: index of the next token the slot's row samples
+    active: jax.Array  # [N] bool: the slot holds a row that has not ended
+    refcount: jax.Array  # [NP] int32: references to each page (paged.py)
+    prompt_pages: jax.Array  # [P, Pp] int32: each prefilled prompt's pages
+    cache: dict  # models.init_paged_cache: k_pages, v_pages [L, NP, ...], page_table [N, Pt]
+    tokens: jax.Array  # [B, T] int32
+    mask: jax.Array  # [B, T] f32
+    logp: jax.Array  # [B, T] f32
+    sample_logp: jax.Array  # [B, T] f32
+    routes: jax.Array | None  # [L, B, Lp + T, k] int32 when routes are requested
+    decode_steps: jax.Array  # scalar int32: decode steps run
+    decoded_slots: jax.Array  # scalar int32: slot-steps decoded (the steps' widths summed)
+    failed: jax.Array  # scalar bool: an allocation found no free page (never, by pages_needed)
+
+    def finished(self) -> jax.Array:
+        return (self.next_row >= self.tokens.shape[0]) & ~jnp.any(self.active)
+
+
+@flax.struct.dataclass
+class _Inputs:
+    """The traced inputs every part of the loop reads."""
+
+    prompts: jax.Array  # [P, Lp] int32
+    prompt_lengths: jax.Array  # [P] int32
+    rng: jax.Array
+    eos_id: jax.Array  # scalar int32
+    pad_id: jax.Array  # scalar int32
+
+
+def _settings(s: dict) -> dict:
+    return dict(temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"])
+
+
+def init_state(model, inputs: _Inputs, cfg: dict) -> EngineState:
+    """Empty slots, a free pool, pad-filled outputs. cfg: engine_config's dict (static)."""
+    P, Lp = inputs.prompts.shape
+    B, T, N = P * cfg["G"], cfg["T"], cfg["slots"]
+    Pp, Pg = paged.page_counts(Lp, T, cfg["page_size"])
+    zeros = jnp.zeros((B, T), jnp.float32)
+    mc = model.cfg
+    table = jnp.full((N, Pp + Pg), SCRATCH_PAGE, jnp.int32)
+    return EngineState(
+        next_row=jnp.zeros((), jnp.int32),
+        slot_row=jnp.full((N,), B, jnp.int32),
+        slot_t=jnp.ones((N,), jnp.int32),
+        active=jnp.zeros((N,), bool),
+        refcount=jnp.zeros((cfg["num_pages"],), jnp.int32),
+        prompt_pages=jnp.full((P, Pp), SCRATCH_PAGE, jnp.int32),
+        cache=init_paged_cache(mc, cfg["num_pages"], cfg["page_size"], table),
+        tokens=jnp.full((B, T), inputs.pad_id, jnp.int32),
+        mask=zeros,
+        logp=zeros,
+        sample_logp=zeros,
+        routes=jnp.zeros((mc.num_layers, B, Lp + T, mc.experts_per_token), jnp.int32)
+        if cfg["return_routes"]
+        else None,
+        decode_steps=jnp.zeros((), jnp.int32),
+        decoded_slots=jnp.zeros((), jnp.int32),
+        failed=jnp.zeros((), bool),
+    )
+
+
+def _prefill(model, inputs: _Inputs, s: EngineState, p, cfg: dict) -> EngineState:
+    """Prefills prompt p into fresh pages and samples its G rows' first tokens (token 0)."""
+    P, Lp = inputs.prompts.shape
+    G, T = cfg["G"], cfg["T"]
+    B = P * G
+    Pp = s.prompt_pages.shape[1]
+    prompt = jax.lax.dynamic_slice_in_dim(inputs.prompts, p, 1, axis=0)  # [1, Lp]
+    n = jax.lax.dynamic_slice_in_dim(inputs.prompt_lengths, p, 1)  # [1]
+    pos, valid = sequence_layout(n, Lp, 0)  # [1, Lp]
+    out = model.forward(
+        prompt.astype(jnp.int32),
+        pos,
+        slot_mask(valid, jnp.arange(Lp, dtype=jnp.int32)),
+        token_mask=valid,
+        cache=model.init_cache(1, Lp),
+        write_index=0,
+        return_routes=cfg["return_routes"],
+    )
+    h_last = jax.lax.dynamic_index_in_dim(out["hidden"][0], n[0] - 1, keepdims=True)  # [1, D]
+    logits = jnp.repeat(model.logits(h_last), G, axis=0)  # [G, V]
+    rows = p * G + jnp.arange(G, dtype=jnp.int32)
+    u = row_uniforms(inputs.rng, jnp.zeros((G,), jnp.int32), rows, B)
+    tok, lp, slp = sample_with_uniform(logits, u, **_settings(cfg))
+    alive = (tok != inputs.eos_id) & (T > 1)  # rows that will take a slot
+    refcount, pages, failed = paged.allocate(s.refcount, Pp, jnp.sum(alive))
+    routes = s.routes
+    if cfg["return_routes"]:
+        L, _, _, k = out["routes"].shape  # [L, 1, Lp, k]: the prompt's, for its G rows
+        routes = routes.at[:, rows, :Lp].set(jnp.broadcast_to(out["routes"], (L, G, Lp, k)))
+    return s.replace(
+        refcount=refcount,
+        prompt_pages=s.prompt_pages.at[p].set(pages),
+        cache=write_prompt_pages(s.cache, out["cache"], pages),
+        tokens=s.tokens.at[rows, 0].set(tok),
+        mask=s.mask.at[rows, 0].set(1.0),
+        logp=s.logp.at[rows, 0].set(lp),
+        sample_logp=s.sample_logp.at[rows, 0].set(slp),
+        routes=routes,
+        failed=s.failed | failed,
+    )
+
+
+def refill(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
+    """Gives every free slot the next row of the queue (prefilling prompts as their first row
+    comes up), until no slot is free or the queue is empty."""
+    B, T, G = s.tokens.shape[0], cfg["T"], cfg["G"]
+    N = s.active.shape[0]
+
+    def body(s: EngineState) -> EngineState:
+        b = s.next_row
+        p = b // G
+        s = _when(b % G == 0, lambda s: _prefill(model, inputs, s, p, cfg), s)
+        alive = (s.tokens[b, 0] != inputs.eos_id) & (T > 1)
+        slot = jnp.where(alive, jnp.argmin(s.active), N)  # the first free slot; N: none
+        table = s.cache["page_table"]
+        row_table = jnp.concatenate(
+            [s.prompt_pages[p], jnp.full((table.shape[1] - s.prompt_pages.shape[1],), SCRATCH_PAGE)]
+        )
+        cache = dict(s.cache, page_table=table.at[slot].set(row_table, mode="drop"))
+        return s.replace(
+            next_row=b + 1,
+            slot_row=s.slot_row.at[slot].set(b, mode="drop"),
+            slot_t=s.slot_t.at[slot].set(1, mode="drop"),
+            active=s.active.at[slot].set(True, mode="drop"),
+            cache=cache,
+        )
+
+    return jax.lax.while_loop(lambda s: (s.next_row < B) & ~jnp.all(s.active), body, s)
+
+
+def decode(model, inputs: _Inputs, s: EngineState, cfg: dict, width: int | None = None, start=0):
+    """One decode step of slots [start, start + width) (default all N): each active slot's row
+    samples its next token. Counts width decoded slot-steps (not a decode step: the caller)."""
+    P, Lp = inputs.prompts.shape
+    B, T, G, ps = s.tokens.shape[0], cfg["T"], cfg["G"], cfg["page_size"]
+    w = s.active.shape[0] if width is None else width
+    take = lambda x: jax.lax.dynamic_slice_in_dim(x, start, w)  # noqa: E731
+    table = take(s.cache["page_table"])  # [w, Pt]
+    Pt = table.shape[1]
+    Pp = s.prompt_pages.shape[1]
+    act, t = take(s.active), take(s.slot_t)
+    row = jnp.minimum(take(s.slot_row), B - 1)  # free slots read row B - 1's entries, then drop
+    fed = t - 1  # generated index of the token fed this step (sampled at step t - 1)
+
+    # A slot that starts a page takes a free one.
+    need = act & (fed % ps == 0)
+    refcount, new_pages, failed = paged.allocate_rows(s.refcount, need)
+    entry = jnp.where(need, Pp + fed // ps, Pt)  # Pt: out of range, dropped
+    table = table.at[jnp.arange(w), entry].set(new_pages, mode="drop")
+
+    n = inputs.prompt_lengths[row // G].astype(jnp.int32)  # [w]
+    prev = s.tokens[row, fed]  # [w]
+    mask = slot_mask(paged.key_valid(n, fed, Pp, Pt, ps), jnp.full((1,), Pt * ps - 1, jnp.int32))
+    o = model.forward(
+        prev[:, None],
+        (n + fed)[:, None],
+        mask,
+        cache=dict(s.cache, page_table=table),
+        write_index=Pp * ps + fed,
+        return_routes=cfg["return_routes"],
+    )
+    logits = model.logits(o["hidden"][:, 0])  # [w, V]
+    u = row_uniforms(inputs.rng, t, row, B)
+    tok, lp, slp = sample_with_uniform(logits, u, **_settings(cfg))
+
+    out_row = jnp.where(act, row, B)  # B: dropped
+    put = lambda buf, v: buf.at[out_row, t].set(v, mode="drop")  # noqa: E731
+    routes = s.routes
+    if cfg["return_routes"]:
+        routes = routes.at[:, out_row, Lp + fed].set(o["routes"][:, :, 0], mode="drop")
+    ended = act & ((tok == inputs.eos_id) | (t == T - 1))
+    refcount = paged.release(refcount, table, ended)
+    table = jnp.where(ended[:, None], SCRATCH_PAGE, table)
+    active = act & ~ended
+    put_slots = lambda x, v: jax.lax.dynamic_update_slice_in_dim(x, v, start, 0)  # noqa: E731
+    return s.replace(
+        slot_row=put_slots(s.slot_row, jnp.where(active, row, B)),
+        slot_t=put_slots(s.slot_t, jnp.where(active, t + 1, 1)),
+        active=put_slots(s.active, active),
+        refcount=refcount,
+        cache=dict(o["cache"], page_table=put_slots(s.cache["page_table"], table)),
+        tokens=put(s.tokens, tok),
+        mask=put(s.mask, jnp.ones_like(lp)),
+        logp=put(s.logp, lp),
+        sample_logp=put(s.sample_logp, slp),
+        routes=routes,
+        decoded_slots=s.decoded_slots + w,
+        failed=s.failed | failed,
+    )
+
+
+def drain_width(slots: int, shrink: int) -> int:
+    """The width of the drain's sub-batches: slots / 2^shrink, at least 1."""
+    return max(1, slots >> shrink)
+
+
+def compact(s: EngineState) -> EngineState:
+    """The slots reordered so that the active ones come first (stable). Moving a row between
+    slots moves its page-table row only: its KV stays in its pages."""
+    order = jnp.argsort(~s.active, stable=True)
+    table = s.cache["page_table"]
+    return s.replace(
+        slot_row=s.slot_row[order],
+        slot_t=s.slot_t[order],
+        active=s.active[order],
+        cache=dict(s.cache, page_table=table[order]),
+    )
+
+
+def decode_draining(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
+    """One decode step, narrowed once the queue is empty. While the queue has rows every slot
+    is refilled and all N decode at once; after, the live rows are moved to the first slots
+    (compact) and decoded ceil(live / w) sub-batches of w = drain_width slots at a time (a loop
+    over one decode of width w), so the drain runs w-slot steps, not N."""
+    N = s.active.shape[0]
+    w = drain_width(N, cfg["shrink"])
+    full = lambda s: decode(model, inputs, s, cfg)  # noqa: E731
+    stepped = s.decode_steps + jnp.any(s.active)
+    if w == N:
+        s = full(s)
+    else:
+        draining = s.next_row >= s.tokens.shape[0]
+        s = compact(s)  # the identity while the queue has rows: refill has filled every slot
+        s = _when(~draining, full, s)
+        parts = jnp.where(draining, (jnp.sum(s.active) + w - 1) // w, 0)
+        sub = lambda i, s: decode(model, inputs, s, cfg, w, i * w)  # noqa: E731
+        s = jax.lax.fori_loop(0, parts, sub, s)
+    return s.replace(decode_steps=stepped)
+
+
+def _when(pred, fn, s: EngineState) -> EngineState:
+    """fn(s) if pred else s, as a loop of 0 or 1 trips rather than lax.cond: on XLA:CPU a
+    conditional whose branch writes the page pool copied the whole pool (a decode step took
+    twice as long), while a loop updates its carry in place."""
+    return jax.lax.fori_loop(0, pred.astype(jnp.int32), lambda _, s: fn(s), s)
+
+
+def _step(model, inputs, s, cfg):
+    """Refill, then one decode step (the loop ends when no slot holds a row and the queue is
+    empty, so after a refill there is a row to decode unless the last rows all ended at
+    their first token; then the step decodes nothing and counts no step)."""
+    s = refill(model, inputs, s, cfg)
+    return decode_draining(model, inputs, s, cfg)
+
+
+def _run(graphdef, params, inputs: _Inputs, s: EngineState | None, *, cfg: tuple):
+    """refill="device": the whole rollout from init_state (s is None). "chunked": one refill
+    and then up to cfg["chunk"] decode steps from s."""
+    _TRACES["run"] += 1
+    cfg = dict(cfg)
+    model = nnx.merge(graphdef, params)
+    if cfg["refill"] == "device":
+        return jax.lax.while_loop(
+            lambda s: ~s.finished(),
+            lambda s: _step(model, inputs, s, cfg),
+            init_state(model, inputs, cfg),
+        )
+    s = refill(model, inputs, s, cfg)
+    s, _ = jax.lax.while_loop(
+        lambda c: jnp.any(c[0].active) & (c[1] < cfg["chunk"]),
+        lambda c: (decode_draining(model, inputs, c[0], cfg), c[1] + 1),
+        (s, jnp.zeros((), jnp.int32)),
+    )
+    return s
+
+
+_run_jit = jax.jit(_run, static_argnames=("graphdef", "cfg"), donate_argnames=("s",))
+_init_jit = jax.jit(
+    lambda graphdef, params, inputs, cfg: init_state(
+        nnx.merge(graphdef, params), inputs, dict(cfg)
+    ),
+    static_argnames=("graphdef", "cfg"),
+)
+
+
+def _output(s: EngineState) -> SampleOutput:
+    return SampleOutput(
+        tokens=s.tokens,
+        mask=s.mask,
+        logp=s.logp,
+        sample_logp=s.sample_logp,
+        lengths=jnp.sum(s.mask, axis=-1).astype(jnp.int32),
+        routes=s.routes,
+    )
+
+
+def engine_config(
+    prompts_shape: tuple[int, int],
+    *,
+    num_samples: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    return_routes: bool,
+    slots: int | None = None,
+    page_size: int = DEFAULT_PAGE_SIZE,
+    num_pages: int | None = None,
+    refill: str = "device",
+    chunk: int = 16,
+    shrink: int = 3,
+) -> dict:
+    """The engine's static configuration, checked (one-line ValueErrors naming the fix).
+
+    slots: decode slots N (default: B, one per row; more than B is clamped to B). page_size: KV
+    slots per page. num_pages: the pool (default and minimum: paged.pages_needed, so allocation
+    never fails). refill / chunk: REFILL_STRATEGIES (module docstring). shrink: the drain decodes
+    sub-batches of N / 2^shrink slots (drain_width; 0 = always decode all N slots at once)."""
+    P, Lp = prompts_shape
+    B = P * num_samples
+    slots = B if slots is None else int(slots)
+    if slots < 1:
+        raise ValueError(f"slots={slots} must be >= 1 (decode slots; e.g. slots=B/4).")
+    if int(page_size) < 1:
+        raise ValueError(f"page_size={page_size} must be >= 1 (KV slots per page, e.g. 16).")
+    if refill not in REFILL_STRATEGIES:
+        raise ValueError(f"refill={refill!r} is not one of {REFILL_STRATEGIES}.")
+    if int(shrink) < 0:
+        raise ValueError(f"shrink={shrink} must be >= 0 (the drain decodes N / 2^shrink slots).")
+    if int(chunk) < 1:
+        raise ValueError(f"chunk={chunk} must be >= 1 (decode steps per call, refill='chunked').")
+    slots = min(slots, B)
+    needed = paged.pages_needed(slots, Lp, max_new_tokens, int(page_size))
+    num_pages = needed if num_pages is None else int(num_pages)
+    if num_pages < needed:
+        raise ValueError(
+            f"num_pages={num_pages} is too small a cache for slots={slots}, page_size="
+            f"{page_size}, prompt {Lp} + {max_new_tokens} tokens: it needs {needed} "
+            f"(1 + slots * (prompt pages + generated pages)); raise num_pages or lower slots."
+        )
+    return dict(
+        G=int(num_samples),
+        T=int(max_new_tokens),
+        temperature=float(temperature),
+        top_k=int(top_k),
+        top_p=float(top_p),
+        return_routes=bool(return_routes),
+        slots=slots,
+        page_size=int(page_size),
+        num_pages=num_pages,
+        refill=refill,
+        chunk=int(chunk),
+        shrink=int(shrink),
+    )
+
+
+def run(model, prompts, prompt_lengths, rng, *, eos_id, pad_id, **config):
+    """The rollout and its final EngineState: (SampleOutput, EngineState). config:
+    engine_config's keywords. The state carries the figures the benchmark reports
+    (decode_steps, decoded_slots: the slot-steps they ran) and the pool (refcount: all 0 but
+    the scratch page at the end, every page returned)."""
+    chex.assert_rank([prompts, prompt_lengths], [2, 1])
+    cfg = engine_config(prompts.shape, **config)
+    graphdef, params = nnx.split(model)
+    inputs = _Inputs(
+        prompts=jnp.asarray(prompts, jnp.int32),
+        prompt_lengths=jnp.asarray(prompt_lengths, jnp.int32),
+        rng=rng,
+        eos_id=jnp.asarray(eos_id, jnp.int32),
+        pad_id=jnp.asarray(pad_id, jnp.int32),
+    )
+    key = tuple(sorted(cfg.items()))
+    if cfg["refill"] == "device":
+        s = _run_jit(graphdef, params, inputs, None, cfg=key)
+    else:
+        if isinstance(inputs.prompts, jax.core.Tracer):
+            raise ValueError(
+                "refill='chunked' loops on the host and cannot run under an outer jit; use "
+                "refill='device'."
+            )
+        s = _init_jit(graphdef, params, inputs, cfg=key)
+        while not bool(s.finished()):  # one host sync per chunk
+            s = _run_jit(graphdef, params, inputs, s, cfg=key)
+    return _output(s), s
+
+
+def generate_continuous(
+    model,
+    prompts,
+    prompt_lengths,
+    rng,
+    *,
+    num_samples: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    eos_id: int,
+    pad_id: int,
+    return_routes: bool,
+    slots: int | None = None,
+    page_size: int = DEFAULT_PAGE_SIZE,
+    num_pages: int | None = None,
+    refill: str = "device",
+    chunk: int = 16,
+    shrink: int = 3,
+) -> SampleOutput:
+    """The continuous engine behind rollout.generate (which checks the arguments first).
+    slots: decode slots (default B); page_size: KV slots per page; num_pages: the pool (default
+    the minimum that never runs out); refill: "device" (one on-device loop) or "chunked"
+    (`chunk` decode steps per jitted call, refilled between calls); shrink: the last rows
+    drain in sub-batches of slots / 2^shrink (0: always all slots at once). Module docstring."""
+    out, _ = run(
+        model,
+        prompts,
+        prompt_lengths,
+        rng,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        num_samples=num_samples,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        return_routes=return_routes,
+        slots=slots,
+        page_size=page_size,
+        num_pages=num_pages,
+        refill=refill,
+        chunk=chunk,
+        shrink=shrink,
+    )
+    return out
+
+
+def decode_step_for_plan(model, *, num_prompts: int, prompt_len: int, **config):
+    """(jitted function, its arguments): one N-slot decode step of the engine at these shapes
+    (the unit the rollout repeats), for the memory plan to lower and cost:
+    fn.lower(*args).compile() (memory_analysis, cost_analysis). config: engine_config's
+    keywords (num_samples, max_new_tokens, temperature, top_k, top_p, return_routes, slots,
+    page_size, ...). The engine state argument is abstract (jax.ShapeDtypeStruct leaves): the
+    page pool, tables and output buffers a step of the real loop carries; nothing is allocated.
+    A refill's prefill is a [1, Lp] forward, once per prompt (not per step)."""
+    cfg = engine_config((num_prompts, prompt_len), **config)
+    graphdef, params = nnx.split(model)
+    inputs = _Inputs(
+        prompts=jnp.ones((num_prompts, prompt_len), jnp.int32),
+        prompt_lengths=jnp.full((num_prompts,), prompt_len, jnp.int32),
+        rng=jax.random.key(0),
+        eos_id=jnp.asarray(-1, jnp.int32),
+        pad_id=jnp.asarray(0, jnp.int32),
+    )
+    state = jax.eval_shape(lambda: init_state(model, inputs, cfg))
+
+    def one_step(params, inputs, state):
+        return decode(nnx.merge(graphdef, params), inputs, state, cfg)
+
+    return jax.jit(one_step, donate_argnums=2), (params, inputs, state)
