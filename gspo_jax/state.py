@@ -64,6 +64,8 @@ class StepSpec:
     pad_id: int
     rollout_logp_noise: float  # std of the noise on each reported log-prob (0 = none)
     records_routes: bool  # the rollout returns its expert routes (replay or route-change log)
+    rollout_engine: str  # a name in rollout.ENGINES
+    rollout_options: tuple  # (name, value) pairs the engine takes (continuous: slots, page_size)
     # rewards and advantages
     overlong_buffer: int
     overlong_penalty: float  # 0 = no overlong shaping

@@ -240,7 +240,7 @@ def test_reinforce_pp_advantages_and_kl_in_reward_phases(shared):
     assert out.ref_logp is None and not np.allclose(out.adv, batch.adv)
     np.testing.assert_allclose(float(m["kl_reward_k1_mean"]), k1.sum() / mask.sum(), rtol=1e-5)
     # a group estimator: the response's reward minus β·Σ_t k1, then the group advantage
-    grpo_run = dataclasses.replace(run, estimator="grpo")
+    grpo_run = dataclasses.replace(run, step=dataclasses.replace(run.step, estimator="grpo"))
     with sharding.use_mesh(run.mesh):
         out, _ = rl_batch.make_kl_reward_fn(grpo_run)(batch.replace(ref_logp=ref_logp), rewards)
     want, _ = advantages.group_advantages(np.asarray(rewards) - beta * k1.sum(-1), G)
@@ -283,3 +283,45 @@ def test_rollout_logp_noise_moves_only_the_reported_logp(shared):
         exp.build_run(
             make_config(shared, num_devices=1, **small, **{"rl.rollout_logp_noise": -1.0})
         )
+
+
+def test_trainer_rollout_on_the_continuous_engine_samples_the_static_tokens(shared):
+    """config.rl.rollout_engine="continuous" reaches the step's rollout (make_rollout_fn, inside
+    the trainer's jit): the same tokens and lengths as the static engine from the same key, with
+    fewer slots than rows; an unknown engine or a slot count below 1 is a ConfigError."""
+    import jax
+
+    from gspo_jax.rl import step as ts
+
+    small = {
+        "init.kind": "random",
+        "rl.prompts_per_step": 4,
+        "rl.group_size": 4,
+        "rl.max_new_tokens": 8,
+        "eval.num_problems": 0,
+    }
+    static = exp.build_run(make_config(shared, num_devices=1, **small))
+    cont = exp.build_run(
+        make_config(
+            shared,
+            num_devices=1,
+            **small,
+            **{"rl.rollout_engine": "continuous", "rl.rollout_slots": 4},
+        )
+    )
+    assert dict(cont.step.rollout_options) == {"slots": 4, "page_size": 16}
+    params, _ = exp.base_params(static)
+    batch = next(data_iterator.make_data_iterator(static.config, static.task))
+    prompts, lengths = jnp.asarray(batch["prompt"]), jnp.asarray(batch["prompt_length"])
+    key = jax.random.key_data(jax.random.key(3))
+    a = ts.make_rollout_fn(static)(params, prompts, lengths, key)
+    b = ts.make_rollout_fn(cont)(params, prompts, lengths, key)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_array_equal(np.asarray(a.lengths), np.asarray(b.lengths))
+    np.testing.assert_allclose(np.asarray(a.logp), np.asarray(b.logp), atol=1e-5)
+    for bad in (
+        {"rl.rollout_engine": "vllm"},
+        {"rl.rollout_engine": "continuous", "rl.rollout_slots": 0},
+    ):
+        with pytest.raises(config_lib.ConfigError, match="rollout_"):
+            exp.build_run(make_config(shared, num_devices=1, **small, **bad))

@@ -148,6 +148,12 @@ def default_config() -> ml_collections.ConfigDict:
     # real training-inference mismatch). With recompute_old_logp=True the sampler's log-probs
     # become rollout_logp (objective.rollout_correction / off_policy_mask read them).
     c.rl.rollout_dtype = ""
+    # The rollout engine (rollout.ENGINES): "static" decodes the step's B rows as one batch until
+    # the longest ends; "continuous" refills a fixed number of decode slots from the queue of rows
+    # as rows end, over a paged KV cache (same tokens from the same logits: rollout/continuous.py).
+    c.rl.rollout_engine = "static"
+    c.rl.rollout_slots = config_dict.placeholder(int)  # continuous: decode slots (None = B)
+    c.rl.rollout_page_size = 16  # continuous: KV-cache slots per page
     # Gaussian noise of this std added to each sampled token's reported log-prob (0 = none): a
     # dose of sampler-trainer mismatch for the rollout-log-probs claim
     c.rl.rollout_logp_noise = 0.0

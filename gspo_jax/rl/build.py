@@ -28,7 +28,7 @@ import ml_collections
 import optax
 from flax import nnx
 
-from gspo_jax import advantages, data, models, objectives, sharding, tasks
+from gspo_jax import advantages, data, models, objectives, rollout, sharding, tasks
 from gspo_jax import config as config_lib
 from gspo_jax.config import ConfigError
 from gspo_jax.data import files as data_files
@@ -507,6 +507,25 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
     )
 
 
+def rollout_options(config) -> tuple:
+    """The engine's options from config.rl as (name, value) pairs, checked: an unknown engine or
+    a slot or page count below 1 is a ConfigError naming the fix."""
+    rl = config.rl
+    if rl.rollout_engine not in rollout.ENGINES:
+        raise ConfigError(
+            f"config.rl.rollout_engine={rl.rollout_engine!r} is not an engine; valid: "
+            f"{tuple(rollout.ENGINES)}"
+        )
+    if rl.rollout_engine != "continuous":
+        return ()
+    if (rl.rollout_slots is not None and rl.rollout_slots < 1) or rl.rollout_page_size < 1:
+        raise ConfigError(
+            f"config.rl.rollout_slots={rl.rollout_slots} and rollout_page_size="
+            f"{rl.rollout_page_size} must be >= 1 (rollout_slots None = one slot per row)"
+        )
+    return (("slots", rl.rollout_slots), ("page_size", rl.rollout_page_size))
+
+
 def step_spec(config, task, objective: objectives.Objective) -> StepSpec:
     """What one RL step of this config does (StepSpec): the config's step fields, typed, and the
     rules that follow from them, each decided here once. config.rl.max_new_tokens is resolved
@@ -528,6 +547,8 @@ def step_spec(config, task, objective: objectives.Objective) -> StepSpec:
         # Routing Replay replays the rollout's routes; log_route_change compares them after the
         # update
         records_routes=rl.routing_replay or rl.log_route_change,
+        rollout_engine=rl.rollout_engine,
+        rollout_options=rollout_options(config),
         overlong_buffer=rl.overlong_buffer,
         overlong_penalty=rl.overlong_penalty,
         mask_truncated=rl.mask_truncated,

@@ -70,6 +70,8 @@ def make_rollout_fn(run: Run):
             eos_id=spec.eos_id,
             pad_id=spec.pad_id,
             return_routes=spec.records_routes,
+            engine=spec.rollout_engine,
+            **dict(spec.rollout_options),
         )
         if spec.records_routes:  # the model's [L, B, S, k] -> [B, L, S, k], as in the step
             out = out.replace(routes=jnp.swapaxes(out.routes, 0, 1))
