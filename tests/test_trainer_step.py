@@ -21,7 +21,8 @@ EOS, PAD, V = 1, 0, 20
 
 def _opt_cfg(**kw):
     d = config_lib.default_config().optimizer  # every field of the schema
-    d.update(dict(learning_rate=1e-3, schedule="constant", warmup_updates=0, **kw))
+    d.update(dict(learning_rate=1e-3, schedule="constant", warmup_updates=0))
+    d.update(kw)
     return d
 
 

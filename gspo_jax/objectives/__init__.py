@@ -32,15 +32,13 @@ more [B, T] input. GSPO-token with [B] advantages takes GSPO's path (equal in va
 for every surrogate); the per-token path needs no per-token exp (see _sequence_token_ratio).
 """
 
-from gspo_jax.objectives.objective import Objective
-from gspo_jax.objectives.presets import (
+from gspo_jax.objectives.objective import (
     OVERRIDABLE_FIELD_TYPES,
     OVERRIDABLE_FIELDS,
-    PER_TOKEN_PRESETS,
-    PRESET_NAMES,
-    PRESETS,
+    Objective,
     get_objective,
 )
+from gspo_jax.objectives.presets import PER_TOKEN_PRESETS, PRESET_NAMES, PRESETS
 from gspo_jax.objectives.ratios import PER_RESPONSE_LEVELS, RATIO_LEVELS
 from gspo_jax.objectives.sums import Sums, log_w_percentiles_from_counts
 from gspo_jax.objectives.surrogates import SURROGATES

@@ -37,10 +37,13 @@ never reach a value or a gradient.
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 
 import jax
 import jax.numpy as jnp
 
+from gspo_jax.objectives.presets import PRESET_NAMES, PRESETS
 from gspo_jax.objectives.ratios import _RATIO_LEVELS, PER_RESPONSE_LEVELS
 from gspo_jax.objectives.sums import Sums, _unit_sums
 from gspo_jax.objectives.surrogates import _SURROGATES, _Tokens
@@ -274,3 +277,36 @@ class Objective:
             m = keep.astype(jnp.float32)  # [B] or [B, T]
             weight = m if weight is None else _unit_product(weight, m)
         return weight, metrics
+
+
+# name, ratio_level and surrogate are what a preset is; every other field can be overridden.
+_PRESET_STRUCTURE = ("name", "ratio_level", "surrogate")
+OVERRIDABLE_FIELDS = tuple(
+    f.name for f in dataclasses.fields(Objective) if f.name not in _PRESET_STRUCTURE
+)
+
+
+def _value_type(hint) -> type:
+    """float | None -> float (the type of a field's values besides None)."""
+    args = [a for a in typing.get_args(hint) if a is not types.NoneType]
+    return args[0] if args else hint
+
+
+# The value type of every overridable field (e.g. for typed command-line placeholders).
+OVERRIDABLE_FIELD_TYPES: dict[str, type] = {
+    name: _value_type(hint)
+    for name, hint in typing.get_type_hints(Objective).items()
+    if name in OVERRIDABLE_FIELDS
+}
+
+
+def get_objective(name: str, **overrides) -> Objective:
+    """The preset `name` with any of OVERRIDABLE_FIELDS replaced, e.g. ("gspo", eps_low=0.2)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown objective {name!r}; valid: {PRESET_NAMES}")
+    unknown = sorted(set(overrides) - set(OVERRIDABLE_FIELDS))
+    if unknown:
+        raise ValueError(
+            f"unknown override(s) {unknown} for objective {name!r}; valid: {OVERRIDABLE_FIELDS}"
+        )
+    return Objective(name=name, **{**PRESETS[name], **overrides})

@@ -1,4 +1,4 @@
-"""The presets (one line per objective of the family) and the fields a config may override.
+"""The presets: one line per objective of the family (objective.get_objective builds one).
 
 Dimension legend: none.
 
@@ -10,11 +10,6 @@ required there. The cispo value contains logp itself: only its gradient is meani
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
-
-from gspo_jax.objectives.objective import Objective
 from gspo_jax.objectives.ratios import PER_RESPONSE_LEVELS
 
 _GSPO_EPS = dict(eps_low=3e-4, eps_high=4e-4)  # GSPO §5.1
@@ -53,35 +48,3 @@ PRESET_NAMES = tuple(PRESETS)
 PER_TOKEN_PRESETS = tuple(
     n for n, p in PRESETS.items() if p["ratio_level"] not in PER_RESPONSE_LEVELS
 )
-
-# name, ratio_level and surrogate are what a preset is; every other field can be overridden.
-_PRESET_STRUCTURE = ("name", "ratio_level", "surrogate")
-OVERRIDABLE_FIELDS = tuple(
-    f.name for f in dataclasses.fields(Objective) if f.name not in _PRESET_STRUCTURE
-)
-
-
-def _value_type(hint) -> type:
-    """float | None -> float (the type of a field's values besides None)."""
-    args = [a for a in typing.get_args(hint) if a is not types.NoneType]
-    return args[0] if args else hint
-
-
-# The value type of every overridable field (e.g. for typed command-line placeholders).
-OVERRIDABLE_FIELD_TYPES: dict[str, type] = {
-    name: _value_type(hint)
-    for name, hint in typing.get_type_hints(Objective).items()
-    if name in OVERRIDABLE_FIELDS
-}
-
-
-def get_objective(name: str, **overrides) -> Objective:
-    """The preset `name` with any of OVERRIDABLE_FIELDS replaced, e.g. ("gspo", eps_low=0.2)."""
-    if name not in PRESETS:
-        raise ValueError(f"unknown objective {name!r}; valid: {PRESET_NAMES}")
-    unknown = sorted(set(overrides) - set(OVERRIDABLE_FIELDS))
-    if unknown:
-        raise ValueError(
-            f"unknown override(s) {unknown} for objective {name!r}; valid: {OVERRIDABLE_FIELDS}"
-        )
-    return Objective(name=name, **{**PRESETS[name], **overrides})

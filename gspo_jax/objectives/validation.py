@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import chex
 import jax.numpy as jnp
 
+from gspo_jax.objectives.presets import PER_TOKEN_PRESETS
 from gspo_jax.objectives.ratios import PER_RESPONSE_LEVELS, RATIO_LEVELS
 from gspo_jax.objectives.surrogates import SURROGATES
 from gspo_jax.objectives.terms import AGGREGATIONS, KL_ESTIMATORS, ROLLOUT_CORRECTIONS
@@ -229,7 +230,7 @@ def _check_inputs(obj, logp, old_logp, adv, mask, ref_logp, rollout_logp, entrop
         raise ValueError(
             f"{obj.name} has one ratio per response, so adv must be [B] = {(B,)}; per-token "
             f"advantages [B, T] need a per-token ratio (ratio_level one of {per_token}): "
-            "a preset of objectives.PER_TOKEN_PRESETS"
+            f"{', '.join(PER_TOKEN_PRESETS)}"
         )
     if rollout_logp is None and obj.reads_rollout_logp:
         for field in ("rollout_correction", "off_policy_mask"):
