@@ -17,6 +17,9 @@ from trainer_runs import REPO, load_repo_module, set_fields
 from gspo_jax import config as config_lib
 
 claims = load_repo_module("experiments/claims.py")
+# The notebooks' tiny runs take minutes: .ci/run executes them after the README's test command
+# (`python -m pytest -q -m notebooks`), which deselects them (pyproject.toml).
+pytestmark = pytest.mark.notebooks
 
 STEPS = 2
 # The arith sweep's arms the notebooks name (the sweep-table notebook tabulates whatever arms
