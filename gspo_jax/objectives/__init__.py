@@ -32,7 +32,7 @@ more [B, T] input. GSPO-token with [B] advantages takes GSPO's path (equal in va
 for every surrogate); the per-token path needs no per-token exp (see _sequence_token_ratio).
 """
 
-from gspo_jax.objectives.objective import Objective
+from gspo_jax.objectives.objective import TRACEABLE_FIELDS, Objective
 from gspo_jax.objectives.presets import (
     OVERRIDABLE_FIELD_TYPES,
     OVERRIDABLE_FIELDS,
@@ -82,6 +82,7 @@ __all__ = [
     "RATIO_LEVELS",
     "ROLLOUT_CORRECTIONS",
     "SURROGATES",
+    "TRACEABLE_FIELDS",
     "TOP_K_BLOCK",
     "Objective",
     "Sums",
