@@ -30,7 +30,7 @@ ATOL_OF = {"rollout/logp_diff_absmax": 1e-5, "rollout/logp_diff_mean": 1e-6}
 
 
 def pop_config(shared, seeds, vary=None, mode="product", **extra):
-    c = runs.make_config(shared, num_devices=1, **extra)
+    c = runs.make_config(shared, **{"num_devices": 1, **extra})
     with c.unlocked():
         c.population.seeds = tuple(seeds)
         c.population.vary = ml_collections.ConfigDict(vary or {})
@@ -218,3 +218,33 @@ def test_resume_is_exact(shared, loop_run):
         a = runs.records(os.path.join(wd, "members", name))
         b = runs.records(os.path.join(wd2, "members", name))
         assert a == b
+
+
+def test_members_spread_over_a_mesh_axis(shared, first_steps):
+    """4 ε values x 2 seeds on 8 simulated devices, one member each (mesh.population=8): the
+    state is sharded member by member, and the member with the first population's member-0
+    values takes the same first step."""
+    _, (tokens, ms, _), _ = first_steps
+    config = pop_config(
+        shared,
+        seeds=(0, 1),
+        vary={"objective": {"eps_low": (3e-4, 1e-3, 3e-3, 1e-2)}},
+        num_devices=8,
+        **{"mesh.data": 1, "mesh.population": 8},
+    )
+    pop = population.build_population(config)
+    assert pop.run.mesh.shape["population"] == 8 and pop.axis == "population"
+    params, _ = build.base_params(pop.run, shared["cache"])
+    tok8, ms8, state = first_step_population(pop, params)
+    for leaf in jax.tree.leaves(state.params):
+        assert leaf.sharding.spec[0] == "population"
+        assert {s.data.shape[0] for s in leaf.addressable_shards} == {1}  # a member per device
+    i = [m.name for m in pop.members].index("eps_low=0.0003-seed0")
+    np.testing.assert_array_equal(tok8[i], tokens[0])
+    off = {
+        k: (ms8[i][k], ms[0][k])
+        for k in ms[0]
+        if not k.startswith("time/")
+        and not np.isclose(ms8[i][k], ms[0][k], rtol=RTOL, atol=ATOL_OF.get(k, ATOL))
+    }
+    assert not off, off

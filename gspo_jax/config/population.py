@@ -4,9 +4,10 @@ seed, its values of the varied fields), checked here before anything is traced.
     members = population.members(config)       # [] when config.population.seeds is empty
     members[0].name, members[0].seed, members[0].values, members[0].config
 
-The member configs are what a single run of that member would be given: rl/population.py builds
-one Run from members[0].config (every member has the same shapes and program structure) and
-passes each member's seed and values as arrays on the member axis.
+The member configs are what a single run of that member would be given (no population fields, no
+member mesh axis): rl/population.py builds one Run from the population's config with the first
+member's seed and values (every member has the same shapes and program structure) and passes each
+member's seed and values as arrays on the member axis.
 
 No array dimensions here.
 """
@@ -58,7 +59,13 @@ def check_population(config: ml_collections.ConfigDict) -> None:
     """The population fields alone: ConfigError naming the field and the fix."""
     pop = config.population
     seeds, vary = tuple(pop.seeds), vary_fields(config)
+    mesh_pop = config.mesh.population
     if not seeds:
+        if mesh_pop != 1:
+            raise ConfigError(
+                f"config.mesh.population={mesh_pop} spreads a population's members over devices, "
+                "but config.population.seeds is empty: set --config.mesh.population=1"
+            )
         if vary:
             raise ConfigError(
                 "config.population.vary is set but config.population.seeds is empty: give the "
@@ -100,6 +107,12 @@ def check_population(config: ml_collections.ConfigDict) -> None:
                 f"config.population.mode='zip' pairs the lists element by element, but their "
                 f"lengths differ ({lengths}); give them equal lengths or use mode='product'"
             )
+    n = len(members_values(seeds, vary, pop.mode))
+    if mesh_pop > 1 and n % mesh_pop:
+        raise ConfigError(
+            f"config.mesh.population={mesh_pop} does not divide the {n} members: use a divisor "
+            f"of {n} (members are split evenly over the population axis)"
+        )
     if config.rl.dynamic_sampling:
         raise ConfigError(
             "config.rl.dynamic_sampling draws a data-dependent number of batches per member; a "
@@ -117,31 +130,35 @@ def member_name(seed: int, values: dict[str, Any]) -> str:
     return "-".join([*parts, f"seed{seed}"])
 
 
+def members_values(seeds: tuple, vary: dict[str, tuple], mode: str) -> list[tuple[int, dict]]:
+    """(seed, {field: value}) of each member: the product (seeds innermost) or the zip."""
+    fields = list(vary)
+    if mode == "zip":
+        rows = zip(seeds, *vary.values(), strict=True)  # equal lengths: check_population
+        return [(s, dict(zip(fields, vs, strict=True))) for s, *vs in rows]
+    return [
+        (s, dict(zip(fields, vs, strict=True)))
+        for vs in itertools.product(*vary.values())
+        for s in seeds
+    ]
+
+
 def members(config: ml_collections.ConfigDict) -> list[Member]:
     """The members of config.population (checked; [] when it is not a population)."""
     check_population(config)
     if not is_population(config):
         return []
     seeds, vary = tuple(config.population.seeds), vary_fields(config)
-    fields = list(vary)
-    if config.population.mode == "zip":
-        rows = zip(seeds, *vary.values(), strict=True)  # equal lengths: check_population
-        combos = [(s, dict(zip(fields, vs, strict=True))) for s, *vs in rows]
-    else:
-        combos = [
-            (s, dict(zip(fields, vs, strict=True)))
-            for vs in itertools.product(*vary.values())
-            for s in seeds
-        ]
     out = []
-    for seed, values in combos:
+    for seed, values in members_values(seeds, vary, config.population.mode):
         cfg = copy.deepcopy(config)
         with cfg.unlocked():
             cfg.seed = int(seed)
             for field, v in values.items():
                 set_field(cfg, field, float(v))
-            cfg.population.seeds = ()
+            cfg.population.seeds = ()  # a single run's config: no population, no member axis
             cfg.population.vary = ml_collections.ConfigDict()
+            cfg.mesh.population = 1
         out.append(Member(member_name(seed, values), int(seed), values, cfg))
     names = [m.name for m in out]
     if len(set(names)) != len(names):

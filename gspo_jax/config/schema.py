@@ -210,7 +210,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.multihost.timeout_s = MULTIHOST_TIMEOUT_S  # seconds
 
     # Mesh axis sizes (-1 fills the remaining devices); a TPU pod slice might use data=-1, fsdp=4.
-    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
+    # population: a population's member axis (members spread over its devices; 1 = none)
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1, population=1))
     c.num_devices = -1  # -1 = every device; n = the first n (single-process comparisons)
     # The TPU slice a --dry_run plans for (planning/memory_plan.py SLICES; None = no plan)
     c.slice = config_dict.placeholder(str)

@@ -32,6 +32,7 @@ slots, T response slots.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -75,6 +76,18 @@ class Population:
     def size(self) -> int:
         return len(self.members)
 
+    @property
+    def axis(self) -> str | None:
+        """The mesh axis the members spread over (config.mesh.population > 1), or None."""
+        names = self.run.mesh.axis_names
+        return sharding.POPULATION_AXIS if sharding.POPULATION_AXIS in names else None
+
+    def on_members(self, spec: tuple = ()) -> jax.sharding.NamedSharding:
+        """The sharding of an [M, ...] array: members over the population axis, then ``spec``."""
+        return jax.sharding.NamedSharding(
+            self.run.mesh, jax.sharding.PartitionSpec(self.axis, *spec)
+        )
+
 
 def build_population(config: ml_collections.ConfigDict, workdir: str | None = None) -> Population:
     """Checks every member's concrete config (its objective's values included) as a single run
@@ -94,7 +107,14 @@ def build_population(config: ml_collections.ConfigDict, workdir: str | None = No
             objs.append(build.make_objective(m.config))
         except ConfigError as e:
             raise ConfigError(f"population member {m.name}: {e}") from None
-    run = build.build_run(members[0].config, workdir)
+    # The shared Run: the population's config (its mesh has the member axis) with the first
+    # member's seed and values, so member 0's program is a single run's.
+    run_config = copy.deepcopy(config)
+    with run_config.unlocked():
+        run_config.seed = members[0].seed
+        for field, v in members[0].values.items():
+            config_lib.set_field(run_config, field, float(v))
+    run = build.build_run(run_config, workdir)
     hparams = {}
     varied = {f for m in members for f in m.values}
     for field in sorted(varied):
@@ -105,7 +125,9 @@ def build_population(config: ml_collections.ConfigDict, workdir: str | None = No
             lr0 = float(members[0].config.optimizer.learning_rate)
             lrs = [float(m.config.optimizer.learning_rate) for m in members]
             hparams[LR_SCALE] = jnp.asarray([lr / lr0 for lr in lrs], jnp.float32)
-    return Population(run, members, hparams)
+    pop = Population(run, members, {})
+    pop.hparams = jax.device_put(hparams, pop.on_members())
+    return pop
 
 
 def stack(trees: list) -> object:
@@ -118,6 +140,11 @@ def member(tree, i: int):
     return jax.tree.map(lambda x: x[i], tree)
 
 
+def member_params(pop: Population, state: TrainState, i: int):
+    """Member i's parameters placed as a single run's (evaluation, comparisons)."""
+    return jax.device_put(member(state.params, i), pop.run.state_shardings)
+
+
 def initial_state(pop: Population, params) -> TrainState:
     """Step 0 of every member: the shared base parameters and fresh optimizer state, stacked, and
     each member's base key (key(its seed), as build.initial_state gives its single run)."""
@@ -125,13 +152,20 @@ def initial_state(pop: Population, params) -> TrainState:
     M = pop.size
     state = jax.tree.map(lambda x: jnp.broadcast_to(x, (M, *x.shape)).copy(), single)
     rngs = [jax.random.key_data(jax.random.key(m.seed)) for m in pop.members]
-    return state.replace(rng=jnp.stack(rngs))
+    state = state.replace(rng=jnp.stack(rngs))
+    return jax.device_put(state, jax.tree.map(lambda a: a.sharding, abstract_state(pop)))
 
 
 def abstract_state(pop: Population) -> TrainState:
-    """The stacked TrainState's shapes (the restore target): each leaf with a leading M axis."""
+    """The stacked TrainState's shapes and shardings (the restore target): each leaf with a
+    leading M axis over the population axis, the rest as in a single run."""
     one = build.abstract_state(pop.run, pop.run.abs_params)
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct((pop.size, *a.shape), a.dtype), one)
+
+    def stacked(a):
+        spec = tuple(a.sharding.spec) + (None,) * (len(a.shape) - len(a.sharding.spec))
+        return jax.ShapeDtypeStruct((pop.size, *a.shape), a.dtype, sharding=pop.on_members(spec))
+
+    return jax.tree.map(stacked, one)
 
 
 # ------------------------------------------------------------------------------------ the step
@@ -155,11 +189,12 @@ def _all_finite(tree, M: int) -> jax.Array:
     return jnp.stack(leaves).all(0)
 
 
-def make_population_update(run: Run, M: int):
+def make_population_update(run: Run, M: int, axis: str | None = None):
     """(state [M], batch [M, B, ...], shuffle keys [M, 2], hparams {name: [M]}, active [M] bool)
     -> (state, metrics {name: [M]}, kept [M] bool): every member's update (rl/update.py's, with
     its traced hyperparameters), then a member that is frozen (not ``active``) or whose update is
-    not finite keeps its parameters and optimizer state; ``kept`` says which did not."""
+    not finite keeps its parameters and optimizer state; ``kept`` says which did not. ``axis``:
+    the mesh axis the member axis is sharded over (None: not sharded)."""
     spec = run.step
 
     def one(state: TrainState, batch, shuffle_key, hp: dict):
@@ -182,7 +217,7 @@ def make_population_update(run: Run, M: int):
         return update(state, batch, shuffle_key)
 
     def fn(state: TrainState, batch, shuffle_keys, hparams, active):
-        new, metrics = jax.vmap(one)(state, batch, shuffle_keys, hparams)
+        new, metrics = jax.vmap(one, spmd_axis_name=axis)(state, batch, shuffle_keys, hparams)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm_max"])
         kept = active & finite & _all_finite(new.params, M)  # [M]
 
@@ -216,8 +251,8 @@ def make_phases(pop: Population, with_ref: bool) -> PopulationPhases:
     run = pop.run
     single = ts.make_phases(run, build.abstract_state(run, run.abs_params), with_ref=with_ref)
 
-    def vm(f, in_axes=0):
-        return None if f is None else jax.jit(jax.vmap(f, in_axes=in_axes))
+    def vm(f, in_axes=0):  # the phase's shardings gain the member axis first (spmd_axis_name)
+        return None if f is None else jax.jit(jax.vmap(f, in_axes, spmd_axis_name=pop.axis))
 
     return PopulationPhases(
         keys=vm(step_keys),
@@ -229,7 +264,7 @@ def make_phases(pop: Population, with_ref: bool) -> PopulationPhases:
         recompute_metrics=vm(single.recompute_metrics),
         ref=vm(single.ref, in_axes=(None, 0)),
         kl_reward=vm(single.kl_reward),
-        update=make_population_update(run, pop.size),
+        update=make_population_update(run, pop.size, pop.axis),
     )
 
 
@@ -253,10 +288,13 @@ def population_step(
     run, spec, M = pop.run, pop.run.step, pop.size
     t_start = time.time()
     steps = np.asarray(jax.device_get(state.step))  # [M]
-    keys = phases.keys(state.rng, state.step)  # {name: [M, 2]}
-    prompts = jnp.asarray(np.stack([b["prompt"] for b in batches]).astype(np.int32))  # [M, P, Lp]
-    lengths = jnp.asarray(np.stack([b["prompt_length"] for b in batches]).astype(np.int32))
+    rows = sharding.row_spec(run.mesh)  # a member's rows split over its data-parallel devices
+    prompts = np.stack([b["prompt"] for b in batches]).astype(np.int32)  # [M, P, Lp]
+    lengths = np.stack([b["prompt_length"] for b in batches]).astype(np.int32)  # [M, P]
+    prompts = jax.device_put(prompts, pop.on_members((rows, None)))
+    lengths = jax.device_put(lengths, pop.on_members((rows,)))
     with sharding.use_mesh(run.mesh):
+        keys = phases.keys(state.rng, state.step)  # {name: [M, 2]}
         sample = phases.rollout(state.params, prompts, lengths, keys["rollout"])
         jax.block_until_ready(sample.tokens)
     t1 = time.time()
@@ -267,7 +305,7 @@ def population_step(
     )
     parts = {k: np.asarray(v, np.float32).reshape(M, B) for k, v in scores.items()}
     parts["length"] = mask.sum(-1).astype(np.float32)  # [M, B] tokens
-    parts = {k: jnp.asarray(v) for k, v in parts.items()}
+    parts = jax.device_put(parts, pop.on_members((rows,)))
     with sharding.use_mesh(run.mesh):
         shaped, shaping, truncated, _ = phases.shape(sample, parts["reward"])
         pass_m = phases.means([parts], shaping if spec.overlong_penalty > 0 else None, None)
@@ -286,7 +324,7 @@ def population_step(
         jax.block_until_ready(batch.old_logp)
         t3 = time.time()
         state, train_m, kept = phases.update(
-            state, batch, keys["shuffle"], pop.hparams, jnp.asarray(active)
+            state, batch, keys["shuffle"], pop.hparams, jax.device_put(active, pop.on_members())
         )
         jax.block_until_ready(train_m["loss"])
     t4 = time.time()
@@ -434,7 +472,7 @@ def train(
                     ms[i]["train/frozen"] = 1.0
                     progress.write(f"member {names[i]} diverged at step {done}: frozen")
                 elif due and ev.num_problems > 0:
-                    last_eval[i] = trainer.evaluate(run, member(state.params, i))
+                    last_eval[i] = trainer.evaluate(run, member_params(pop, state, i))
                     ms[i].update(last_eval[i])
                 writers[i].write(done, ms[i])
             save(done, force=done == rl.num_steps)
@@ -452,7 +490,7 @@ def train(
     summaries = {}
     for i, m in enumerate(pop.members):
         if last_eval[i] is None and ev.num_problems > 0:  # frozen: its last finite policy
-            last_eval[i] = trainer.evaluate(run, member(state.params, i))
+            last_eval[i] = trainer.evaluate(run, member_params(pop, state, i))
         s = rundir.make_summary(
             m.config.objective.name,
             member_dir(workdir, m.name),
