@@ -8,9 +8,12 @@ arms share them, as every sweep does. Then, timed from the first launch to the l
   processes   N runs of `python -m gspo_jax.main` (config.seed = 0..N-1), --parallel at once
               (two at a time on a 2-core CPU: today's practice)
   population  one process running config.population.seeds = (0, ..., N-1) (rl/population.py)
-Each arm's wall time includes its start-up, compiles, evaluations and checkpoints. It prints the
-runs per hour of each and the ratio, and each run's final held-out greedy accuracy (the
-population's members should lie within the processes' seed spread). The figures belong in
+The population spreads over --population_devices host devices (default: one per core;
+mesh.population), as the processes spread over the cores. No persistent compilation cache unless
+JAX_COMPILATION_CACHE_DIR is set (the main job sets none: every process compiles, today's
+practice). Each arm's wall time includes its start-up, compiles, evaluations and checkpoints. It
+prints the runs per hour of each and the ratio, and each run's final held-out greedy accuracy
+(the population's members should lie within the processes' seed spread). The figures belong in
 docs/population.md, with the machine's load (they are not repeated in this docstring).
 """
 
@@ -26,9 +29,13 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _env() -> dict:
+def _env(devices: int = 0) -> dict:
+    """The runs' environment: this checkout first on the path; ``devices`` > 0: that many host
+    (CPU) devices, one per core, for a population spread over them (mesh.population)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    if devices:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     return env
 
 
@@ -82,14 +89,17 @@ population.train(config, sys.argv[2])
 """
 
 
-def run_population(config, root, seeds, overrides) -> float:
-    """One process running the seeds as a population; returns the wall seconds."""
+def run_population(config, root, seeds, overrides, devices: int = 0) -> float:
+    """One process running the seeds as a population (over ``devices`` host devices, one
+    member group each, when > 1); returns the wall seconds."""
+    if devices > 1:
+        overrides = [*overrides, "mesh.data=1", f"mesh.population={devices}"]
     os.makedirs(root, exist_ok=True)
     seeds_arg = ",".join(str(s) for s in seeds)
     cmd = [sys.executable, "-c", POPULATION_RUNNER, config, root, seeds_arg, *overrides]
     t0 = time.time()
     with open(os.path.join(root, "log.txt"), "w") as log:
-        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=REPO)
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(devices), cwd=REPO)
     if rc:
         raise RuntimeError(f"the population failed (code {rc}); see {root}/log.txt")
     return time.time() - t0
@@ -108,6 +118,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20, help="RL steps of every run")
     p.add_argument("--parallel", type=int, default=2, help="separate processes at once")
     p.add_argument("--order", default="processes,population", help="which arm runs first")
+    p.add_argument(
+        "--population_devices",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="host devices the population spreads over (mesh.population; default one per core)",
+    )
     p.add_argument("--out", default="")
     args = p.parse_args()
     seeds = list(range(args.seeds))
@@ -122,7 +138,9 @@ def main() -> None:
         if arm == "processes":
             walls[arm] = run_processes(args.config, root, seeds, args.parallel, overrides)
         else:
-            walls[arm] = run_population(args.config, root, seeds, overrides)
+            walls[arm] = run_population(
+                args.config, root, seeds, overrides, args.population_devices
+            )
         print(f"{arm}: {len(seeds)} runs in {walls[arm]:.1f} s", flush=True)
     acc_proc = [_final_accuracy(os.path.join(args.workdir, "processes", f"seed{s}")) for s in seeds]
     members = os.path.join(args.workdir, "population", "members")
@@ -133,6 +151,8 @@ def main() -> None:
         "seeds": len(seeds),
         "steps": args.steps,
         "parallel": args.parallel,
+        "population_devices": args.population_devices,
+        "compilation_cache": os.environ.get("JAX_COMPILATION_CACHE_DIR", ""),
         "wall_s": walls,
         "runs_per_hour": per_hour,
         "ratio": per_hour["population"] / per_hour["processes"],

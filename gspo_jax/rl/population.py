@@ -189,12 +189,13 @@ def _all_finite(tree, M: int) -> jax.Array:
     return jnp.stack(leaves).all(0)
 
 
-def make_population_update(run: Run, M: int, axis: str | None = None):
+def make_population_update(run: Run, M: int, axis: str | None = None, state_shardings=None):
     """(state [M], batch [M, B, ...], shuffle keys [M, 2], hparams {name: [M]}, active [M] bool)
     -> (state, metrics {name: [M]}, kept [M] bool): every member's update (rl/update.py's, with
     its traced hyperparameters), then a member that is frozen (not ``active``) or whose update is
     not finite keeps its parameters and optimizer state; ``kept`` says which did not. ``axis``:
-    the mesh axis the member axis is sharded over (None: not sharded)."""
+    the mesh axis the member axis is sharded over (None: not sharded). ``state_shardings``: the
+    stacked state's (abstract_state), kept by the output so the next step does not recompile."""
     spec = run.step
 
     def one(state: TrainState, batch, shuffle_key, hp: dict):
@@ -228,7 +229,7 @@ def make_population_update(run: Run, M: int, axis: str | None = None):
         opt_state = jax.tree.map(keep, new.opt_state, state.opt_state)
         return new.replace(params=params, opt_state=opt_state), metrics, kept
 
-    return jax.jit(fn, donate_argnums=(0,))
+    return jax.jit(fn, donate_argnums=(0,), out_shardings=(state_shardings, None, None))
 
 
 @dataclasses.dataclass
@@ -264,7 +265,9 @@ def make_phases(pop: Population, with_ref: bool) -> PopulationPhases:
         recompute_metrics=vm(single.recompute_metrics),
         ref=vm(single.ref, in_axes=(None, 0)),
         kl_reward=vm(single.kl_reward),
-        update=make_population_update(run, pop.size, pop.axis),
+        update=make_population_update(
+            run, pop.size, pop.axis, jax.tree.map(lambda a: a.sharding, abstract_state(pop))
+        ),
     )
 
 
