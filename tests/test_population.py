@@ -237,7 +237,7 @@ def test_members_spread_over_a_mesh_axis(shared, first_steps):
     params, _ = build.base_params(pop.run, shared["cache"])
     tok8, ms8, state = first_step_population(pop, params)
     for leaf in jax.tree.leaves(state.params):
-        assert leaf.sharding.spec[0] == "population"
+        assert leaf.sharding.spec[0] == "population"  # spec: ("population", None, ...)
         assert {s.data.shape[0] for s in leaf.addressable_shards} == {1}  # a member per device
     i = [m.name for m in pop.members].index("eps_low=0.0003-seed0")
     np.testing.assert_array_equal(tok8[i], tokens[0])

@@ -27,6 +27,7 @@ from gspo_jax.config.schema import POPULATION_FIELDS
 from gspo_jax.errors import ConfigError
 
 MODES = ("product", "zip")
+BATCHING = ("auto", "vmap", "map")
 # Why the other numeric fields one might vary are refused (one line each, naming the field).
 REFUSED = {
     "rl.temperature": "the rollout engine compiles it as a static value (a program per value)",
@@ -72,6 +73,8 @@ def check_population(config: ml_collections.ConfigDict) -> None:
                 "members' seeds, e.g. --config.population.seeds='(0,)'"
             )
         return
+    if pop.batching not in BATCHING:
+        raise ConfigError(f"config.population.batching={pop.batching!r}; valid: {BATCHING}")
     if pop.mode not in MODES:
         raise ConfigError(f"config.population.mode={pop.mode!r}; valid: {MODES}")
     if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):

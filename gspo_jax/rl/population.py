@@ -189,7 +189,38 @@ def _all_finite(tree, M: int) -> jax.Array:
     return jnp.stack(leaves).all(0)
 
 
-def make_population_update(run: Run, M: int, axis: str | None = None, state_shardings=None):
+def over_members(f, M: int, axis: str | None, groups: int, batching: str):
+    """f over the leading member axis of every argument: ``jax.vmap`` (one batched program: what
+    an accelerator wants), or "map": the members of each device group one after another
+    (``lax.map``, the single run's program per member), the groups under vmap over the population
+    axis. On a CPU "map" is the faster: a vmapped decode loop runs until every member's responses
+    end and selects the whole KV cache of every member at each step."""
+    if batching == "vmap":
+        return jax.vmap(f, spmd_axis_name=axis)
+
+    def grouped(*args):  # [M, ...] -> [groups, M / groups, ...]: a device group's members
+        split = jax.tree.map(lambda x: x.reshape(groups, M // groups, *x.shape[1:]), args)
+        out = jax.vmap(lambda *a: jax.lax.map(lambda b: f(*b), a), spmd_axis_name=axis)(*split)
+        return jax.tree.map(lambda x: x.reshape(M, *x.shape[2:]), out)
+
+    return grouped
+
+
+def resolve_batching(batching: str) -> str:
+    """config.population.batching: "auto" is "map" on a CPU, "vmap" on an accelerator."""
+    if batching != "auto":
+        return batching
+    return "map" if jax.default_backend() == "cpu" else "vmap"
+
+
+def make_population_update(
+    run: Run,
+    M: int,
+    axis: str | None = None,
+    state_shardings=None,
+    groups: int = 1,
+    batching: str = "vmap",
+):
     """(state [M], batch [M, B, ...], shuffle keys [M, 2], hparams {name: [M]}, active [M] bool)
     -> (state, metrics {name: [M]}, kept [M] bool): every member's update (rl/update.py's, with
     its traced hyperparameters), then a member that is frozen (not ``active``) or whose update is
@@ -218,7 +249,8 @@ def make_population_update(run: Run, M: int, axis: str | None = None, state_shar
         return update(state, batch, shuffle_key)
 
     def fn(state: TrainState, batch, shuffle_keys, hparams, active):
-        new, metrics = jax.vmap(one, spmd_axis_name=axis)(state, batch, shuffle_keys, hparams)
+        members = over_members(one, M, axis, groups, batching)
+        new, metrics = members(state, batch, shuffle_keys, hparams)
         finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm_max"])
         kept = active & finite & _all_finite(new.params, M)  # [M]
 
@@ -255,9 +287,12 @@ def make_phases(pop: Population, with_ref: bool) -> PopulationPhases:
     def vm(f, in_axes=0):  # the phase's shardings gain the member axis first (spmd_axis_name)
         return None if f is None else jax.jit(jax.vmap(f, in_axes, spmd_axis_name=pop.axis))
 
+    batching = resolve_batching(run.config.population.batching)
+    groups = run.mesh.shape[pop.axis] if pop.axis else 1
     return PopulationPhases(
         keys=vm(step_keys),
-        rollout=vm(single.rollout),
+        # the heavy phases: the rollout and the update (config.population.batching)
+        rollout=jax.jit(over_members(single.rollout, pop.size, pop.axis, groups, batching)),
         shape=vm(single.shape),
         means=vm(single.means),
         prepare=vm(single.prepare),
@@ -266,7 +301,12 @@ def make_phases(pop: Population, with_ref: bool) -> PopulationPhases:
         ref=vm(single.ref, in_axes=(None, 0)),
         kl_reward=vm(single.kl_reward),
         update=make_population_update(
-            run, pop.size, pop.axis, jax.tree.map(lambda a: a.sharding, abstract_state(pop))
+            run,
+            pop.size,
+            pop.axis,
+            jax.tree.map(lambda a: a.sharding, abstract_state(pop)),
+            groups,
+            batching,
         ),
     )
 
