@@ -229,9 +229,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.population.seeds = ()
     c.population.vary = ml_collections.ConfigDict()
     c.population.mode = "product"
-    # How a device computes its members' rollout and update: "vmap" (one batched program, for
-    # accelerators), "map" (one member after another in one program, faster on a CPU), "auto"
-    # (map on a CPU, else vmap)
+    # How a device computes its members' rollout and update: "vmap" (one batched program), "map"
+    # (one member after another inside one program), "auto" (= vmap)
     c.population.batching = "auto"
 
     return c

@@ -193,8 +193,8 @@ def over_members(f, M: int, axis: str | None, groups: int, batching: str):
     """f over the leading member axis of every argument: ``jax.vmap`` (one batched program: what
     an accelerator wants), or "map": the members of each device group one after another
     (``lax.map``, the single run's program per member), the groups under vmap over the population
-    axis. On a CPU "map" is the faster: a vmapped decode loop runs until every member's responses
-    end and selects the whole KV cache of every member at each step."""
+    axis (a vmapped decode loop runs until every member's responses end and selects every
+    member's KV cache at each step; "map" avoids that, at the cost of batching)."""
     if batching == "vmap":
         return jax.vmap(f, spmd_axis_name=axis)
 
@@ -207,10 +207,9 @@ def over_members(f, M: int, axis: str | None, groups: int, batching: str):
 
 
 def resolve_batching(batching: str) -> str:
-    """config.population.batching: "auto" is "map" on a CPU, "vmap" on an accelerator."""
-    if batching != "auto":
-        return batching
-    return "map" if jax.default_backend() == "cpu" else "vmap"
+    """config.population.batching: "auto" is "vmap" (on this 2-core CPU "map" was not faster:
+    docs/population.md)."""
+    return "vmap" if batching == "auto" else batching
 
 
 def make_population_update(
