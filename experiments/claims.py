@@ -131,10 +131,12 @@ def run_sweeps(
     parallel: int = 1,
     extra: Sequence[str] = (),
     only: str = "",
+    population: bool = False,
 ) -> list[str]:
     """Launches every run of ``sweeps`` that has not finished (``only``: those whose names match
     one of its comma-separated patterns, in every sweep that has any), with FULL_FLAGS, the
-    sweep's own flags and then ``extra`` (the later flag wins); returns the failed run names."""
+    sweep's own flags and then ``extra`` (the later flag wins); returns the failed run names.
+    ``population``: each arm's seeds run as one population (experiments/sweep.py --population)."""
     sw = _sweep_module()
     failed = []
     for s in sweeps:
@@ -147,7 +149,9 @@ def run_sweeps(
                 continue
         print(f"[claims] sweep {s.name}: {len(runs)} runs in {root}", flush=True)
         flags = [*FULL_FLAGS, *s.flags, *extra]
-        codes = sw.launch(os.path.join(REPO, s.config), runs, root, parallel, flags)
+        codes = sw.launch(
+            os.path.join(REPO, s.config), runs, root, parallel, flags, population=population
+        )
         sw.write_tables(sw.collect(runs, root), root)
         failed += [f"{s.name}/{n}" for n, c in codes.items() if c != 0]
     return failed
@@ -200,6 +204,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--notebook_only", action="store_true", help="execute on the existing runs")
     p.add_argument("--list", action="store_true", help="print notebooks, sweeps and run names")
     p.add_argument("--only", default="", help="comma-separated fnmatch patterns of run names")
+    p.add_argument(
+        "--population",
+        default="true",
+        help="true: each arm's seeds run as one population (one process); false: a process per run",
+    )
     args, extra = p.parse_known_args(argv)  # extra --config.x=y flags go to every run
     names = list(NOTEBOOKS) if args.notebooks in ([], ["all"]) else args.notebooks
     if args.list:
@@ -222,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parallel=args.parallel,
             extra=extra,
             only=args.only,
+            population=_sweep_module()._parse_bool(args.population),
         )
         print(f"[claims] runs done in {time.time() - t0:.0f}s; failed: {failed or 'none'}")
     if failed:

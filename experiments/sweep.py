@@ -25,6 +25,13 @@ When every run has ended, the table of final figures is written to <root>/result
 mean response length, the last step's reward and policy entropy, and the mean clip fraction and
 entropy over the run; <root>/results_by_arm.md averages them per arm over its seeds.
 
+With ``--population`` (the default; ``--population=false`` keeps one process per run) the runs
+of an arm that differ only in their seed run as one population (config.population.seeds,
+gspo_jax/rl/population.py: one process, one program, the members stacked): its workdir is
+<root>/population/<arm>, and each run's folder <root>/<run> is a link to its member's folder
+(<root>/population/<arm>/members/seed<s>), which holds what a single run writes, so the table,
+the analysis and the notebooks read it unchanged. An arm with one seed stays a single run.
+
 This file holds launcher logic only; no library code (docs/design.md "Layout").
 """
 
@@ -175,6 +182,39 @@ def _last_line(path: str, start: int) -> str:
     return lines[-1] if lines else "no output"
 
 
+def population_runs(runs: list[dict]) -> list[dict]:
+    """The runs with each arm's seeds (runs whose overrides differ only in "seed") merged into one
+    population run: its overrides are the arm's plus population.seeds, its "members" map each
+    member folder (seed<s>) to the run it stands for. An arm with one run is left as it is."""
+    arms: dict[tuple, list[dict]] = {}
+    for run in runs:
+        key = tuple(sorted((k, _flag_value(v)) for k, v in run["overrides"].items() if k != "seed"))
+        arms.setdefault(key, []).append(run)
+    out = []
+    for group in arms.values():
+        seeds = [r["overrides"].get("seed", 0) for r in group]
+        if len(group) == 1 or len(set(seeds)) < len(seeds):
+            out += group
+            continue
+        overrides = {k: v for k, v in group[0]["overrides"].items() if k != "seed"}
+        overrides["population.seeds"] = tuple(seeds)
+        arm = re.sub(r"_s\d+$", "", group[0]["name"])
+        members = {f"seed{s}": r["name"] for s, r in zip(seeds, group, strict=True)}
+        out.append({"name": f"population/{arm}", "overrides": overrides, "members": members})
+    return out
+
+
+def link_members(root: str, runs: list[dict]) -> None:
+    """<root>/<run> -> the population's member folder, for every member of a finished (or
+    resumable) population run, so a run's folder is where a single run would have written."""
+    for run in runs:
+        for folder, name in run.get("members", {}).items():
+            src = os.path.join(root, run["name"], "members", folder)
+            dst = os.path.join(root, name)
+            if os.path.isdir(src) and not os.path.lexists(dst):
+                os.symlink(os.path.relpath(src, root), dst)
+
+
 def _is_done(root: str, run: dict) -> bool:
     return os.path.exists(os.path.join(root, run["name"], "summary.json"))
 
@@ -186,14 +226,30 @@ def launch(
     parallel: int = 1,
     extra: Sequence[str] = (),
     env: dict | None = None,
+    population: bool = False,
 ) -> dict[str, int]:
     """Runs every run (at most ``parallel`` at once); returns name -> exit code (0 = skipped/done).
+
+    ``population``: each arm's seeds run as one population (population_runs); the codes are then
+    the runs' own names' (each member takes its population's code).
 
     With parallel > 1 the pending runs' datasets and warm starts are prepared once first
     (prepare_once). Run one at a time, the first run prepares them and the others find them
     cached.
     """
     os.makedirs(root, exist_ok=True)
+    if population:
+        merged = population_runs(runs)
+        if len(merged) < len(runs):
+            codes = launch(config_spec, merged, root, parallel, extra, env)
+            link_members(root, merged)
+            by_run = {}
+            for run in merged:
+                for name in run.get("members", {}).values():
+                    by_run[name] = codes.get(run["name"], 1)
+                if "members" not in run:
+                    by_run[run["name"]] = codes.get(run["name"], 1)
+            return by_run
     pending = list(runs)
     active: dict[str, tuple[subprocess.Popen, float, object]] = {}
     codes: dict[str, int] = {}
@@ -225,6 +281,13 @@ def launch(
                 print(f"[sweep] end {name}: {status} in {time.time() - t0:.0f}s", flush=True)
                 del active[name]
     return codes
+
+
+def _parse_bool(text: str) -> bool:
+    low = str(text).strip().lower()
+    if low not in ("true", "false", "1", "0", "yes", "no"):
+        raise SystemExit(f"--population={text!r}: use true or false")
+    return low in ("true", "1", "yes")
 
 
 def _read_jsonl(path: str) -> list[dict]:
@@ -353,13 +416,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workdir", required=True, help="root directory; one sub-directory per run")
     p.add_argument("--parallel", type=int, default=1, help="runs at once (each is a process)")
     p.add_argument("--dry_run", action="store_true", help="print the commands only")
+    p.add_argument(
+        "--population",
+        default="true",
+        help="true: run each arm's seeds as one population (one process); false: a process per run",
+    )
     p.add_argument("--collect_only", action="store_true", help="only rebuild the results table")
     p.add_argument(
         "--only", default="", help="comma-separated run-name patterns (fnmatch), e.g. 'cispo_*'"
     )
     args, extra = p.parse_known_args(argv)  # extra --config.x=y flags apply to every run
     runs = select_runs(load_sweep(args.config, args.sweep), args.only)
+    population = _parse_bool(args.population)
     if args.dry_run:
+        if population:
+            runs = population_runs(runs)
         if args.parallel > 1:
             for group in preparation_groups(runs):
                 wd = os.path.join(args.workdir, group[0]["name"])
@@ -370,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     codes = {}
     if not args.collect_only:
-        codes = launch(args.config, runs, args.workdir, args.parallel, extra)
+        codes = launch(args.config, runs, args.workdir, args.parallel, extra, population=population)
     md = write_tables(collect(runs, args.workdir), args.workdir)
     print(md)
     failed = sorted(n for n, c in codes.items() if c != 0)

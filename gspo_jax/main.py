@@ -91,6 +91,13 @@ def main(argv: list[str]) -> None:
 
         experiment.prepare(_CONFIG.value, _WORKDIR.value)
         return
+    from gspo_jax.config import population as population_cfg
+
+    if population_cfg.is_population(_CONFIG.value):  # many runs as one program (rl/population.py)
+        from gspo_jax.rl import population
+
+        population.train(_CONFIG.value, _WORKDIR.value)
+        return
     trainer.train(
         _CONFIG.value,
         _WORKDIR.value,

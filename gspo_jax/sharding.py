@@ -45,6 +45,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
+POPULATION_AXIS = "population"  # a population's member axis (config.mesh.population)
 
 RULES: tuple[tuple[str, Any], ...] = (
     # Rows over the expert axis too: the sparse MoE (models/moe_dispatch.py) gathers an expert
@@ -72,33 +73,37 @@ def make_mesh(mesh_cfg: Mapping[str, int] | Any | None = None, devices=None) -> 
     """
     devices = list(jax.devices() if devices is None else devices)
     cfg = dict(mesh_cfg or {"data": -1})
-    unknown = sorted(set(cfg) - set(MESH_AXES))
+    # A population's member axis (rl/population.py) comes first, outermost (each member on its
+    # own device group); the mesh has it only when it is not 1, so a single run's mesh is as
+    # before.
+    axes = MESH_AXES if int(cfg.get(POPULATION_AXIS, 1)) == 1 else (POPULATION_AXIS, *MESH_AXES)
+    cfg = {k: v for k, v in cfg.items() if k != POPULATION_AXIS or axes != MESH_AXES}
+    unknown = sorted(set(cfg) - set(axes) - {POPULATION_AXIS})
     if unknown:
         raise ValueError(f"Unknown mesh axes {unknown}; valid axes: {MESH_AXES}.")
-    sizes = [int(cfg.get(a, 1)) for a in MESH_AXES]
+    sizes = [int(cfg.get(a, 1)) for a in axes]
     if sizes.count(-1) > 1:
         raise ValueError(
-            "At most one mesh axis may be -1 (fill); "
-            f"got {dict(zip(MESH_AXES, sizes, strict=True))}."
+            f"At most one mesh axis may be -1 (fill); got {dict(zip(axes, sizes, strict=True))}."
         )
     if any(s == 0 or s < -1 for s in sizes):
         raise ValueError(
-            f"Mesh axis sizes must be >= 1 or -1; got {dict(zip(MESH_AXES, sizes, strict=True))}."
+            f"Mesh axis sizes must be >= 1 or -1; got {dict(zip(axes, sizes, strict=True))}."
         )
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
         if len(devices) % known:
             raise ValueError(
                 f"Cannot fill a mesh axis: {len(devices)} devices are not divisible by the product "
-                f"{known} of the other axes {dict(zip(MESH_AXES, sizes, strict=True))}."
+                f"{known} of the other axes {dict(zip(axes, sizes, strict=True))}."
             )
         sizes[sizes.index(-1)] = len(devices) // known
     if math.prod(sizes) != len(devices):
         raise ValueError(
-            f"Mesh {dict(zip(MESH_AXES, sizes, strict=True))} needs {math.prod(sizes)} devices but "
+            f"Mesh {dict(zip(axes, sizes, strict=True))} needs {math.prod(sizes)} devices but "
             f"{len(devices)} are available; set one axis to -1 to fill."
         )
-    return jax.sharding.Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
+    return jax.sharding.Mesh(np.asarray(devices).reshape(sizes), axes)
 
 
 def _mesh_axis_sizes(mesh) -> dict[str, int]:

@@ -20,6 +20,7 @@ import ml_collections
 
 from gspo_jax import advantages
 from gspo_jax.config.args import flatten
+from gspo_jax.config.population import check_population
 from gspo_jax.errors import ConfigError
 
 
@@ -88,6 +89,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         )
     check_scale_rewards(config, estimator)
     check_rollout_options(config)
+    check_population(config)  # config.population (config/population.py: the members)
 
 
 def check_scale_rewards(config: ml_collections.ConfigDict, estimator: str) -> None:

@@ -26,6 +26,15 @@ from gspo_jax import objectives
 # Objective fields a config may override (None means "the preset's value"): the objective
 # library's own list, so a field added there is overridable here too.
 OBJECTIVE_FIELDS = objectives.OVERRIDABLE_FIELDS
+# The fields a population may vary per member (config.population.vary): numbers that enter the
+# step as arithmetic (traced under jax.vmap), never as a shape or a Python branch.
+POPULATION_FIELDS = (
+    "objective.eps_low",
+    "objective.eps_high",
+    "objective.kl_coef",
+    "objective.delta",
+    "optimizer.learning_rate",
+)
 # well under orbax's 1,200 s save barrier and the coordinator's 300 s
 MULTIHOST_TIMEOUT_S = 120.0
 
@@ -207,7 +216,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.multihost.timeout_s = MULTIHOST_TIMEOUT_S  # seconds
 
     # Mesh axis sizes (-1 fills the remaining devices); a TPU pod slice might use data=-1, fsdp=4.
-    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
+    # population: a population's member axis (members spread over its devices; 1 = none)
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1, population=1))
     c.num_devices = -1  # -1 = every device; n = the first n (single-process comparisons)
     # The TPU slice a --dry_run plans for (planning/memory_plan.py SLICES; None = no plan)
     c.slice = config_dict.placeholder(str)
@@ -215,5 +225,18 @@ def default_config() -> ml_collections.ConfigDict:
     c.log = ml_collections.ConfigDict()
     c.log.tensorboard = True
     c.log.progress = True
+
+    # A population (docs/population.md): many runs as one program, their parameters, optimizer
+    # states and keys stacked on a leading member axis. seeds: each member's config.seed (empty =
+    # one run, no population); vary: numeric fields per member, nested like the config
+    # (c.population.vary = ConfigDict({"objective": {"eps_low": (1e-4, 3e-4)}})), only those in
+    # POPULATION_FIELDS; mode: "product" of seeds and every vary list, or "zip" (equal lengths).
+    c.population = ml_collections.ConfigDict()
+    c.population.seeds = ()
+    c.population.vary = ml_collections.ConfigDict()
+    c.population.mode = "product"
+    # How a device computes its members' rollout and update: "vmap" (one batched program), "map"
+    # (one member after another inside one program), "auto" (= vmap)
+    c.population.batching = "auto"
 
     return c

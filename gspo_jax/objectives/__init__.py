@@ -35,6 +35,7 @@ for every surrogate); the per-token path needs no per-token exp (see _sequence_t
 from gspo_jax.objectives.objective import (
     OVERRIDABLE_FIELD_TYPES,
     OVERRIDABLE_FIELDS,
+    TRACEABLE_FIELDS,
     Objective,
     get_objective,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "RATIO_LEVELS",
     "ROLLOUT_CORRECTIONS",
     "SURROGATES",
+    "TRACEABLE_FIELDS",
     "TOP_K_BLOCK",
     "Objective",
     "Sums",

@@ -36,6 +36,7 @@ never reach a value or a gradient.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import types
 import typing
@@ -60,6 +61,12 @@ from gspo_jax.objectives.terms import (
     rollout_correction_weight,
 )
 from gspo_jax.objectives.validation import _as_float32, _check_inputs, _check_rank2, _validate
+
+# Fields that enter the loss only as arithmetic (never a Python branch or a shape), so a
+# population may give each member its own value as a traced array (Objective.with_values). kl_coef
+# decides whether the reference pass runs only through "> 0" at build time (a population keeps
+# one sign); delta's None (off) is structure, its value is not.
+TRACEABLE_FIELDS = ("eps_low", "eps_high", "kl_coef", "delta")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -103,6 +110,23 @@ class Objective:
 
     def __post_init__(self):
         _validate(self)
+
+    def with_values(self, **values) -> Objective:
+        """A copy whose TRACEABLE_FIELDS are ``values``, which may be traced arrays: a population's
+        per-member values under jax.vmap (rl/population.py). Not validated, and not hashable when
+        traced (use it inside the traced function, never as a static argument): validate each
+        member's concrete values first (dataclasses.replace(objective, **member_values) does).
+        A field that was None (off) stays structural: it cannot be given a value here."""
+        unknown = sorted(set(values) - set(TRACEABLE_FIELDS))
+        if unknown:
+            raise ValueError(f"fields {unknown} cannot be traced; valid: {TRACEABLE_FIELDS}")
+        off = sorted(k for k in values if getattr(self, k) is None)
+        if off:
+            raise ValueError(f"fields {off} are None (off) here; set them on the objective first")
+        out = copy.copy(self)
+        for k, v in values.items():
+            object.__setattr__(out, k, v)  # frozen: the copy is private until returned
+        return out
 
     def __call__(
         self, logp, old_logp, adv, mask, ref_logp=None, rollout_logp=None, entropy=None

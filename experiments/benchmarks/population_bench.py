@@ -1,0 +1,170 @@
+"""Runs per hour: N seeds of an experiment as one population vs N separate processes, back to back.
+
+    python experiments/benchmarks/population_bench.py --workdir /tmp/popbench --seeds 8 \
+        --steps 20 --parallel 2 --out bench_out/population.json
+
+First (untimed) the dataset and the warm start are prepared once (`main --prepare_only`): both
+arms share them, as every sweep does. Then, timed from the first launch to the last exit:
+  processes   N runs of `python -m gspo_jax.main` (config.seed = 0..N-1), --parallel at once
+              (two at a time on a 2-core CPU: today's practice)
+  population  one process running config.population.seeds = (0, ..., N-1) (rl/population.py)
+The population spreads over --population_devices host devices (default: one per core;
+mesh.population), as the processes spread over the cores. No persistent compilation cache unless
+JAX_COMPILATION_CACHE_DIR is set (the main job sets none: every process compiles, today's
+practice). Each arm's wall time includes its start-up, compiles, evaluations and checkpoints. It
+prints the runs per hour of each and the ratio, and each run's final held-out greedy accuracy
+(the population's members should lie within the processes' seed spread). The figures belong in
+docs/population.md, with the machine's load (they are not repeated in this docstring).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _env(devices: int = 0) -> dict:
+    """The runs' environment: this checkout first on the path; ``devices`` > 0: that many host
+    (CPU) devices, one per core, for a population spread over them (mesh.population)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    if devices:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    return env
+
+
+def _main_cmd(config: str, workdir: str, overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "gspo_jax.main", f"--config={config}", f"--workdir={workdir}"] + [
+        f"--config.{o}" for o in overrides
+    ]
+
+
+def run_processes(config, root, seeds, parallel, overrides) -> float:
+    """N single runs, ``parallel`` at once; returns the wall seconds (raises on a failed run)."""
+    pending = list(seeds)
+    active: dict[int, tuple[subprocess.Popen, object]] = {}
+    t0 = time.time()
+    while pending or active:
+        while pending and len(active) < parallel:
+            s = pending.pop(0)
+            wd = os.path.join(root, f"seed{s}")
+            os.makedirs(wd, exist_ok=True)
+            log = open(os.path.join(wd, "log.txt"), "w")  # noqa: SIM115 (closed below)
+            cmd = _main_cmd(config, wd, [f"seed={s}", *overrides])
+            active[s] = (
+                subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env()),
+                log,
+            )
+        time.sleep(0.5)
+        for s, (proc, log) in list(active.items()):
+            if proc.poll() is not None:
+                log.close()
+                del active[s]
+                if proc.returncode:
+                    raise RuntimeError(f"seed {s} failed (code {proc.returncode}); see {root}")
+    return time.time() - t0
+
+
+POPULATION_RUNNER = """
+import ast, sys
+from gspo_jax import config as config_lib
+from gspo_jax.rl import population
+config = config_lib.load_config_file(sys.argv[1])
+with config.unlocked():
+    for kv in sys.argv[4:]:
+        k, v = kv.split("=", 1)
+        try:
+            v = ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            pass  # a string
+        config_lib.set_field(config, k, v)
+    config.population.seeds = tuple(int(s) for s in sys.argv[3].split(","))
+population.train(config, sys.argv[2])
+"""
+
+
+def run_population(config, root, seeds, overrides, devices: int = 0) -> float:
+    """One process running the seeds as a population (over ``devices`` host devices, one
+    member group each, when > 1); returns the wall seconds."""
+    if devices > 1:
+        overrides = [*overrides, "mesh.data=1", f"mesh.population={devices}"]
+    os.makedirs(root, exist_ok=True)
+    seeds_arg = ",".join(str(s) for s in seeds)
+    cmd = [sys.executable, "-c", POPULATION_RUNNER, config, root, seeds_arg, *overrides]
+    t0 = time.time()
+    with open(os.path.join(root, "log.txt"), "w") as log:
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(devices), cwd=REPO)
+    if rc:
+        raise RuntimeError(f"the population failed (code {rc}); see {root}/log.txt")
+    return time.time() - t0
+
+
+def _final_accuracy(run_dir: str) -> float:
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        return json.load(f)["final"]["greedy_accuracy"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=os.path.join(REPO, "configs", "arith.py"))
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--seeds", type=int, default=8)
+    p.add_argument("--steps", type=int, default=20, help="RL steps of every run")
+    p.add_argument("--parallel", type=int, default=2, help="separate processes at once")
+    p.add_argument("--order", default="processes,population", help="which arm runs first")
+    p.add_argument(
+        "--population_devices",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="host devices the population spreads over (mesh.population; default one per core)",
+    )
+    p.add_argument("--out", default="")
+    args = p.parse_args()
+    seeds = list(range(args.seeds))
+    overrides = [f"rl.num_steps={args.steps}", "log.progress=False"]
+    prep = os.path.join(args.workdir, "prepare")
+    subprocess.check_call(
+        [*_main_cmd(args.config, prep, overrides), "--prepare_only"], env=_env(), cwd=REPO
+    )
+    walls = {}
+    for arm in args.order.split(","):
+        root = os.path.join(args.workdir, arm)
+        if arm == "processes":
+            walls[arm] = run_processes(args.config, root, seeds, args.parallel, overrides)
+        else:
+            walls[arm] = run_population(
+                args.config, root, seeds, overrides, args.population_devices
+            )
+        print(f"{arm}: {len(seeds)} runs in {walls[arm]:.1f} s", flush=True)
+    acc_proc = [_final_accuracy(os.path.join(args.workdir, "processes", f"seed{s}")) for s in seeds]
+    members = os.path.join(args.workdir, "population", "members")
+    acc_pop = [_final_accuracy(os.path.join(members, f"seed{s}")) for s in seeds]
+    per_hour = {arm: len(seeds) * 3600.0 / w for arm, w in walls.items()}
+    result = {
+        "config": args.config,
+        "seeds": len(seeds),
+        "steps": args.steps,
+        "parallel": args.parallel,
+        "population_devices": args.population_devices,
+        "compilation_cache": os.environ.get("JAX_COMPILATION_CACHE_DIR", ""),
+        "wall_s": walls,
+        "runs_per_hour": per_hour,
+        "ratio": per_hour["population"] / per_hour["processes"],
+        "final_greedy_accuracy": {"processes": acc_proc, "population": acc_pop},
+        "load_average": os.getloadavg(),
+    }
+    print(json.dumps(result, indent=1))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,553 @@
+"""A population: many runs of one experiment as one program (config.population).
+
+    summary = population.train(config, workdir)   # main.py calls it when population.seeds is set
+
+The members differ in their seed and in the numeric fields of config.population.vary
+(config/population.py: the members and their checks). They share the shapes and the program's
+structure, so one Run is built (from the first member's config) and every part of the state gains
+a leading member axis M: the parameters, the optimizer state, the base keys and the step count.
+The step's phases are rl/step.py's, under jax.vmap over M (one jitted program per phase for all
+members), and the update takes the varied fields as traced [M] values: the objective's through
+Objective.with_values, the learning rate as a per-member factor on the optimizer's updates (a
+single run with that learning rate scales the same AdamW step by the schedule; the factor is
+exactly 1 for a member with the config's learning rate).
+
+Each member is a run: WORKDIR/members/<name>/ holds what a single run writes (config.json,
+metrics.jsonl, TensorBoard events, base_eval.json, summary.json), so the sweep, the analysis and
+the notebooks read members unchanged. Member i sees exactly what a single run with its config sees:
+its own prompt stream (data.seed = its seed), its own step keys (fold_in of key(its seed)), and the
+shared warm start (keyed by init.warmstart.seed, not the run's seed). The checkpoint
+(WORKDIR/checkpoints) holds the whole stacked state, every member's iterator position and which
+members are frozen, so a resume is exact. A member whose loss, gradient norm or new parameters
+are not finite keeps its last finite parameters and optimizer state from then on (frozen, marked
+``train/frozen`` in its metrics and ``frozen_at_step`` in its summary); the others go on.
+
+Not bit-identical to the single runs: vmapped matmuls and reductions may sum in another order, and
+traced hyperparameters are float32 arithmetic where a single run folds Python floats; the first
+step agrees to float32 rounding (tests/test_population.py).
+
+Dimension legend: M members, P prompts per step, G samples per prompt, B = P*G rows, Lp prompt
+slots, T response slots.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from gspo_jax import config as config_lib
+from gspo_jax import objectives, sharding
+from gspo_jax.config import ConfigError
+from gspo_jax.config import population as population_cfg
+from gspo_jax.data import iterator as data_iterator
+from gspo_jax.rl import batch as rl_batch
+from gspo_jax.rl import build, trainer
+from gspo_jax.rl import step as ts
+from gspo_jax.rl.update import make_update_fn
+from gspo_jax.runtime import checkpoint as checkpoint_lib
+from gspo_jax.runtime import metrics as metrics_lib
+from gspo_jax.runtime import rundir
+from gspo_jax.state import Run, TrainState, step_keys
+
+LR_SCALE = "lr_scale"  # the hyperparameter pytree's key of the learning-rate factor
+
+# ------------------------------------------------------------------------------------ building
+
+
+@dataclasses.dataclass
+class Population:
+    """The Run the members share (built from the first member's config), the members, and their
+    varied values as [M] arrays: the objective's TRACEABLE_FIELDS by name and LR_SCALE."""
+
+    run: Run
+    members: list[population_cfg.Member]
+    hparams: dict[str, jax.Array]  # name -> [M] float32
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    @property
+    def axis(self) -> str | None:
+        """The mesh axis the members spread over (config.mesh.population > 1), or None."""
+        names = self.run.mesh.axis_names
+        return sharding.POPULATION_AXIS if sharding.POPULATION_AXIS in names else None
+
+    def on_members(self, spec: tuple = ()) -> jax.sharding.NamedSharding:
+        """The sharding of an [M, ...] array: members over the population axis, then ``spec``."""
+        return jax.sharding.NamedSharding(
+            self.run.mesh, jax.sharding.PartitionSpec(self.axis, *spec)
+        )
+
+
+def build_population(config: ml_collections.ConfigDict, workdir: str | None = None) -> Population:
+    """Checks every member's concrete config (its objective's values included) as a single run
+    would, then builds the one shared Run; ConfigError names the member's field and the fix."""
+    members = population_cfg.members(config)
+    if not members:
+        raise ConfigError("config.population.seeds is empty: this is a single run (trainer.train)")
+    if jax.process_count() > 1:
+        raise ConfigError(
+            "a population runs in one process (its member axis spreads over this process's "
+            "devices); run a multi-host job without config.population.seeds"
+        )
+    objs = []
+    for m in members:
+        try:
+            config_lib.validate(m.config)
+            objs.append(build.make_objective(m.config))
+        except ConfigError as e:
+            raise ConfigError(f"population member {m.name}: {e}") from None
+    # The shared Run: the population's config (its mesh has the member axis) with the first
+    # member's seed and values, so member 0's program is a single run's.
+    run_config = copy.deepcopy(config)
+    with run_config.unlocked():
+        run_config.seed = members[0].seed
+        for field, v in members[0].values.items():
+            config_lib.set_field(run_config, field, float(v))
+    run = build.build_run(run_config, workdir)
+    hparams = {}
+    varied = {f for m in members for f in m.values}
+    for field in sorted(varied):
+        section, name = field.split(".", 1)
+        if section == "objective":
+            hparams[name] = jnp.asarray([getattr(o, name) for o in objs], jnp.float32)
+        elif field == "optimizer.learning_rate":
+            lr0 = float(members[0].config.optimizer.learning_rate)
+            lrs = [float(m.config.optimizer.learning_rate) for m in members]
+            hparams[LR_SCALE] = jnp.asarray([lr / lr0 for lr in lrs], jnp.float32)
+    pop = Population(run, members, {})
+    pop.hparams = jax.device_put(hparams, pop.on_members())
+    return pop
+
+
+def stack(trees: list) -> object:
+    """[M, ...] leaves from M pytrees of the same structure."""
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def member(tree, i: int):
+    """Member i's slice of a stacked pytree."""
+    return jax.tree.map(lambda x: x[i], tree)
+
+
+def member_params(pop: Population, state: TrainState, i: int):
+    """Member i's parameters placed as a single run's (evaluation, comparisons)."""
+    return jax.device_put(member(state.params, i), pop.run.state_shardings)
+
+
+def initial_state(pop: Population, params) -> TrainState:
+    """Step 0 of every member: the shared base parameters and fresh optimizer state, stacked, and
+    each member's base key (key(its seed), as build.initial_state gives its single run)."""
+    single = build.initial_state(pop.run, params)
+    M = pop.size
+    state = jax.tree.map(lambda x: jnp.broadcast_to(x, (M, *x.shape)).copy(), single)
+    rngs = [jax.random.key_data(jax.random.key(m.seed)) for m in pop.members]
+    state = state.replace(rng=jnp.stack(rngs))
+    return jax.device_put(state, jax.tree.map(lambda a: a.sharding, abstract_state(pop)))
+
+
+def abstract_state(pop: Population) -> TrainState:
+    """The stacked TrainState's shapes and shardings (the restore target): each leaf with a
+    leading M axis over the population axis, the rest as in a single run."""
+    one = build.abstract_state(pop.run, pop.run.abs_params)
+
+    def stacked(a):
+        spec = tuple(a.sharding.spec) + (None,) * (len(a.shape) - len(a.sharding.spec))
+        return jax.ShapeDtypeStruct((pop.size, *a.shape), a.dtype, sharding=pop.on_members(spec))
+
+    return jax.tree.map(stacked, one)
+
+
+# ------------------------------------------------------------------------------------ the step
+
+
+def scaled_updates(tx: optax.GradientTransformation, factor) -> optax.GradientTransformation:
+    """``tx`` with its updates multiplied by ``factor`` (a traced scalar): a member's learning rate
+    relative to the config's, with the same optimizer state as ``tx`` (a checkpoint of one member
+    is a single run's)."""
+
+    def update(grads, opt_state, params=None):
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return jax.tree.map(lambda u: u * factor.astype(u.dtype), updates), opt_state
+
+    return optax.GradientTransformation(tx.init, update)
+
+
+def _all_finite(tree, M: int) -> jax.Array:
+    """[M] bool: every leaf of each member's slice is finite."""
+    leaves = [jnp.isfinite(x.reshape(M, -1)).all(1) for x in jax.tree.leaves(tree)]
+    return jnp.stack(leaves).all(0)
+
+
+def over_members(f, M: int, axis: str | None, groups: int, batching: str):
+    """f over the leading member axis of every argument: ``jax.vmap`` (one batched program: what
+    an accelerator wants), or "map": the members of each device group one after another
+    (``lax.map``, the single run's program per member), the groups under vmap over the population
+    axis (a vmapped decode loop runs until every member's responses end and selects every
+    member's KV cache at each step; "map" avoids that, at the cost of batching)."""
+    if batching == "vmap":
+        return jax.vmap(f, spmd_axis_name=axis)
+
+    def grouped(*args):  # [M, ...] -> [groups, M / groups, ...]: a device group's members
+        split = jax.tree.map(lambda x: x.reshape(groups, M // groups, *x.shape[1:]), args)
+        out = jax.vmap(lambda *a: jax.lax.map(lambda b: f(*b), a), spmd_axis_name=axis)(*split)
+        return jax.tree.map(lambda x: x.reshape(M, *x.shape[2:]), out)
+
+    return grouped
+
+
+def resolve_batching(batching: str) -> str:
+    """config.population.batching: "auto" is "vmap" (on this 2-core CPU "map" was not faster:
+    docs/population.md)."""
+    return "vmap" if batching == "auto" else batching
+
+
+def make_population_update(
+    run: Run,
+    M: int,
+    axis: str | None = None,
+    state_shardings=None,
+    groups: int = 1,
+    batching: str = "vmap",
+):
+    """(state [M], batch [M, B, ...], shuffle keys [M, 2], hparams {name: [M]}, active [M] bool)
+    -> (state, metrics {name: [M]}, kept [M] bool): every member's update (rl/update.py's, with
+    its traced hyperparameters), then a member that is frozen (not ``active``) or whose update is
+    not finite keeps its parameters and optimizer state; ``kept`` says which did not. ``axis``:
+    the mesh axis the member axis is sharded over (None: not sharded). ``state_shardings``: the
+    stacked state's (abstract_state), kept by the output so the next step does not recompile."""
+    spec = run.step
+
+    def one(state: TrainState, batch, shuffle_key, hp: dict):
+        obj_values = {k: v for k, v in hp.items() if k in objectives.TRACEABLE_FIELDS}
+        objective = run.objective.with_values(**obj_values) if obj_values else run.objective
+        tx = scaled_updates(run.tx, hp[LR_SCALE]) if LR_SCALE in hp else run.tx
+        update = make_update_fn(
+            run.graphdef,
+            run.rest,
+            objective,
+            tx,
+            temperature=spec.temperature,
+            num_epochs=spec.num_epochs,
+            num_minibatches=spec.num_minibatches,
+            num_microbatches=spec.num_microbatches,
+            shuffle=spec.shuffle_minibatches,
+            aux_loss_coef=spec.aux_loss_coef,
+            mesh=run.mesh,
+        )
+        return update(state, batch, shuffle_key)
+
+    def fn(state: TrainState, batch, shuffle_keys, hparams, active):
+        members = over_members(one, M, axis, groups, batching)
+        new, metrics = members(state, batch, shuffle_keys, hparams)
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm_max"])
+        kept = active & finite & _all_finite(new.params, M)  # [M]
+
+        def keep(n, o):  # member axis first: [M, ...]
+            return jnp.where(kept.reshape((M,) + (1,) * (n.ndim - 1)), n, o)
+
+        params = jax.tree.map(keep, new.params, state.params)
+        opt_state = jax.tree.map(keep, new.opt_state, state.opt_state)
+        return new.replace(params=params, opt_state=opt_state), metrics, kept
+
+    return jax.jit(fn, donate_argnums=(0,), out_shardings=(state_shardings, None, None))
+
+
+@dataclasses.dataclass
+class PopulationPhases:
+    """rl/step.py's phases under jax.vmap over the member axis (one jitted program each)."""
+
+    keys: object
+    rollout: object
+    shape: object
+    means: object
+    prepare: object
+    logprob: object  # None unless config.rl.recompute_old_logp
+    recompute_metrics: object
+    ref: object  # None without a reference pass; the reference parameters are shared (in_axes None)
+    kl_reward: object
+    update: object
+
+
+def make_phases(pop: Population, with_ref: bool) -> PopulationPhases:
+    run = pop.run
+    single = ts.make_phases(run, build.abstract_state(run, run.abs_params), with_ref=with_ref)
+
+    def vm(f, in_axes=0):  # the phase's shardings gain the member axis first (spmd_axis_name)
+        return None if f is None else jax.jit(jax.vmap(f, in_axes, spmd_axis_name=pop.axis))
+
+    batching = resolve_batching(run.config.population.batching)
+    groups = run.mesh.shape[pop.axis] if pop.axis else 1
+    return PopulationPhases(
+        keys=vm(step_keys),
+        # the heavy phases: the rollout and the update (config.population.batching)
+        rollout=jax.jit(over_members(single.rollout, pop.size, pop.axis, groups, batching)),
+        shape=vm(single.shape),
+        means=vm(single.means),
+        prepare=vm(single.prepare),
+        logprob=vm(single.logprob),
+        recompute_metrics=vm(single.recompute_metrics),
+        ref=vm(single.ref, in_axes=(None, 0)),
+        kl_reward=vm(single.kl_reward),
+        update=make_population_update(
+            run,
+            pop.size,
+            pop.axis,
+            jax.tree.map(lambda a: a.sharding, abstract_state(pop)),
+            groups,
+            batching,
+        ),
+    )
+
+
+def _concat_batches(batches: list[dict]) -> dict:
+    """The M members' prompt batches as one host batch of M*P prompts (scoring reads all rows)."""
+    return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+def population_step(
+    pop: Population,
+    phases: PopulationPhases,
+    state: TrainState,
+    batches: list[dict],
+    active: np.ndarray,
+    *,
+    ref_params=None,
+) -> tuple[TrainState, list[dict[str, float]], np.ndarray]:
+    """One RL step of every member on its own prompts ``batches[i]``: (state, each member's host
+    metrics as a single run logs them, kept [M] bool). rl_step's phases, vmapped; the verifier
+    scores every member's rows in one call."""
+    run, spec, M = pop.run, pop.run.step, pop.size
+    t_start = time.time()
+    steps = np.asarray(jax.device_get(state.step))  # [M]
+    rows = sharding.row_spec(run.mesh)  # a member's rows split over its data-parallel devices
+    prompts = np.stack([b["prompt"] for b in batches]).astype(np.int32)  # [M, P, Lp]
+    lengths = np.stack([b["prompt_length"] for b in batches]).astype(np.int32)  # [M, P]
+    prompts = jax.device_put(prompts, pop.on_members((rows, None)))
+    lengths = jax.device_put(lengths, pop.on_members((rows,)))
+    with sharding.use_mesh(run.mesh):
+        keys = phases.keys(state.rng, state.step)  # {name: [M, 2]}
+        sample = phases.rollout(state.params, prompts, lengths, keys["rollout"])
+        jax.block_until_ready(sample.tokens)
+    t1 = time.time()
+    tokens, mask = jax.device_get((sample.tokens, sample.mask))  # [M, B, T]
+    B, T = tokens.shape[1:]
+    scores = run.task.score(
+        _concat_batches(batches), tokens.reshape(M * B, T), mask.reshape(M * B, T), spec.group_size
+    )
+    parts = {k: np.asarray(v, np.float32).reshape(M, B) for k, v in scores.items()}
+    parts["length"] = mask.sum(-1).astype(np.float32)  # [M, B] tokens
+    parts = jax.device_put(parts, pop.on_members((rows,)))
+    with sharding.use_mesh(run.mesh):
+        shaped, shaping, truncated, _ = phases.shape(sample, parts["reward"])
+        pass_m = phases.means([parts], shaping if spec.overlong_penalty > 0 else None, None)
+    t2 = time.time()
+    with sharding.use_mesh(run.mesh):
+        batch, roll_m = phases.prepare(sample, shaped, prompts, lengths, truncated)
+        if phases.logprob is not None:
+            logp = phases.logprob(state.params, batch)["logp"]
+            pass_m.update(phases.recompute_metrics(logp, batch))
+            batch = batch.replace(old_logp=logp)
+        if phases.ref is not None:
+            batch = batch.replace(ref_logp=phases.ref(ref_params, batch)["logp"])
+        if phases.kl_reward is not None:
+            batch, kl_m = phases.kl_reward(batch, shaped)
+            pass_m.update(kl_m)
+        jax.block_until_ready(batch.old_logp)
+        t3 = time.time()
+        state, train_m, kept = phases.update(
+            state, batch, keys["shuffle"], pop.hparams, jax.device_put(active, pop.on_members())
+        )
+        jax.block_until_ready(train_m["loss"])
+    t4 = time.time()
+    train_m, roll_m, pass_m, kept = jax.device_get((train_m, roll_m, pass_m, kept))
+    times = {
+        "time/rollout_s": t1 - t_start,
+        "time/reward_s": t2 - t1,
+        "time/logp_s": t3 - t2,
+        "time/update_s": t4 - t3,
+        "time/step_s": time.time() - t_start,
+    }
+    lr_scale = np.asarray(pop.hparams.get(LR_SCALE, np.ones(M)), np.float64)
+    out = []
+    with jax.transfer_guard("allow"):
+        for i in range(M):
+            lr = float(run.schedule(int(steps[i]) * run.updates_per_step)) * lr_scale[i]
+            out.append(
+                ts._host_metrics(
+                    member(train_m, i), member(roll_m, i), member(pass_m, i), lr=lr, times=times
+                )
+            )
+    return state, out, np.asarray(kept)
+
+
+# ------------------------------------------------------------------------------------ the loop
+
+
+class MemberIterators:
+    """The members' prompt streams as one checkpointable iterator state {name: state}."""
+
+    def __init__(self, names: list[str], iterators: list):
+        self.names, self.iterators = names, iterators
+
+    def __next__(self) -> list[dict]:
+        return [next(it) for it in self.iterators]
+
+    def get_state(self) -> dict:
+        out = {}
+        for name, it in zip(self.names, self.iterators, strict=True):
+            s = it.get_state()
+            out[name] = {"__bytes__": s.decode()} if isinstance(s, bytes | bytearray) else s
+        return out
+
+    def set_state(self, state: dict) -> None:
+        for name, it in zip(self.names, self.iterators, strict=True):
+            s = state[name]
+            is_bytes = isinstance(s, dict) and set(s) == {"__bytes__"}
+            it.set_state(s["__bytes__"].encode() if is_bytes else s)
+
+
+def member_dir(workdir: str, name: str) -> str:
+    return os.path.join(workdir, "members", name)
+
+
+def _fmt_accuracy(m: dict | None) -> str:
+    return "n/a" if not m else f"{m.get('eval/greedy_accuracy', float('nan')):.3f}"
+
+
+def train(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    stop_after: int | None = None,
+) -> dict | None:
+    """Runs (or resumes) the population ``config`` in ``workdir``; returns {member name: its
+    summary} (also WORKDIR/summary.json), or None when ``stop_after`` n steps of this invocation
+    stopped it early (like a crash, without a final checkpoint: tests use it)."""
+    t_start = time.time()
+    pop = build_population(config, workdir)
+    run, M = pop.run, pop.size
+    names = [m.name for m in pop.members]
+    rl, ev = run.config.rl, run.config.eval
+    workdir = run.workdir
+    iters = MemberIterators(
+        names, [data_iterator.make_data_iterator(m.config, run.task) for m in pop.members]
+    )
+    ckpt = checkpoint_lib.Checkpointer(
+        os.path.join(workdir, "checkpoints"),
+        save_every=run.config.checkpoint.every,
+        max_to_keep=run.config.checkpoint.max_to_keep,
+        async_save=run.config.checkpoint.async_save,
+    )
+    restored = ckpt.restore_latest(abstract_state(pop), iters)
+    resumed = restored[0] if restored is not None else None
+    writers = []
+    for m in pop.members:
+        os.makedirs(member_dir(workdir, m.name), exist_ok=True)
+        w = metrics_lib.MetricWriter(
+            member_dir(workdir, m.name), resume_step=resumed, tensorboard=config.log.tensorboard
+        )
+        w.write_config(m.config)
+        writers.append(w)
+    uses_ref = rl_batch.uses_reference(run)
+    frozen_at = [None] * M  # the step at which each member froze
+    base_eval, warm_s, prior_wall, ref_params = None, 0.0, 0.0, None
+    if restored is not None:
+        _, state, meta = restored
+        frozen_at = list(meta["frozen_at"])
+        prior_wall = float(meta.get("wall_s", 0.0))
+        base_eval = rundir.read_base_eval(member_dir(workdir, names[0]))
+        if uses_ref:
+            ref_params, _ = build.base_params(run)
+    else:
+        params, warm_s = build.base_params(run)
+        if uses_ref:
+            ref_params = jax.tree.map(jnp.copy, params)
+        state = initial_state(pop, params)
+        if ev.at_start and ev.num_problems > 0:  # one base policy for all members
+            base_eval = trainer.evaluate(run, params)
+            for i, w in enumerate(writers):
+                w.write(0, base_eval)
+                rundir.write_base_eval(member_dir(workdir, names[i]), base_eval, writer=True)
+    phases = make_phases(pop, with_ref=ref_params is not None)
+    start = int(np.max(jax.device_get(state.step)))
+    last_eval: list[dict | None] = [None] * M
+    t_loop = time.time()
+    progress = metrics_lib.Progress(
+        total=rl.num_steps, initial=start, enabled=None if config.log.progress else False
+    )
+
+    def save(done: int, force: bool) -> None:
+        meta = {
+            "wall_s": prior_wall + time.time() - t_start,
+            "frozen_at": frozen_at,
+            "members": names,
+            "config": rundir.config_dict(run.config),
+        }
+        ckpt.save(done, state, iters, meta, force=force)
+
+    try:
+        for step in range(start, rl.num_steps):
+            if stop_after is not None and step - start >= stop_after:
+                break
+            active = np.asarray([f is None for f in frozen_at])
+            state, ms, kept = population_step(
+                pop, phases, state, next(iters), active, ref_params=ref_params
+            )
+            done = step + 1
+            due = done == rl.num_steps or (ev.every and done % ev.every == 0)
+            for i in range(M):
+                if frozen_at[i] is not None:
+                    continue  # a frozen member's run ended: nothing more in its metrics
+                if not kept[i]:
+                    frozen_at[i] = done
+                    ms[i]["train/frozen"] = 1.0
+                    progress.write(f"member {names[i]} diverged at step {done}: frozen")
+                elif due and ev.num_problems > 0:
+                    last_eval[i] = trainer.evaluate(run, member_params(pop, state, i))
+                    ms[i].update(last_eval[i])
+                writers[i].write(done, ms[i])
+            save(done, force=done == rl.num_steps)
+            live = [m for i, m in enumerate(ms) if frozen_at[i] is None]
+            progress.update(live[0] if live else ms[0])
+    finally:
+        progress.close()
+        for w in writers:
+            w.flush()
+    ckpt.close()
+    for w in writers:
+        w.close()
+    if stop_after is not None and int(np.max(jax.device_get(state.step))) < rl.num_steps:
+        return None
+    summaries = {}
+    for i, m in enumerate(pop.members):
+        if last_eval[i] is None and ev.num_problems > 0:  # frozen: its last finite policy
+            last_eval[i] = trainer.evaluate(run, member_params(pop, state, i))
+        s = rundir.make_summary(
+            m.config.objective.name,
+            member_dir(workdir, m.name),
+            base_eval,
+            last_eval[i],
+            steps=rl.num_steps if frozen_at[i] is None else frozen_at[i] - 1,
+            wall_s=prior_wall + time.time() - t_start,
+            warmstart_s=warm_s,
+            rl_s=time.time() - t_loop,
+        )
+        s.update(seed=m.seed, values=m.values, frozen=frozen_at[i] is not None)
+        s["frozen_at_step"] = frozen_at[i]
+        with open(os.path.join(member_dir(workdir, m.name), "summary.json"), "w") as f:
+            json.dump(rundir.strict_json(s), f, indent=2, allow_nan=False)
+        summaries[m.name] = s
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+        json.dump(rundir.strict_json({"members": summaries}), f, indent=2, allow_nan=False)
+    return summaries

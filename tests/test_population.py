@@ -1,0 +1,276 @@
+"""A population (config.population, rl/population.py): each member's first step equals the single
+run with its seed and hyperparameters; members are independent; fields that change shapes or the
+program are refused; a diverging member is frozen without stopping the others; resume is exact.
+
+All at runlocal size on one device, sharing the session's warm start, data and compilation cache
+(conftest.py `shared`); one population run (3 steps) serves the loop's tests.
+"""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+import trainer_runs as runs
+
+from gspo_jax import config as config_lib
+from gspo_jax.config import population as population_cfg
+from gspo_jax.data import iterator as data_iterator
+from gspo_jax.rl import build, population
+from gspo_jax.rl import step as ts
+
+STEPS = 3
+# float32 rounding: vmapped matmuls and reductions, traced hyperparameters (rl/population.py)
+RTOL, ATOL = 1e-5, 1e-6
+# the sampler-vs-trainer log-prob difference is float32 rounding itself (~1e-6): absolute
+ATOL_OF = {"rollout/logp_diff_absmax": 1e-5, "rollout/logp_diff_mean": 1e-6}
+
+
+def pop_config(shared, seeds, vary=None, mode="product", **extra):
+    c = runs.make_config(shared, **{"num_devices": 1, **extra})
+    with c.unlocked():
+        c.population.seeds = tuple(seeds)
+        c.population.vary = ml_collections.ConfigDict(vary or {})
+        c.population.mode = mode
+    return c
+
+
+def first_step_population(pop: population.Population, params):
+    """(tokens [M, B, T], each member's host metrics, state) of the population's first step."""
+    state = population.initial_state(pop, params)
+    phases = population.make_phases(pop, with_ref=False)
+    iters = [data_iterator.make_data_iterator(m.config, pop.run.task) for m in pop.members]
+    batches = [next(it) for it in iters]
+    keys = phases.keys(state.rng, state.step)
+    prompts = np.stack([b["prompt"] for b in batches]).astype(np.int32)
+    lengths = np.stack([b["prompt_length"] for b in batches]).astype(np.int32)
+    tokens = np.asarray(phases.rollout(state.params, prompts, lengths, keys["rollout"]).tokens)
+    active = np.ones(pop.size, bool)
+    state, ms, kept = population.population_step(pop, phases, state, batches, active)
+    assert kept.all()
+    return tokens, ms, state
+
+
+def first_step_single(config, params):
+    """(tokens [B, T], host metrics, state) of a single run's first step."""
+    run = build.build_run(config)
+    state = build.initial_state(run, jax.tree.map(jnp.copy, params))  # the update donates it
+    phases = ts.make_phases(run, state, with_ref=False)
+    batch = next(data_iterator.make_data_iterator(config, run.task))
+    keys = phases.keys(state.rng, state.step)
+    prompts = batch["prompt"].astype(np.int32)
+    lengths = batch["prompt_length"].astype(np.int32)
+    tokens = np.asarray(phases.rollout(state.params, prompts, lengths, keys["rollout"]).tokens)
+    state, m = ts.rl_step(run, phases, state, batch)
+    return tokens, m, state
+
+
+@pytest.fixture(scope="module")
+def first_steps(shared):
+    """The first step of a 2-member zip population (seeds 0 and 1; ε_low and the learning rate
+    varied too) and of the single runs with each member's config."""
+    config = pop_config(
+        shared,
+        seeds=(0, 1),
+        vary={"objective": {"eps_low": (3e-4, 1e-3)}, "optimizer": {"learning_rate": (1e-4, 3e-4)}},
+        mode="zip",
+    )
+    pop = population.build_population(config)
+    params, _ = build.base_params(pop.run, shared["cache"])
+    pop_out = first_step_population(pop, params)
+    singles = [first_step_single(m.config, params) for m in pop.members]
+    return pop, pop_out, singles
+
+
+def test_first_step_equals_single_runs(first_steps):
+    pop, (tokens, ms, state), singles = first_steps
+    assert [m.name for m in pop.members] == [
+        "eps_low=0.0003-learning_rate=0.0001-seed0",
+        "eps_low=0.001-learning_rate=0.0003-seed1",
+    ]
+    for i, (tok_1, m_1, state_1) in enumerate(singles):
+        np.testing.assert_array_equal(tokens[i], tok_1)  # the same sampled tokens
+        assert set(ms[i]) == set(m_1)
+        off = {
+            k: (ms[i][k], m_1[k])
+            for k in m_1
+            if not k.startswith("time/")
+            and not np.isclose(ms[i][k], m_1[k], rtol=RTOL, atol=ATOL_OF.get(k, ATOL))
+        }
+        assert not off, off
+        runs.assert_trees(population.member(state.params, i), state_1.params, rtol=RTOL, atol=1e-7)
+    # the varied fields took effect: the members' updates differ in size (learning rate x3)
+    assert ms[1]["train/update_norm"] > 2 * ms[0]["train/update_norm"]
+    assert ms[1]["train/lr"] == pytest.approx(3e-4)
+
+
+def test_members_are_independent(shared, first_steps):
+    """Changing member 1's seed changes no other member's tokens (and its own)."""
+    pop, (tokens, _, _), _ = first_steps
+    config = pop_config(
+        shared,
+        seeds=(0, 5),
+        vary={"objective": {"eps_low": (3e-4, 1e-3)}, "optimizer": {"learning_rate": (1e-4, 3e-4)}},
+        mode="zip",
+    )
+    other = population.build_population(config)
+    state = population.initial_state(other, build.base_params(other.run, shared["cache"])[0])
+    phases = population.make_phases(other, with_ref=False)
+    iters = [data_iterator.make_data_iterator(m.config, other.run.task) for m in other.members]
+    batches = [next(it) for it in iters]
+    keys = phases.keys(state.rng, state.step)
+    prompts = np.stack([b["prompt"] for b in batches]).astype(np.int32)
+    lengths = np.stack([b["prompt_length"] for b in batches]).astype(np.int32)
+    tok = np.asarray(phases.rollout(state.params, prompts, lengths, keys["rollout"]).tokens)
+    np.testing.assert_array_equal(tok[0], tokens[0])
+    assert not np.array_equal(tok[1], tokens[1])
+
+
+@pytest.mark.parametrize(
+    "vary, field",
+    [
+        ({"rl": {"group_size": (4, 8)}}, "rl.group_size"),
+        ({"rl": {"temperature": (0.7, 1.0)}}, "rl.temperature"),
+        ({"model": {"vocab_size": (64, 128)}}, "model.vocab_size"),
+        ({"objective": {"kl_coef": (0.0, 0.01)}}, "objective.kl_coef"),
+        ({"objective": {"eps_low": ("a", "b")}}, "objective.eps_low"),
+    ],
+)
+def test_refuses_fields_that_change_the_program(shared, vary, field):
+    config = pop_config(shared, seeds=(0,), vary=vary)
+    with pytest.raises(config_lib.ConfigError, match=f"config.population.vary.{field}") as e:
+        population_cfg.members(config)
+    assert "\n" not in str(e.value)
+
+
+def test_refuses_zip_of_unequal_lengths(shared):
+    config = pop_config(shared, seeds=(0, 1, 2), vary={"objective": {"eps_low": (0.1, 0.2)}})
+    assert len(population_cfg.members(config)) == 6  # product
+    with config.unlocked():
+        config.population.mode = "zip"
+    with pytest.raises(config_lib.ConfigError, match="mode='zip'"):
+        population_cfg.members(config)
+
+
+def _loop_config(shared):
+    # member 1's learning rate overflows its update: it diverges at step 1
+    return pop_config(
+        shared,
+        seeds=(0,),
+        vary={"optimizer": {"learning_rate": (1e-4, 1e38)}},
+        **{"rl.num_steps": STEPS, "checkpoint.every": 1, "checkpoint.max_to_keep": 5},
+    )
+
+
+@pytest.fixture(scope="module")
+def loop_run(shared):
+    """A 3-step population of 2 members, one of which diverges: (workdir, summaries)."""
+    wd = os.path.join(shared["root"], "population")
+    return wd, population.train(_loop_config(shared), wd)
+
+
+def _members(wd):
+    return sorted(os.listdir(os.path.join(wd, "members")))
+
+
+def test_member_folders_are_runs(loop_run):
+    wd, summaries = loop_run
+    names = _members(wd)
+    assert names == sorted(summaries)
+    for name in names:
+        d = os.path.join(wd, "members", name)
+        assert {"config.json", "metrics.jsonl", "summary.json", "base_eval.json"} <= set(
+            os.listdir(d)
+        )
+        with open(os.path.join(d, "config.json")) as f:
+            assert not json.load(f)["population"]["seeds"]  # a single run's config
+
+
+def test_diverging_member_is_frozen_alone(loop_run):
+    wd, summaries = loop_run
+    ok, bad = summaries["learning_rate=0.0001-seed0"], summaries["learning_rate=1e+38-seed0"]
+    assert not ok["frozen"] and ok["steps"] == STEPS and ok["frozen_at_step"] is None
+    assert bad["frozen"] and bad["frozen_at_step"] == 1
+    recs_ok = runs.records(os.path.join(wd, "members", "learning_rate=0.0001-seed0"))
+    recs_bad = runs.records(os.path.join(wd, "members", "learning_rate=1e+38-seed0"))
+    assert [r["step"] for r in recs_ok] == [0, 1, 2, 3]
+    assert [r["step"] for r in recs_bad] == [0, 1] and recs_bad[1]["train/frozen"] == 1.0
+    # the frozen member kept its last finite parameters: the base policy's, still finite
+    params = runs.final_params(wd, STEPS)["params"]
+    assert all(np.isfinite(leaf[1]).all() for leaf in jax.tree.leaves(params))
+    assert any(not np.array_equal(x[0], x[1]) for x in jax.tree.leaves(params))  # 0 trained
+    first = runs.final_params(wd, 1)["params"]
+    runs.assert_trees(
+        jax.tree.map(lambda x: x[1], first), jax.tree.map(lambda x: x[1], params)
+    )  # unchanged since it froze
+
+
+def test_resume_is_exact(shared, loop_run):
+    wd, _ = loop_run
+    wd2 = os.path.join(shared["root"], "population_resumed")
+    assert population.train(_loop_config(shared), wd2, stop_after=2) is None
+    population.train(_loop_config(shared), wd2)
+    runs.assert_trees(runs.final_params(wd, STEPS), runs.final_params(wd2, STEPS))
+    for name in _members(wd):
+        a = runs.records(os.path.join(wd, "members", name))
+        b = runs.records(os.path.join(wd2, "members", name))
+        assert a == b
+
+
+def test_members_spread_over_a_mesh_axis(shared, first_steps):
+    """4 ε values x 2 seeds on 8 simulated devices, one member each (mesh.population=8): the
+    state is sharded member by member, and the member with the first population's member-0
+    values takes the same first step."""
+    _, (tokens, ms, _), _ = first_steps
+    config = pop_config(
+        shared,
+        seeds=(0, 1),
+        vary={"objective": {"eps_low": (3e-4, 1e-3, 3e-3, 1e-2)}},
+        num_devices=8,
+        **{"mesh.data": 1, "mesh.population": 8},
+    )
+    pop = population.build_population(config)
+    assert pop.run.mesh.shape["population"] == 8 and pop.axis == "population"
+    params, _ = build.base_params(pop.run, shared["cache"])
+    tok8, ms8, state = first_step_population(pop, params)
+    for leaf in jax.tree.leaves(state.params):
+        assert leaf.sharding.spec[0] == "population"  # spec: ("population", None, ...)
+        assert {s.data.shape[0] for s in leaf.addressable_shards} == {1}  # a member per device
+    i = [m.name for m in pop.members].index("eps_low=0.0003-seed0")
+    np.testing.assert_array_equal(tok8[i], tokens[0])
+    off = {
+        k: (ms8[i][k], ms[0][k])
+        for k in ms[0]
+        if not k.startswith("time/")
+        and not np.isclose(ms8[i][k], ms[0][k], rtol=RTOL, atol=ATOL_OF.get(k, ATOL))
+    }
+    assert not off, off
+
+
+def test_sweep_runs_an_arms_seeds_as_one_population(tmp_path):
+    """sweep.py --population: runs differing only in their seed merge into one population run,
+    whose member folders become the runs' folders; --population=false keeps a process per run."""
+    sweep = runs.load_repo_module("experiments/sweep.py")
+    arith = os.path.join(runs.REPO, "configs", "arith.py")
+    all_runs = sweep.load_sweep(arith, "seeds=2")
+    merged = sweep.population_runs(all_runs)
+    assert len(merged) == len(all_runs) // 2
+    gspo = next(r for r in merged if r["name"] == "population/gspo")
+    assert gspo["overrides"]["population.seeds"] == (0, 1)
+    assert "seed" not in gspo["overrides"]
+    assert sorted(gspo["members"].values()) == ["gspo_s0", "gspo_s1"]
+    cmd = sweep.run_command(arith, gspo, str(tmp_path / gspo["name"]))
+    assert "--config.population.seeds=(0,1)" in cmd
+    # a finished member folder is linked where the single run would have written
+    member = tmp_path / "population" / "gspo" / "members" / "seed1"
+    member.mkdir(parents=True)
+    (member / "summary.json").write_text("{}")
+    sweep.link_members(str(tmp_path), [gspo])
+    assert (tmp_path / "gspo_s1" / "summary.json").exists()
+    assert sweep._is_done(str(tmp_path), {"name": "gspo_s1"})
+    assert sweep.population_runs(sweep.load_sweep(arith, "seeds=1")) == sweep.load_sweep(
+        arith, "seeds=1"
+    )
