@@ -18,8 +18,8 @@ from gspo_jax import config as config_lib
 
 claims = load_repo_module("experiments/claims.py")
 # The notebooks' tiny runs take minutes: .ci/run executes them after the README's test command
-# (`python -m pytest -q -m notebooks`), which deselects them (pyproject.toml).
-pytestmark = pytest.mark.notebooks
+# (`python -m pytest -q -m long`), which deselects them (pyproject.toml).
+pytestmark = pytest.mark.long
 
 STEPS = 2
 # The arith sweep's arms the notebooks name (the sweep-table notebook tabulates whatever arms

@@ -22,6 +22,9 @@ from gspo_jax.data import iterator as data_iterator
 from gspo_jax.rl import build, population
 from gspo_jax.rl import step as ts
 
+# Whole population runs: .ci/run runs them after the README's test command (marker long).
+pytestmark = pytest.mark.long
+
 STEPS = 3
 # float32 rounding: vmapped matmuls and reductions, traced hyperparameters (rl/population.py)
 RTOL, ATOL = 1e-5, 1e-6
