@@ -88,10 +88,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.seed = a.seed
     c.slice = a.slice or suggested_slice
     axes = dict(data=a.data_axis, fsdp=a.fsdp, tensor=a.tensor, expert=a.expert)
-    if any(axes.values()):
-        c.mesh = ml_collections.ConfigDict({k: v or 1 for k, v in axes.items()})
-    else:
-        c.mesh = ml_collections.ConfigDict(suggested_mesh)
+    # the mesh's fields (the schema's, population included) set one by one, none replaced
+    c.mesh.update({k: v or 1 for k, v in axes.items()} if any(axes.values()) else suggested_mesh)
 
     c.task.name = "gsm8k"
     c.task.kwargs = ml_collections.ConfigDict(
@@ -128,7 +126,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.rl.num_steps = 2
     if a.runlocal and a.checkpoint:  # the real loop on this machine: one CPU device, float32
         c.task.kwargs.max_prompt_len = 256  # GSM8K questions in a chat template fit whole
-        c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1, expert=1))
+        c.mesh.update(dict(data=1, fsdp=1, tensor=1, expert=1))
         c.num_devices = 1
         c.model.dtype = "float32"
         c.rl.num_microbatches = 1

@@ -149,9 +149,9 @@ def run_sweeps(
                 continue
         print(f"[claims] sweep {s.name}: {len(runs)} runs in {root}", flush=True)
         flags = [*FULL_FLAGS, *s.flags, *extra]
-        codes = sw.launch(
-            os.path.join(REPO, s.config), runs, root, parallel, flags, population=population
-        )
+        # (population only when asked: a launcher without the option still runs a process per run)
+        kw = {"population": True} if population else {}
+        codes = sw.launch(os.path.join(REPO, s.config), runs, root, parallel, flags, **kw)
         sw.write_tables(sw.collect(runs, root), root)
         failed += [f"{s.name}/{n}" for n, c in codes.items() if c != 0]
     return failed
