@@ -5,6 +5,8 @@ as if decoded in one go, each token tagged with the policy version that sampled 
 Dimension legend: Q groups in the queue, G samples per group, T = max_new_tokens, N slots.
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -138,3 +140,50 @@ def test_partial_options_are_checked(setup):
     m, prompts, lengths = setup
     with pytest.raises(ValueError, match="complete_groups=4 must be in"):
         _partial(m, prompts, lengths, PartialRows.empty(Q * G, T, PAD), 0, Q + 1, 1.0)
+
+
+# ---- the trainer with partial rollouts (runlocal size, 4 steps, checkpoints every 2)
+
+PARTIAL = {"rl.rollout_engine": "continuous", "rl.partial_rollout": 1, "rl.rollout_slots": 8}
+
+
+def test_partial_run_resumes_exactly_with_rows_in_flight(shared):
+    from trainer_runs import STEPS, assert_records, assert_trees, final_params, make_config, records
+
+    from gspo_jax.rl import trainer
+
+    cfg = lambda: make_config(shared, num_devices=1, **PARTIAL)  # noqa: E731
+    whole = os.path.join(shared["root"], "partial_whole")
+    trainer.train(cfg(), whole)
+    recs = records(whole)
+    steps = recs[1:]
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    # rows carried over step boundaries: from step 2 on, some trained tokens are a version old,
+    # and the step-1 batch is all fresh
+    assert steps[0]["rollout/staleness_max"] == 0 and steps[0]["rollout/fresh_tokens_frac"] == 1
+    assert max(r["rollout/staleness_max"] for r in steps[1:]) >= 1
+    assert all(0 < r["rollout/fresh_tokens_frac"] <= 1 for r in steps)
+    # killed after step 3 with groups carried in the step-2 checkpoint, restarted
+    split = os.path.join(shared["root"], "partial_split")
+    assert trainer.train(cfg(), split, stop_after=3) is None
+    trainer.train(cfg(), split)
+    assert_trees(final_params(split), final_params(whole))
+    assert_records(records(split), recs)
+
+
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        ({"rl.partial_rollout": 1}, "needs config.rl.rollout_engine='continuous'"),
+        ({**PARTIAL, "rl.dynamic_sampling": True}, "with rl.dynamic_sampling"),
+        ({**PARTIAL, "rl.partial_rollout": -1}, "must be >= 0"),
+    ],
+)
+def test_partial_rollout_config_errors(shared, fields, match):
+    from trainer_runs import make_config
+
+    from gspo_jax.config import ConfigError
+    from gspo_jax.rl import build
+
+    with pytest.raises(ConfigError, match=match):
+        build.build_run(make_config(shared, num_devices=1, **fields), None)

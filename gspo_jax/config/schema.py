@@ -163,6 +163,12 @@ def default_config() -> ml_collections.ConfigDict:
     c.rl.rollout_engine = "static"
     c.rl.rollout_slots = config_dict.placeholder(int)  # continuous: decode slots (None = B)
     c.rl.rollout_page_size = 16  # continuous: KV-cache slots per page
+    # Partial rollouts (continuous engine; 0 = off): k prompt batches stay in the engine's queue
+    # between steps. Each step's engine works on (1 + k)·P groups (the carried ones first, their
+    # unfinished rows continued), stops once P groups are complete (a fraction 1 / (1 + k) of
+    # its queue), trains on those and carries the rest; each token records the policy version
+    # (step) that sampled it (rl/partial.py).
+    c.rl.partial_rollout = 0
     # Gaussian noise of this std added to each sampled token's reported log-prob (0 = none): a
     # dose of sampler-trainer mismatch for the rollout-log-probs claim
     c.rl.rollout_logp_noise = 0.0
