@@ -227,6 +227,40 @@ def _prefill(model, inputs: _Inputs, s: EngineState, p, cfg: dict) -> EngineStat
     )
 
 
+def _resume(model, inputs: _Inputs, s: EngineState, b, slot, cfg: dict) -> EngineState:
+    """Partial rollouts: slot `slot` takes carried row b, which already has n = forced[b] >= 2
+    tokens. One [1, Lp + T] forward of its prompt and tokens (the prompt + response layout of
+    the trainer's response_logprobs) recomputes their KV with the current policy; the KV of
+    tokens 0 .. n - 2 (the ones fed so far) goes to fresh generated pages of the slot's table,
+    so the slot resumes at token n as if it had decoded them (token n - 1 is fed next)."""
+    P, Lp = inputs.prompts.shape
+    G, T, ps = cfg["G"], cfg["T"], cfg["page_size"]
+    Pp = s.prompt_pages.shape[1]
+    Pg = s.cache["page_table"].shape[1] - Pp
+    n = s.forced[b]
+    p = b // G
+    prompt = jax.lax.dynamic_slice_in_dim(inputs.prompts, p, 1, axis=0)  # [1, Lp]
+    row = jax.lax.dynamic_slice_in_dim(s.tokens, b, 1, axis=0)  # [1, T]
+    n_p = jax.lax.dynamic_slice_in_dim(inputs.prompt_lengths, p, 1)  # [1]
+    pos, valid = sequence_layout(n_p, Lp, T)  # [1, Lp + T]
+    out = model.forward(
+        jnp.concatenate([prompt, row], axis=1).astype(jnp.int32),
+        pos,
+        slot_mask(valid, jnp.arange(Lp + T, dtype=jnp.int32)),
+        token_mask=valid,
+        cache=model.init_cache(1, Lp + T),
+        write_index=0,
+    )
+    kv = out["cache"]  # {"k": [L, 1, K, Dh, Lp + T], "v": [L, 1, K, Lp + T, Dh]}
+    gen = {"k": kv["k"][..., Lp : Lp + T - 1], "v": kv["v"][:, :, :, Lp : Lp + T - 1]}
+    need = jnp.arange(Pg, dtype=jnp.int32) * ps < n - 1  # entries holding tokens 0 .. n - 2
+    refcount, pages, failed = paged.allocate_rows(s.refcount, need)  # [Pg]; scratch elsewhere
+    cache = write_prompt_pages(s.cache, gen, pages)  # unneeded entries write the scratch page
+    table = cache["page_table"]
+    cache["page_table"] = table.at[slot, Pp:].set(pages, mode="drop")
+    return s.replace(refcount=refcount, cache=cache, failed=s.failed | failed)
+
+
 def refill(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
     """Gives every free slot the next row of the queue (prefilling prompts as their first row
     comes up), until no slot is free or the queue is empty."""
@@ -244,12 +278,18 @@ def refill(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
             [s.prompt_pages[p], jnp.full((table.shape[1] - s.prompt_pages.shape[1],), SCRATCH_PAGE)]
         )
         cache = dict(s.cache, page_table=table.at[slot].set(row_table, mode="drop"))
-        return s.replace(
+        s = s.replace(
             next_row=b + 1,
             slot_row=s.slot_row.at[slot].set(b, mode="drop"),
-            slot_t=s.slot_t.at[slot].set(1, mode="drop"),
+            # a carried row resumes at its first token not yet generated
+            slot_t=s.slot_t.at[slot].set(jnp.maximum(s.forced[b], 1), mode="drop"),
             active=s.active.at[slot].set(True, mode="drop"),
             cache=cache,
+        )
+        if cfg["complete_groups"] is None:  # no carried rows: nothing to resume
+            return s
+        return _when(
+            alive & (s.forced[b] >= 2), lambda s: _resume(model, inputs, s, b, slot, cfg), s
         )
 
     return jax.lax.while_loop(lambda s: (s.next_row < B) & ~jnp.all(s.active), body, s)
@@ -289,12 +329,7 @@ def decode(model, inputs: _Inputs, s: EngineState, cfg: dict, width: int | None 
     logits = model.logits(o["hidden"][:, 0])  # [w, V]
     u = row_uniforms(inputs.rng, t, row, B)
     tok, lp, slp = sample_with_uniform(logits, u, **_settings(cfg))
-    # A carried row's first s.forced tokens are fed back, not sampled (partial rollouts).
-    kept = t < s.forced[row]
-    tok = jnp.where(kept, s.tokens[row, t], tok)
-    lp = jnp.where(kept, s.logp[row, t], lp)
-    slp = jnp.where(kept, s.sample_logp[row, t], slp)
-    version = jnp.where(kept, s.versions[row, t], inputs.version)
+    version = jnp.full_like(tok, inputs.version)  # a slot samples only tokens not yet generated
 
     out_row = jnp.where(act, row, B)  # B: dropped
     put = lambda buf, v: buf.at[out_row, t].set(v, mode="drop")  # noqa: E731
