@@ -274,7 +274,8 @@ def _engine_plan(run) -> dict:
     opts = dict(spec.rollout_options)
     slots = min(opts.get("slots") or rows, rows)
     page_size = opts.get("page_size") or rollout.continuous.DEFAULT_PAGE_SIZE
-    pages = rollout.pages_needed(slots, spec.prompt_len, spec.response_len, page_size)
+    resumed = slots if spec.partial_rollout else 0  # carried rows' pages (continuous.py)
+    pages = rollout.pages_needed(slots, spec.prompt_len, spec.response_len, page_size, resumed)
     cfg = nnx.merge(run.rollout_graphdef, run.abs_params, run.rest).cfg
     return {
         "slots": slots,

@@ -55,10 +55,12 @@ How it works:
 - Partial rollouts (generate_partial): the queue may hold groups carried from an earlier step
   (PartialRows: each row's tokens so far, their log-probs and policy versions, whether it
   ended), and the loop stops as soon as complete_groups groups are complete. A carried row is
-  continued, not restarted: its prompt is prefilled again and its tokens are fed back through
-  decode steps (forced: kept with their log-probs and versions, not sampled), then sampling
-  resumes; the rows still running or not yet started are handed back for the next step. So a
-  step is not held up by its longest rows, and each token records the policy that sampled it.
+  continued, not restarted: its group's prompt is prefilled again, and when the row takes a
+  slot one [1, Lp + T] forward of its prompt and tokens (_resume) recomputes their KV with the
+  current policy into fresh pages; its tokens keep their log-probs and versions, and sampling
+  resumes at its first missing token. The rows still running or not yet started are handed
+  back for the next step. So a step is not held up by its longest rows, and each token records
+  the policy that sampled it.
 
 The plan's unit of cost: decode_step_for_plan (one decode step of N slots, module bottom).
 """
@@ -108,8 +110,9 @@ class EngineState:
     decoded_slots: jax.Array  # scalar int32: slot-steps decoded (the steps' widths summed)
     failed: jax.Array  # scalar bool: an allocation found no free page (never, by pages_needed)
     versions: jax.Array  # [B, T] int32: the policy version that sampled each token
-    forced: jax.Array  # [B] int32: tokens a carried row already has (fed back, not sampled)
+    forced: jax.Array  # [B] int32: tokens a carried row already has (kept, not sampled again)
     ended: jax.Array  # [B] bool: the row ended (EOS, its limit, or it never takes a slot)
+    row_pages: jax.Array  # [B, Pg] int32: a carried row's generated pages (resume_carried)
 
     def finished(self) -> jax.Array:
         return (self.next_row >= self.tokens.shape[0]) & ~jnp.any(self.active)
@@ -173,7 +176,16 @@ def init_state(model, inputs: _Inputs, cfg: dict) -> EngineState:
         versions=c.versions,
         forced=jnp.sum(c.mask, axis=1).astype(jnp.int32),
         ended=c.done,
+        row_pages=jnp.full((B, Pg), SCRATCH_PAGE, jnp.int32),
     )
+
+
+def start(model, inputs: _Inputs, cfg: dict) -> EngineState:
+    """init_state, and with partial rollouts the carried rows' KV (resume_carried)."""
+    s = init_state(model, inputs, cfg)
+    if cfg["complete_groups"] is None:
+        return s
+    return resume_carried(model, inputs, s, cfg)
 
 
 def _prefill(model, inputs: _Inputs, s: EngineState, p, cfg: dict) -> EngineState:
@@ -227,38 +239,63 @@ def _prefill(model, inputs: _Inputs, s: EngineState, p, cfg: dict) -> EngineStat
     )
 
 
-def _resume(model, inputs: _Inputs, s: EngineState, b, slot, cfg: dict) -> EngineState:
-    """Partial rollouts: slot `slot` takes carried row b, which already has n = forced[b] >= 2
-    tokens. One [1, Lp + T] forward of its prompt and tokens (the prompt + response layout of
-    the trainer's response_logprobs) recomputes their KV with the current policy; the KV of
-    tokens 0 .. n - 2 (the ones fed so far) goes to fresh generated pages of the slot's table,
-    so the slot resumes at token n as if it had decoded them (token n - 1 is fed next)."""
+def resume_carried(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
+    """Partial rollouts, before the loop: the KV of every carried row that already has n >= 2
+    tokens, recomputed with the current policy in one batched [R, Lp + T] forward of the rows'
+    prompts and tokens (the prompt + response layout of the trainer's response_logprobs, R =
+    cfg["slots"]: the rows were in slots when their step stopped, so at most N of them), written
+    to fresh generated pages (tokens 0 .. n - 2, the ones fed so far) listed in row_pages. A row
+    takes its pages when refill gives it a slot and resumes at token n (token n - 1 is fed next),
+    as if it had decoded them. One pass outside the loop: a forward inside the refill loop made
+    every decode step of the program slower on XLA:CPU, taken or not."""
     P, Lp = inputs.prompts.shape
-    G, T, ps = cfg["G"], cfg["T"], cfg["page_size"]
-    Pp = s.prompt_pages.shape[1]
-    Pg = s.cache["page_table"].shape[1] - Pp
-    n = s.forced[b]
-    p = b // G
-    prompt = jax.lax.dynamic_slice_in_dim(inputs.prompts, p, 1, axis=0)  # [1, Lp]
-    row = jax.lax.dynamic_slice_in_dim(s.tokens, b, 1, axis=0)  # [1, T]
-    n_p = jax.lax.dynamic_slice_in_dim(inputs.prompt_lengths, p, 1)  # [1]
-    pos, valid = sequence_layout(n_p, Lp, T)  # [1, Lp + T]
+    G, T, R = cfg["G"], cfg["T"], cfg["slots"]
+    B = s.tokens.shape[0]
+    Pg = s.row_pages.shape[1]
+    ps = cfg["page_size"]
+    carried = (s.forced >= 2) & ~s.ended  # [B]
+    rows = jnp.nonzero(carried, size=R, fill_value=B)[0].astype(jnp.int32)  # [R]; B: none
+    real = rows < B
+    r = jnp.minimum(rows, B - 1)
+    p = r // G
+    n = jnp.where(real, s.forced[r], 0)  # [R]
+    pos, valid = sequence_layout(inputs.prompt_lengths[p], Lp, T)  # [R, Lp + T]
     out = model.forward(
-        jnp.concatenate([prompt, row], axis=1).astype(jnp.int32),
+        jnp.concatenate([inputs.prompts[p], s.tokens[r]], axis=1).astype(jnp.int32),
         pos,
         slot_mask(valid, jnp.arange(Lp + T, dtype=jnp.int32)),
         token_mask=valid,
-        cache=model.init_cache(1, Lp + T),
+        cache=model.init_cache(R, Lp + T),
         write_index=0,
     )
-    kv = out["cache"]  # {"k": [L, 1, K, Dh, Lp + T], "v": [L, 1, K, Lp + T, Dh]}
-    gen = {"k": kv["k"][..., Lp : Lp + T - 1], "v": kv["v"][:, :, :, Lp : Lp + T - 1]}
-    need = jnp.arange(Pg, dtype=jnp.int32) * ps < n - 1  # entries holding tokens 0 .. n - 2
-    refcount, pages, failed = paged.allocate_rows(s.refcount, need)  # [Pg]; scratch elsewhere
-    cache = write_prompt_pages(s.cache, gen, pages)  # unneeded entries write the scratch page
-    table = cache["page_table"]
-    cache["page_table"] = table.at[slot, Pp:].set(pages, mode="drop")
-    return s.replace(refcount=refcount, cache=cache, failed=s.failed | failed)
+    kv = out["cache"]  # {"k": [L, R, K, Dh, Lp + T], "v": [L, R, K, Lp + T, Dh]}
+    need = jnp.arange(Pg, dtype=jnp.int32)[None, :] * ps < (n - 1)[:, None]  # [R, Pg]
+    refcount, pages, failed = paged.allocate_rows(s.refcount, need.reshape(-1))
+    pages = pages.reshape(R, Pg)  # scratch where not needed
+    # every row's generated slots [Lp, Lp + T - 1) as one flat list of pages: [L, R·Pg, ...]
+    gen = {
+        "k": kv["k"][..., Lp : Lp + T - 1].transpose(0, 2, 3, 1, 4),  # [L, K, Dh, R, T - 1]
+        "v": kv["v"][:, :, :, Lp : Lp + T - 1].transpose(0, 2, 1, 3, 4),  # [L, K, R, T - 1, Dh]
+    }
+    pad = Pg * ps - (T - 1)
+    L, K, Dh = gen["k"].shape[0], gen["k"].shape[1], gen["k"].shape[2]
+    k = jnp.pad(gen["k"], ((0, 0),) * 4 + ((0, pad),)).reshape(L, K, Dh, R * Pg, ps)
+    v = jnp.pad(gen["v"], ((0, 0),) * 3 + ((0, pad), (0, 0))).reshape(L, K, R * Pg, ps, Dh)
+    cache = _write_pages(s.cache, k, v, pages.reshape(-1))
+    row_pages = s.row_pages.at[jnp.where(real, rows, B)].set(pages, mode="drop")
+    failed = failed | (jnp.sum(carried) > R)  # more carried rows than slots: never, see above
+    return s.replace(refcount=refcount, cache=cache, row_pages=row_pages, failed=s.failed | failed)
+
+
+def _write_pages(cache: dict, k: jax.Array, v: jax.Array, pages: jax.Array) -> dict:
+    """The paged cache with whole pages written: k [L, K, Dh, n, ps], v [L, K, n, ps, Dh] into
+    pool pages [n] (scratch-page entries may repeat: nobody reads that page)."""
+    kd, vd = cache["k_pages"].dtype, cache["v_pages"].dtype
+    return dict(
+        cache,
+        k_pages=cache["k_pages"].at[:, pages].set(k.transpose(0, 3, 1, 2, 4).astype(kd)),
+        v_pages=cache["v_pages"].at[:, pages].set(v.transpose(0, 2, 1, 3, 4).astype(vd)),
+    )
 
 
 def refill(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
@@ -274,9 +311,7 @@ def refill(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
         alive = ~s.ended[b]  # set by the prefill: EOS first, T = 1, or a carried ended row
         slot = jnp.where(alive, jnp.argmin(s.active), N)  # the first free slot; N: none
         table = s.cache["page_table"]
-        row_table = jnp.concatenate(
-            [s.prompt_pages[p], jnp.full((table.shape[1] - s.prompt_pages.shape[1],), SCRATCH_PAGE)]
-        )
+        row_table = jnp.concatenate([s.prompt_pages[p], s.row_pages[b]])  # resume_carried's
         cache = dict(s.cache, page_table=table.at[slot].set(row_table, mode="drop"))
         s = s.replace(
             next_row=b + 1,
@@ -286,11 +321,7 @@ def refill(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
             active=s.active.at[slot].set(True, mode="drop"),
             cache=cache,
         )
-        if cfg["complete_groups"] is None:  # no carried rows: nothing to resume
-            return s
-        return _when(
-            alive & (s.forced[b] >= 2), lambda s: _resume(model, inputs, s, b, slot, cfg), s
-        )
+        return s
 
     return jax.lax.while_loop(lambda s: (s.next_row < B) & ~jnp.all(s.active), body, s)
 
@@ -423,7 +454,7 @@ def _run(graphdef, params, inputs: _Inputs, s: EngineState | None, *, cfg: tuple
         return jax.lax.while_loop(
             lambda s: ~s.stopped(cfg),
             lambda s: _step(model, inputs, s, cfg),
-            init_state(model, inputs, cfg),
+            start(model, inputs, cfg),
         )
     s = refill(model, inputs, s, cfg)
     s, _ = jax.lax.while_loop(
@@ -436,9 +467,7 @@ def _run(graphdef, params, inputs: _Inputs, s: EngineState | None, *, cfg: tuple
 
 _run_jit = jax.jit(_run, static_argnames=("graphdef", "cfg"), donate_argnames=("s",))
 _init_jit = jax.jit(
-    lambda graphdef, params, inputs, cfg: init_state(
-        nnx.merge(graphdef, params), inputs, dict(cfg)
-    ),
+    lambda graphdef, params, inputs, cfg: start(nnx.merge(graphdef, params), inputs, dict(cfg)),
     static_argnames=("graphdef", "cfg"),
 )
 
@@ -535,7 +564,8 @@ def engine_config(
             "partial rollouts cannot return routes (a carried row's prompt is prefilled again by "
             "a newer policy, so its recorded routes would mix policies); drop return_routes."
         )
-    needed = paged.pages_needed(slots, Lp, max_new_tokens, int(page_size))
+    resumed = 0 if complete_groups is None else slots  # resume_carried's rows, at most N
+    needed = paged.pages_needed(slots, Lp, max_new_tokens, int(page_size), resumed)
     num_pages = needed if num_pages is None else int(num_pages)
     if num_pages < needed:
         raise ValueError(
@@ -678,9 +708,9 @@ def generate_partial(
     indices, PartialRows of the carried rows). config: engine_config's other keywords
     (max_new_tokens, temperature, top_k, top_p, slots, page_size, ...; no return_routes).
 
-    A carried row's prompt is prefilled again and its generated tokens fed back one per decode
-    step by the current policy (its KV recomputed by the policy that continues it); they keep
-    their log-probs and versions, and sampling resumes after them with the current step's key."""
+    A carried row's KV is recomputed by the current policy (one forward of its prompt and
+    tokens when it takes a slot); its tokens keep their log-probs and versions, and sampling
+    resumes after them with the current step's key."""
     _, s = run(
         model,
         prompts,

@@ -32,9 +32,9 @@ class PartialRows:
     hands to the next step's engine (rollout/continuous.py, "Partial rollouts").
 
     A row with mask.sum() = n > 0 has generated tokens 0 .. n - 1 (under the policy versions
-    in versions); the next engine feeds them back (forced: not sampled again, their log-probs
-    kept) and samples from token n on. done marks rows that already ended (EOS or the limit).
-    A row with n = 0 is new. B = Q·G rows, group-contiguous.
+    in versions); the next engine keeps them (not sampled again, their log-probs kept),
+    recomputes their KV and samples from token n on. done marks rows that already ended (EOS
+    or the limit). A row with n = 0 is new. B = Q·G rows, group-contiguous.
     """
 
     tokens: jax.Array  # [B, T] int32 (pad where mask is 0)
