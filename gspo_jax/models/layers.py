@@ -142,7 +142,10 @@ class Attention(nnx.Module):
         new_cache = None
         if paged_attention.is_paged(cache):
             new_cache = paged_attention.write_paged(cache, k, v, write_index, layer)
-            out = paged_attention.paged_attention(q, new_cache, mask.key_valid, layer)
+            # The step's own key, at write_index, is the last slot a row sees.
+            out = paged_attention.attend_pages(
+                q, new_cache, mask.key_valid, layer, write_index + 1, cfg.paged_attention
+            )
         elif cache is not None and attention.is_shared_prefix(cache):
             Lp = cache["prefix_k"].shape[-1]
             new_cache = attention.write_generated(cache, k, v, write_index - Lp, layer)

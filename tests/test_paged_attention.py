@@ -1,0 +1,95 @@
+"""Tests for attention over the continuous engine's paged KV cache (models/paged_attention.py)
+and its Pallas kernel (models/paged_kernel.py): the ragged plain-JAX pages and the kernel in
+interpret mode against the dense reference, on the engine's layout (rows at different lengths,
+a shared prompt page set, the prompt's right-padding hole, scratch table entries).
+
+Dimension legend: N rows, H query heads, K kv heads, Dh head dim, ps page size, Pp prompt / Pt
+all table entries per row, NP pages in the pool, L layers.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gspo_jax import models
+from gspo_jax.models import attention, paged_attention
+from gspo_jax.rollout import paged
+
+N, H, K, Dh, ps, Pp, Pt, L = 4, 4, 2, 8, 4, 2, 6, 2
+NP = 1 + N * Pt
+
+
+def _ragged_case(seed=0):
+    """(q [N, 1, H, Dh], cache, key_valid [N, Pt * ps], kv_end [N]) as the engine lays it out:
+    rows 0 and 1 share their prompt's pages; prompt lengths 8 (no hole), 3, 5 and 1 of Pp * ps
+    = 8 slots (holes); rows feed generated tokens 0, 5, 15 (the table's last slot) and 2, so
+    they see 1, 2, 4 and 1 generated pages. Entries past a row's last page point at the
+    scratch page, which holds NaN: a read of it that is not masked out shows in the output."""
+    rng = np.random.default_rng(seed)
+    n = np.array([8, 3, 5, 1])
+    fed = np.array([0, 5, 15, 2])
+    free = iter(rng.permutation(np.arange(1, NP)))
+    table = np.zeros((N, Pt), np.int32)  # SCRATCH_PAGE everywhere unowned
+    prompt = [next(free) for _ in range(Pp)]
+    for r in range(N):
+        table[r, :Pp] = prompt if r < 2 else [next(free) for _ in range(Pp)]
+        for e in range(Pp, Pp + fed[r] // ps + 1):
+            table[r, e] = next(free)
+    k_pages = rng.normal(size=(L, NP, K, Dh, ps)).astype(np.float32)
+    v_pages = rng.normal(size=(L, NP, K, ps, Dh)).astype(np.float32)
+    k_pages[:, paged_attention.SCRATCH_PAGE] = np.nan
+    v_pages[:, paged_attention.SCRATCH_PAGE] = np.nan
+    cache = {
+        "k_pages": jnp.asarray(k_pages),
+        "v_pages": jnp.asarray(v_pages),
+        "page_table": jnp.asarray(table),
+    }
+    q = jnp.asarray(rng.normal(size=(N, 1, H, Dh)), jnp.float32)
+    valid = paged.key_valid(jnp.asarray(n), jnp.asarray(fed), Pp, Pt, ps)
+    kv_end = jnp.asarray(Pp * ps + fed + 1, jnp.int32)  # the fed token's own slot, plus one
+    return q, cache, valid, kv_end
+
+
+def _dense_reference(q, cache, valid, layer):
+    """reference_attention over each row's table laid out contiguously, the scratch page's
+    NaN replaced by zeros (the reference reads every slot; masked ones must weigh nothing)."""
+    table = cache["page_table"]
+    kp = jnp.nan_to_num(cache["k_pages"][layer, table])  # [N, Pt, K, Dh, ps]
+    vp = jnp.nan_to_num(cache["v_pages"][layer, table])
+    kT = kp.transpose(0, 2, 3, 1, 4).reshape(N, K, Dh, Pt * ps)
+    v = vp.transpose(0, 2, 1, 3, 4).reshape(N, K, Pt * ps, Dh)
+    return attention.reference_attention(q, kT, v, valid[:, None, :])
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 3])
+def test_ragged_paged_attention_reads_only_visible_pages(chunk):
+    """paged_attention over rows at different lengths (work items (row, page) processed
+    `chunk` at a time, chunks crossing rows) == the dense reference, at both layers, and never
+    reads a page past a row's kv_end (the scratch page's NaN does not reach the output)."""
+    q, cache, valid, kv_end = _ragged_case()
+    for layer in range(L):
+        got = paged_attention.paged_attention(q, cache, valid, layer, kv_end, chunk=chunk)
+        assert np.isfinite(np.asarray(got)).all()
+        np.testing.assert_allclose(got, _dense_reference(q, cache, valid, layer), atol=1e-5)
+
+
+def test_paged_kernel_in_interpret_mode_equals_the_plain_pages():
+    """The Pallas kernel (interpret mode, on this CPU) == the plain-JAX pages on the ragged
+    layout, at both layers (the layer index is scalar-prefetched), and skips pages past a row's
+    kv_end (no NaN from the scratch page)."""
+    q, cache, valid, kv_end = _ragged_case(seed=1)
+    for layer in range(L):
+        got = paged_attention.attend_pages(q, cache, valid, layer, kv_end, "interpret")
+        want = paged_attention.attend_pages(q, cache, valid, layer, kv_end, "plain")
+        assert np.isfinite(np.asarray(got)).all()
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.skipif(jax.default_backend() == "tpu", reason="the kernel runs on a TPU")
+def test_pallas_where_it_cannot_run_is_a_one_line_error():
+    q, cache, valid, kv_end = _ragged_case()
+    with pytest.raises(ValueError, match="model.paged_attention='pallas' needs a TPU"):
+        paged_attention.attend_pages(q, cache, valid, 0, kv_end, "pallas")
+    with pytest.raises(ValueError, match="paged_attention='triton' is not one of"):
+        models.get_model_config("tiny", paged_attention="triton")
