@@ -20,12 +20,13 @@ N, H, K, Dh, ps, Pp, Pt, L = 4, 4, 2, 8, 4, 2, 6, 2
 NP = 1 + N * Pt
 
 
-def _ragged_case(seed=0):
+def _ragged_case(seed=0, scratch=np.nan):
     """(q [N, 1, H, Dh], cache, key_valid [N, Pt * ps], kv_end [N]) as the engine lays it out:
     rows 0 and 1 share their prompt's pages; prompt lengths 8 (no hole), 3, 5 and 1 of Pp * ps
     = 8 slots (holes); rows feed generated tokens 0, 5, 15 (the table's last slot) and 2, so
     they see 1, 2, 4 and 1 generated pages. Entries past a row's last page point at the
-    scratch page, which holds NaN: a read of it that is not masked out shows in the output."""
+    scratch page, filled with `scratch`: NaN shows any read of it in the output (a masked key
+    weighs 0, but 0 * NaN is NaN)."""
     rng = np.random.default_rng(seed)
     n = np.array([8, 3, 5, 1])
     fed = np.array([0, 5, 15, 2])
@@ -38,8 +39,8 @@ def _ragged_case(seed=0):
             table[r, e] = next(free)
     k_pages = rng.normal(size=(L, NP, K, Dh, ps)).astype(np.float32)
     v_pages = rng.normal(size=(L, NP, K, ps, Dh)).astype(np.float32)
-    k_pages[:, paged_attention.SCRATCH_PAGE] = np.nan
-    v_pages[:, paged_attention.SCRATCH_PAGE] = np.nan
+    k_pages[:, paged_attention.SCRATCH_PAGE] = scratch
+    v_pages[:, paged_attention.SCRATCH_PAGE] = scratch
     cache = {
         "k_pages": jnp.asarray(k_pages),
         "v_pages": jnp.asarray(v_pages),
@@ -62,14 +63,18 @@ def _dense_reference(q, cache, valid, layer):
     return attention.reference_attention(q, kT, v, valid[:, None, :])
 
 
-@pytest.mark.parametrize("chunk", [None, 1, 3])
-def test_ragged_paged_attention_reads_only_visible_pages(chunk):
-    """paged_attention over rows at different lengths (work items (row, page) processed
-    `chunk` at a time, chunks crossing rows) == the dense reference, at both layers, and never
-    reads a page past a row's kv_end (the scratch page's NaN does not reach the output)."""
-    q, cache, valid, kv_end = _ragged_case()
+@pytest.mark.parametrize("block_pages, chunk", [(1, None), (1, 1), (1, 3), (2, None), (4, 3)])
+def test_ragged_paged_attention_reads_only_visible_pages(block_pages, chunk):
+    """paged_attention over rows at different lengths (work items of block_pages pages,
+    processed `chunk` at a time, chunks crossing rows) == the dense reference, at both layers.
+    With one page per item it never reads a page past a row's kv_end (the scratch page's NaN
+    does not reach the output); larger items read up to block_pages - 1 pages past it, masked
+    (finite scratch)."""
+    q, cache, valid, kv_end = _ragged_case(scratch=np.nan if block_pages == 1 else 7.0)
     for layer in range(L):
-        got = paged_attention.paged_attention(q, cache, valid, layer, kv_end, chunk=chunk)
+        got = paged_attention.paged_attention(
+            q, cache, valid, layer, kv_end, block_pages=block_pages, chunk=chunk
+        )
         assert np.isfinite(np.asarray(got)).all()
         np.testing.assert_allclose(got, _dense_reference(q, cache, valid, layer), atol=1e-5)
 
@@ -81,7 +86,7 @@ def test_paged_kernel_in_interpret_mode_equals_the_plain_pages():
     q, cache, valid, kv_end = _ragged_case(seed=1)
     for layer in range(L):
         got = paged_attention.attend_pages(q, cache, valid, layer, kv_end, "interpret")
-        want = paged_attention.attend_pages(q, cache, valid, layer, kv_end, "plain")
+        want = paged_attention.paged_attention(q, cache, valid, layer, kv_end, block_pages=1)
         assert np.isfinite(np.asarray(got)).all()
         np.testing.assert_allclose(got, want, atol=1e-5)
 
