@@ -11,8 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import test_continuous_engine as tce
+from flax import nnx
 
-from gspo_jax import models
+from gspo_jax import models, rollout
 from gspo_jax.models import attention, paged_attention
 from gspo_jax.rollout import paged
 
@@ -98,3 +100,19 @@ def test_pallas_where_it_cannot_run_is_a_one_line_error():
         paged_attention.attend_pages(q, cache, valid, 0, kv_end, "pallas")
     with pytest.raises(ValueError, match="paged_attention='triton' is not one of"):
         models.get_model_config("tiny", paged_attention="triton")
+
+
+@pytest.mark.long
+def test_continuous_engine_with_the_kernel_in_interpret_mode_equals_static():
+    """The continuous engine with model.paged_attention="interpret" (the kernel inside the
+    engine's loops and the layer scan, the layer index traced) samples the static engine's
+    tokens, log-probs to 1e-5, and returns every page (about a minute of interpret mode)."""
+    plain = tce._peaked("tiny")
+    prompts, lengths = tce._prompts(plain.cfg.vocab_size)
+    static = rollout.generate(plain, prompts, lengths, rng=jax.random.key(0), **tce._kw())
+    cfg = models.get_model_config("tiny", tie_embeddings=False, paged_attention="interpret")
+    model = models.Transformer(cfg, rngs=nnx.Rngs(0))
+    model.lm_head.value = model.lm_head[...] * 15.0  # tce._peaked's model, with the kernel
+    out, state = tce._run(model, prompts, lengths, slots=5, page_size=4)
+    tce._assert_same_rollout(out, static)
+    tce._assert_pages_returned(state)
