@@ -95,7 +95,13 @@ def test_paged_kernel_in_interpret_mode_equals_the_plain_pages():
 
 @pytest.mark.skipif(jax.default_backend() == "tpu", reason="the kernel runs on a TPU")
 def test_pallas_where_it_cannot_run_is_a_one_line_error():
-    q, cache, valid, kv_end = _ragged_case()
+    """Off a TPU: "pallas" says it needs one, "auto" is the plain pages, and a value that names
+    no implementation is refused with the valid ones."""
+    q, cache, valid, kv_end = _ragged_case(scratch=7.0)
+    np.testing.assert_array_equal(
+        paged_attention.attend_pages(q, cache, valid, 0, kv_end, "auto"),
+        paged_attention.paged_attention(q, cache, valid, 0, kv_end),
+    )
     with pytest.raises(ValueError, match="model.paged_attention='pallas' needs a TPU"):
         paged_attention.attend_pages(q, cache, valid, 0, kv_end, "pallas")
     with pytest.raises(ValueError, match="paged_attention='triton' is not one of"):

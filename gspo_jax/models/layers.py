@@ -95,8 +95,9 @@ class Attention(nnx.Module):
       (attention.shared_prefix_attention);
     - paged {"k_pages", "v_pages", "page_table"} (the continuous rollout engine's): a page pool
       and a page table per row; a one-token step writes each row at its own logical slot
-      write_index [N] and attends over the row's pages, the mask's key_valid saying which
-      slots it sees (models/paged_attention.py).
+      write_index [N] and attends over the row's pages up to that slot, the mask's key_valid
+      saying which slots it sees, with the implementation cfg.paged_attention selects (plain
+      JAX or the Pallas kernel: models/paged_attention.py attend_pages).
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):

@@ -27,10 +27,11 @@ models/paged_kernel.py (compiled on TPU, interpret mode elsewhere). Both read on
 that can hold a visible key: a row's keys end at kv_end = its write slot + 1, so a step costs
 what the rows' own lengths cost, not Pt pages per row.
 
-paged_attention is ragged flash-decoding in plain JAX. Its work is the list of (row, page)
-items below each row's kv_end, sum_r ceil(kv_end_r / ps) of them, row-major; a loop with a
-traced trip count takes `chunk` items per trip, gathers their pages ([C, K, Dh, ps], a copy of
-ps keys per item) and folds each item's masked scores into its row's running softmax (float32
+paged_attention is ragged flash-decoding in plain JAX. Its work is the list of (row, block)
+items below each row's kv_end, a block being bp = block_pages table entries:
+sum_r ceil(kv_end_r / (bp * ps)) items, row-major; a loop with a traced trip count takes
+`chunk` items per trip, gathers their pages ([C, bp, K, Dh, ps], a copy of bp * ps keys per
+item) and folds each item's masked scores into its row's running softmax (float32
 max m, normaliser l, output acc, combined by scatter: m' = max(m, m_i), l' = l e^(m - m') +
 sum_j e^(s_j - m')). Batching by rows instead (one loop over page blocks up to the longest live
 row) costs every row the longest row's length, which with long-tailed lengths is most of the
