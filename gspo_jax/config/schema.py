@@ -93,6 +93,9 @@ def default_config() -> ml_collections.ConfigDict:
     # Attention kernel (models/attention.py): None = the ModelConfig default "auto" (splash on
     # TPU, cuDNN on GPU, else blockwise past one key block); "blockwise" or "reference" forces one.
     c.model.attention = config_dict.placeholder(str)
+    # The continuous rollout engine's attention over its pages (models/paged_attention.py): None
+    # = "plain" (plain JAX); "auto" (the Pallas kernel on TPU), "pallas" or "interpret".
+    c.model.paged_attention = config_dict.placeholder(str)
     # Fields of the preset a config may change (None = the preset's): the MoE volatility doses'
     # expert counts, a released checkpoint's padded vocabulary.
     c.model.num_experts = config_dict.placeholder(int)
