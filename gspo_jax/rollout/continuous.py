@@ -409,10 +409,12 @@ def compact(s: EngineState) -> EngineState:
 
 
 def decode_draining(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
-    """One decode step, narrowed once the queue is empty. While the queue has rows every slot
-    is refilled and all N decode at once; after, the live rows are moved to the first slots
-    (compact) and decoded ceil(live / w) sub-batches of w = drain_width slots at a time (a loop
-    over one decode of width w), so the drain runs w-slot steps, not N."""
+    """One decode step, narrowed once the queue is empty and at most half the slots are live.
+    Until then every slot decodes at once (N wide); after, the live rows are moved to the first
+    slots (compact) and decoded ceil(live / w) sub-batches of w = drain_width slots at a time (a
+    loop over one decode of width w), so the drain runs w-slot steps, not N. Above half the
+    slots, sub-batches would save few slot-steps and cut one wide matmul into many narrow ones
+    (with slots = B the queue is empty from the first step: every row has a slot)."""
     N = s.active.shape[0]
     w = drain_width(N, cfg["shrink"])
     full = lambda s: decode(model, inputs, s, cfg)  # noqa: E731
@@ -420,10 +422,11 @@ def decode_draining(model, inputs: _Inputs, s: EngineState, cfg: dict) -> Engine
     if w == N:
         s = full(s)
     else:
-        draining = s.next_row >= s.tokens.shape[0]
+        live = jnp.sum(s.active)
+        narrow = (s.next_row >= s.tokens.shape[0]) & (2 * live <= N)
         s = compact(s)  # the identity while the queue has rows: refill has filled every slot
-        s = _when(~draining, full, s)
-        parts = jnp.where(draining, (jnp.sum(s.active) + w - 1) // w, 0)
+        s = _when(~narrow, full, s)
+        parts = jnp.where(narrow, (live + w - 1) // w, 0)
         sub = lambda i, s: decode(model, inputs, s, cfg, w, i * w)  # noqa: E731
         s = jax.lax.fori_loop(0, parts, sub, s)
     return s.replace(decode_steps=stepped)
