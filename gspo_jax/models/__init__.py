@@ -20,6 +20,7 @@ KV cache and attention over its pages), logprobs.py (chunked log-prob / entropy)
 (the seam) and hf.py (Hugging Face checkpoints).
 """
 
+from gspo_jax.models import lora
 from gspo_jax.models.attention import add_chunk, is_shared_prefix, shared_prefix_cache
 from gspo_jax.models.config import EXECUTION_FIELDS, PRESETS, ModelConfig, get_model_config
 from gspo_jax.models.hf import config_from_hf, load_hf_checkpoint, save_hf_checkpoint
@@ -66,6 +67,7 @@ __all__ = [
     "init_paged_cache",
     "is_paged",
     "is_shared_prefix",
+    "lora",
     "config_from_hf",
     "load_hf_checkpoint",
     "paged_cache_bytes",

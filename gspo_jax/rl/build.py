@@ -78,9 +78,12 @@ def scale_router_updates(scale: float) -> optax.GradientTransformation:
     )
 
 
-def make_optimizer(opt_cfg: Any, total_updates: int) -> tuple[optax.GradientTransformation, Any]:
+def make_optimizer(
+    opt_cfg: Any, total_updates: int, *, adapters_only: bool = False
+) -> tuple[optax.GradientTransformation, Any]:
     """AdamW with global-norm gradient clipping (and opt_cfg.router_lr_scale on the MoE routers'
-    steps, where set); returns (tx, schedule)."""
+    steps, where set); returns (tx, schedule). adapters_only (LoRA): the chain sees the LoRA
+    adapters alone (its state, the clipping norm) and every other parameter's update is 0."""
     schedule = make_schedule(opt_cfg, total_updates)
     parts = []
     if opt_cfg.grad_clip and opt_cfg.grad_clip > 0:
@@ -97,7 +100,15 @@ def make_optimizer(opt_cfg: Any, total_updates: int) -> tuple[optax.GradientTran
     router_lr_scale = float(opt_cfg.router_lr_scale)
     if router_lr_scale != 1.0:
         parts.append(scale_router_updates(router_lr_scale))
-    return optax.chain(*parts), schedule
+    tx = optax.chain(*parts)
+    if adapters_only:
+        tx = optax.multi_transform(
+            {"adapter": tx, "frozen": optax.set_to_zero()},
+            lambda params: jax.tree_util.tree_map_with_path(
+                lambda p, _: "adapter" if models.lora.is_adapter(p) else "frozen", params
+            ),
+        )
+    return tx, schedule
 
 
 # ------------------------------------------------------------------------------------ builders
@@ -373,9 +384,18 @@ def _split_model(model):
     return graphdef, params, rest
 
 
-def abstract_params(model_cfg, mesh, seed: int):
-    """(graphdef, params ShapeDtypeStructs with their mesh shardings, rest) without allocating."""
-    abstract = nnx.eval_shape(lambda: models.create_model(model_cfg, seed=seed))
+def lora_spec(config: ml_collections.ConfigDict) -> models.lora.LoraSpec:
+    """config.lora, typed (rank 0, the default, is full fine-tuning)."""
+    return models.lora.LoraSpec.of(config.get("lora"))
+
+
+def abstract_params(model_cfg, mesh, seed: int, lora=None):
+    """(graphdef, params ShapeDtypeStructs with their mesh shardings, rest) without allocating;
+    with a LoraSpec of rank > 0 the model carries its adapters (models/lora.py)."""
+    spec = lora or models.lora.LoraSpec()
+    abstract = nnx.eval_shape(
+        lambda: models.lora.add_adapters(models.create_model(model_cfg, seed=seed), spec, seed=seed)
+    )
     graphdef, params, rest = _split_model(abstract)
     shardings = sharding.state_shardings(params, mesh)
     abs_params = sharding.with_shardings(params, shardings)
@@ -395,13 +415,20 @@ def abstract_state(run: Run, abs_params) -> TrainState:
     replicated = sharding.replicated(run.mesh)
 
     def like_param(leaf, param):
+        if isinstance(leaf, optax.MaskedNode):  # a parameter the optimizer skips (LoRA's base)
+            return leaf
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=param.sharding)
 
     def not_param(leaf):
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated)
 
     abs_opt = optax.tree_map_params(
-        run.tx, like_param, opt_shapes, abs_params, transform_non_params=not_param
+        run.tx,
+        like_param,
+        opt_shapes,
+        abs_params,
+        transform_non_params=not_param,
+        is_leaf=lambda v: isinstance(v, optax.MaskedNode),
     )
     return TrainState(
         step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
@@ -426,7 +453,6 @@ def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
             progress=config.log.progress and metrics_lib.is_writer_process(),
         )
         _, params, _ = _split_model(model)
-        params = jax.device_put(params, run.state_shardings)  # a no-op unless the rules differ
     elif config.init.kind == "hf":  # a released checkpoint, read slice by slice onto the mesh
         model = models.load_hf_checkpoint(
             config.init.checkpoint, dtype=run.model_cfg.dtype, mesh=run.mesh
@@ -439,6 +465,11 @@ def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
         raise ConfigError(
             f"config.init.kind={config.init.kind!r}; valid: 'warmstart', 'hf', 'random'"
         )
+    spec = lora_spec(config)
+    if spec.rank > 0:  # the base's weights under fresh adapters (B = 0: the base's function)
+        _, params, _ = _split_model(models.lora.add_adapters(model, spec, seed=config.seed))
+    if config.init.kind == "warmstart" or spec.rank > 0:
+        params = jax.device_put(params, run.state_shardings)  # a no-op unless the rules differ
     return params, time.time() - t0
 
 
@@ -478,14 +509,18 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
     if rl.max_new_tokens <= 0:
         rl.max_new_tokens = task.max_response_len
     updates_per_step = rl.num_epochs * rl.num_minibatches
-    tx, schedule = make_optimizer(config.optimizer, rl.num_steps * updates_per_step)
-    graphdef, abs_params, rest, state_sh = abstract_params(model_cfg, mesh, config.seed)
+    lora = lora_spec(config)
+    models.lora.check(lora, model_cfg)
+    tx, schedule = make_optimizer(
+        config.optimizer, rl.num_steps * updates_per_step, adapters_only=lora.rank > 0
+    )
+    graphdef, abs_params, rest, state_sh = abstract_params(model_cfg, mesh, config.seed, lora)
     rollout_graphdef = graphdef
     if rl.rollout_dtype and rl.rollout_dtype != model_cfg.dtype:
         # The same parameters (float32) under a model whose layers compute in rollout_dtype: the
         # rollout engine's numerics differ from the trainer's, as with a bf16 inference server.
         rollout_cfg = dataclasses.replace(model_cfg, dtype=rl.rollout_dtype)
-        rollout_graphdef = abstract_params(rollout_cfg, mesh, config.seed)[0]
+        rollout_graphdef = abstract_params(rollout_cfg, mesh, config.seed, lora)[0]
     if jax.tree.leaves(rest):
         raise NotImplementedError("models with non-parameter state are not supported")
     return Run(
@@ -574,6 +609,7 @@ def step_spec(config, task, objective: objectives.Objective) -> StepSpec:
         num_microbatches=rl.num_microbatches,
         shuffle_minibatches=rl.shuffle_minibatches,
         aux_loss_coef=rl.aux_loss_coef,
+        lora_adapters=lora_spec(config).rank > 0,
     )
 
 

@@ -204,7 +204,9 @@ class Session:
             self._resume(*restored)
         else:
             self._start(no_checkpoint=latest is None)
-        self.phases = ts.make_phases(self.run, self.state, with_ref=self.ref_params is not None)
+        self.phases = ts.make_phases(
+            self.run, self.state, with_ref=rl_batch.uses_reference(self.run)
+        )
         self.log = metrics_lib.Progress(
             total=self.config.rl.num_steps,
             initial=resumed_step or 0,
@@ -259,7 +261,7 @@ class Session:
         self.collapse.load(meta.get("collapse"))
         self.notes.append(f"resumed from step {step} in {self.workdir}")
         self.base_eval = rundir.read_base_eval(self.workdir)
-        if rl_batch.uses_reference(self.run):
+        if rl_batch.uses_reference(self.run) and not self.run.step.lora_adapters:
             self.ref_params, _ = pod.together(
                 "loading the warm start",
                 lambda: exp.base_params(self.run, exp.cache_dir_of(self.config)),
@@ -273,7 +275,8 @@ class Session:
             "loading the warm start",
             lambda: exp.base_params(self.run, exp.cache_dir_of(self.config)),
         )
-        if rl_batch.uses_reference(self.run):
+        # LoRA: the reference stays None (the policy's base weights with the adapters off)
+        if rl_batch.uses_reference(self.run) and not self.run.step.lora_adapters:
             self.ref_params = jax.tree.map(jnp.copy, params)
         self.state = exp.initial_state(self.run, params)
         if self.config.eval.at_start and self.config.eval.num_problems > 0:
