@@ -25,6 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from flax import nnx
 
@@ -628,6 +629,59 @@ def initial_state(run: Run, params) -> TrainState:
         opt_state=opt_state,
         rng=jax.device_put(key, shardings.rng),
     )
+
+
+# ---------------------------------------------------------------- LoRA: what a checkpoint holds
+# With config.lora.rank > 0 the policy's parameters are the frozen base and the adapters; a
+# checkpoint holds the adapters (and their optimizer state) and the base's identity, and a resume
+# loads the base again from its source (as the reference policy of a full fine-tuning run is).
+
+
+def saved_state(run: Run, state: TrainState) -> TrainState:
+    """What a checkpoint holds of ``state``: all of it, or with LoRA the adapters' parameters."""
+    if not run.step.lora_adapters:
+        return state
+    return state.replace(params=state.params.filter(nnx.LoRAParam))
+
+
+def saved_abstract_state(run: Run) -> TrainState:
+    """saved_state's shapes and shardings: the restore target."""
+    target = abstract_state(run, run.abs_params)
+    return saved_state(run, target)
+
+
+def with_base(run: Run, restored: TrainState, base: Any) -> TrainState:
+    """A restored (saved_state) state with the base's parameters put back: the base policy's
+    non-adapter leaves of ``base`` (base_params) and the checkpoint's adapters."""
+    if not run.step.lora_adapters:
+        return restored
+    frozen = base.filter(nnx.Not(nnx.LoRAParam))
+    return restored.replace(params=nnx.merge_state(frozen, restored.params))
+
+
+def base_identity(config: ml_collections.ConfigDict, params: Any) -> dict:
+    """The base a LoRA checkpoint's adapters belong to: its source (config.init) and a fingerprint
+    of its weights (sum of squares over every non-adapter parameter, float64 on the host)."""
+    frozen = params.filter(nnx.Not(nnx.LoRAParam))
+    sq = [jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(frozen)]
+    init = config.init
+    source = {"random": f"seed {config.seed}", "hf": init.checkpoint}.get(init.kind, "warm start")
+    return {"kind": init.kind, "source": source, "sum_sq": float(np.sum(np.asarray(sq, "f8")))}
+
+
+def check_base_identity(saved: dict | None, now: dict, where: str) -> None:
+    """ConfigError when the base loaded now is not the one the checkpoint's adapters trained on."""
+    if saved is None:
+        raise ConfigError(
+            f"the checkpoint in {where} holds no LoRA base identity (it was written without "
+            "config.lora); resume it with config.lora.rank=0, or --start_fresh"
+        )
+    same = saved["kind"] == now["kind"] and saved["source"] == now["source"]
+    if not same or not np.isclose(saved["sum_sq"], now["sum_sq"], rtol=1e-6, atol=0.0):
+        raise ConfigError(
+            f"the LoRA adapters in {where} were trained on base {saved}, but the base loaded now "
+            f"is {now}; resume with the base they were trained on, or --start_fresh"
+        )
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str | None = None) -> None:
