@@ -245,8 +245,10 @@ def add_adapters(model: Transformer, spec: LoraSpec, *, seed: int = 0) -> Transf
 
 
 def _name(path) -> str:
-    """The last key of a parameter's tree path (nnx.State keys, jax key paths)."""
-    last = path[-1]
+    """The parameter's name: the last key of its tree path (nnx.State keys, or jax key paths,
+    where a Variable's array adds a trailing GetAttrKey("value"))."""
+    keys = [k for k in path if getattr(k, "name", None) != "value"]
+    last = keys[-1]
     return str(getattr(last, "key", getattr(last, "name", last)))
 
 
@@ -294,9 +296,10 @@ def merged(model: Transformer, spec: LoraSpec) -> Transformer:
 
 def create_plain_like(model: Transformer) -> Transformer:
     """The model's base weights under a plain Transformer (no adapters, no qwix)."""
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: create_model(model.cfg)))
-    base = {p: v for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param)) if not is_adapter(p)}
-    return nnx.merge(graphdef, nnx.State.from_flat_path(base))
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: create_model(model.cfg)))
+    base = nnx.state(model, nnx.Param).filter(nnx.Not(nnx.LoRAParam))
+    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.copy, base.to_pure_dict()))
+    return nnx.merge(graphdef, state)
 
 
 def save_peft(model: Transformer, spec: LoraSpec, path: str, *, base_model: str = "") -> list[str]:
