@@ -58,9 +58,8 @@ def test_adapters_sit_on_attention_and_mlp_stacked_per_layer(adapted):
         for p, v in nnx.to_flat_state(nnx.state(adapted, nnx.LoRAParam))
     }
     cfg = adapted.cfg
-    L, D, H, K, Dh, F = (
-        cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim
-    )  # fmt: skip
+    L, D, F = cfg.num_layers, cfg.hidden_size, cfg.mlp_dim
+    H, K, Dh = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     assert shapes == {
         "layers/attn/q_proj_lora_a": (L, D, 4),
         "layers/attn/q_proj_lora_b": (L, 4, H, Dh),
@@ -129,9 +128,7 @@ def test_only_adapters_train_and_hold_optimizer_state(adapted):
     grads = jax.grad(loss)(params)
     updates, _ = tx.update(grads, opt_state, params)
     new = optax.apply_updates(params, updates)
-    moved = {
-        lora.is_adapter(p): False for p, _ in jax.tree_util.tree_leaves_with_path(params)
-    }  # fmt: skip
+    moved = {True: False}
     for (p, x), y in zip(
         jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(new), strict=True
     ):
@@ -173,7 +170,8 @@ def test_peft_export_has_peft_keys_shapes_and_the_merged_delta(adapted, tmp_path
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
     cfg = trained.cfg
-    modules = [f"self_attn.{w}_proj" for w in "qkvo"] + [f"mlp.{w}_proj" for w in ("gate", "up", "down")]  # fmt: skip
+    modules = [f"self_attn.{w}_proj" for w in "qkvo"]
+    modules += [f"mlp.{w}_proj" for w in ("gate", "up", "down")]
     want = {
         f"base_model.model.model.layers.{i}.{m}.lora_{x}.weight"
         for i in range(cfg.num_layers)
