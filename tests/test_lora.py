@@ -241,3 +241,9 @@ def test_lora_run_checkpoints_adapters_and_resumes_exactly(shared):
     recs = runs.records(whole)
     assert any(r["train/grad_norm"] > 0 for r in recs[1:])
     assert all(abs(r["rollout/logp_diff_mean"]) < 1e-5 for r in recs[1:])
+    # the export: the base loaded again under the checkpoint's adapters, merged; the adapters alone
+    export_hf = runs.load_repo_module("experiments/export_hf.py")
+    out, peft = os.path.join(shared["root"], "lora_hf"), os.path.join(shared["root"], "lora_peft")
+    assert export_hf.export(whole, out, peft=peft) == runs.STEPS
+    assert os.path.exists(os.path.join(out, "model.safetensors"))
+    assert json.load(open(os.path.join(peft, lora.PEFT_CONFIG)))["r"] == 8
