@@ -150,12 +150,12 @@ def test_only_adapters_train_and_hold_optimizer_state(adapted):
 def test_bad_lora_configs_are_one_line_errors():
     cfg = tiny()
     with pytest.raises(ConfigError, match="rank=-1 must be >= 0"):
-        lora.check(lora.LoraSpec(rank=-1), cfg)
+        build.check_lora(lora.LoraSpec(rank=-1), cfg)
     with pytest.raises(ConfigError, match=r"'layers/nothing' matches no module.*layers/attn"):
-        lora.check(lora.LoraSpec(rank=2, targets=("layers/attn", "layers/nothing")), cfg)
+        build.check_lora(lora.LoraSpec(rank=2, targets=("layers/attn", "layers/nothing")), cfg)
     with pytest.raises(ConfigError, match="but no weight"):
-        lora.adapted_weights(lora.LoraSpec(rank=2, targets=("final_norm",)), cfg)
-    lora.check(lora.LoraSpec(rank=0, targets=("anything",)), cfg)  # rank 0: off, unchecked
+        build.check_lora(lora.LoraSpec(rank=2, targets=("final_norm",)), cfg)
+    build.check_lora(lora.LoraSpec(rank=0, targets=("anything",)), cfg)  # rank 0: off, unchecked
 
 
 def test_peft_export_has_peft_keys_shapes_and_the_merged_delta(adapted, tmp_path):

@@ -35,7 +35,6 @@ import dataclasses
 import functools
 import json
 import os
-import re
 import string
 from typing import Any
 
@@ -45,7 +44,6 @@ import numpy as np
 import qwix
 from flax import nnx
 
-from gspo_jax.errors import ConfigError
 from gspo_jax.models.config import ModelConfig
 from gspo_jax.models.layers import DecoderBlock
 from gspo_jax.models.transformer import Transformer, create_model, slot_mask
@@ -130,29 +128,6 @@ def module_paths(cfg: ModelConfig) -> list[str]:
     return ["/".join(map(str, p)) for p, _ in abstract.iter_modules() if p]
 
 
-def check(spec: LoraSpec, cfg: ModelConfig) -> None:
-    """ConfigError for a negative rank, a non-positive α, or a target that matches no module."""
-    if spec.rank < 0:
-        raise ConfigError(
-            f"config.lora.rank={spec.rank} must be >= 0 (0 = full fine-tuning, no adapters)"
-        )
-    if spec.rank == 0:
-        return
-    if not spec.alpha > 0:
-        raise ConfigError(f"config.lora.alpha={spec.alpha} must be > 0 (the scale is α / r)")
-    paths = module_paths(cfg)
-    for pattern in spec.targets:
-        try:
-            hits = [p for p in paths if re.fullmatch(pattern, p)]
-        except re.error as e:
-            raise ConfigError(f"config.lora.targets: {pattern!r} is not a regex ({e})") from None
-        if not hits:
-            raise ConfigError(
-                f"config.lora.targets: {pattern!r} matches no module of the model; its module "
-                f"paths: {paths}"
-            )
-
-
 class _OneLayer(nnx.Module):
     """A decoder layer under the attribute name the model gives it, so qwix sees the module
     paths "layers/attn", "layers/mlp", ... of the full model."""
@@ -205,7 +180,7 @@ def adapted_weights(spec: LoraSpec, cfg: ModelConfig) -> list[AdaptedWeight]:
                 )
             )
     if not found:
-        raise ConfigError(
+        raise ValueError(
             f"config.lora.targets={list(spec.targets)} match modules but no weight of theirs "
             f"goes through an einsum qwix adapts; target e.g. {list(DEFAULT_TARGETS)}"
         )

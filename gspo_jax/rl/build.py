@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import json
 import os
+import re
 import time
 from typing import Any
 
@@ -390,6 +391,34 @@ def lora_spec(config: ml_collections.ConfigDict) -> models.lora.LoraSpec:
     return models.lora.LoraSpec.of(config.get("lora"))
 
 
+def check_lora(spec: models.lora.LoraSpec, model_cfg: models.ModelConfig) -> None:
+    """ConfigError for a negative rank, a non-positive α, a target that matches no module (the
+    model's module paths listed) or targets whose modules have no weight qwix adapts."""
+    if spec.rank < 0:
+        raise ConfigError(
+            f"config.lora.rank={spec.rank} must be >= 0 (0 = full fine-tuning, no adapters)"
+        )
+    if spec.rank == 0:
+        return
+    if not spec.alpha > 0:
+        raise ConfigError(f"config.lora.alpha={spec.alpha} must be > 0 (the scale is α / r)")
+    paths = models.lora.module_paths(model_cfg)
+    for pattern in spec.targets:
+        try:
+            hits = [p for p in paths if re.fullmatch(pattern, p)]
+        except re.error as e:
+            raise ConfigError(f"config.lora.targets: {pattern!r} is not a regex ({e})") from None
+        if not hits:
+            raise ConfigError(
+                f"config.lora.targets: {pattern!r} matches no module of the model; its module "
+                f"paths: {paths}"
+            )
+    try:
+        models.lora.adapted_weights(spec, model_cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def abstract_params(model_cfg, mesh, seed: int, lora=None):
     """(graphdef, params ShapeDtypeStructs with their mesh shardings, rest) without allocating;
     with a LoraSpec of rank > 0 the model carries its adapters (models/lora.py)."""
@@ -511,7 +540,7 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
         rl.max_new_tokens = task.max_response_len
     updates_per_step = rl.num_epochs * rl.num_minibatches
     lora = lora_spec(config)
-    models.lora.check(lora, model_cfg)
+    check_lora(lora, model_cfg)
     tx, schedule = make_optimizer(
         config.optimizer, rl.num_steps * updates_per_step, adapters_only=lora.rank > 0
     )
