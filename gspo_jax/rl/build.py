@@ -80,12 +80,10 @@ def scale_router_updates(scale: float) -> optax.GradientTransformation:
     )
 
 
-def make_optimizer(
-    opt_cfg: Any, total_updates: int, *, adapters_only: bool = False
-) -> tuple[optax.GradientTransformation, Any]:
+def make_optimizer(opt_cfg: Any, total_updates: int) -> tuple[optax.GradientTransformation, Any]:
     """AdamW with global-norm gradient clipping (and opt_cfg.router_lr_scale on the MoE routers'
-    steps, where set); returns (tx, schedule). adapters_only (LoRA): the chain sees the LoRA
-    adapters alone (its state, the clipping norm) and every other parameter's update is 0."""
+    steps, where set); returns (tx, schedule). It acts on the trainable parameters (trainable():
+    with LoRA the adapters alone: their optimizer state, their clipping norm)."""
     schedule = make_schedule(opt_cfg, total_updates)
     parts = []
     if opt_cfg.grad_clip and opt_cfg.grad_clip > 0:
@@ -102,15 +100,7 @@ def make_optimizer(
     router_lr_scale = float(opt_cfg.router_lr_scale)
     if router_lr_scale != 1.0:
         parts.append(scale_router_updates(router_lr_scale))
-    tx = optax.chain(*parts)
-    if adapters_only:
-        tx = optax.multi_transform(
-            {"adapter": tx, "frozen": optax.set_to_zero()},
-            lambda params: jax.tree_util.tree_map_with_path(
-                lambda p, _: "adapter" if models.lora.is_adapter(p) else "frozen", params
-            ),
-        )
-    return tx, schedule
+    return optax.chain(*parts), schedule
 
 
 # ------------------------------------------------------------------------------------ builders
@@ -432,6 +422,11 @@ def abstract_params(model_cfg, mesh, seed: int, lora=None):
     return graphdef, abs_params, rest, shardings
 
 
+def trainable(run: Run, params):
+    """The parameters the optimizer updates: all of them, or with LoRA the adapters alone."""
+    return params.filter(nnx.LoRAParam) if run.step.lora_adapters else params
+
+
 def abstract_state(run: Run, abs_params) -> TrainState:
     """The TrainState's shapes and shardings (the restore target), without allocating.
 
@@ -441,24 +436,18 @@ def abstract_state(run: Run, abs_params) -> TrainState:
     moments came back replicated, and the count on one device, which a resumed multi-device run
     could not use. initial_state creates the state with these same shardings.
     """
-    opt_shapes = jax.eval_shape(run.tx.init, abs_params)
+    abs_trainable = trainable(run, abs_params)
+    opt_shapes = jax.eval_shape(run.tx.init, abs_trainable)
     replicated = sharding.replicated(run.mesh)
 
     def like_param(leaf, param):
-        if isinstance(leaf, optax.MaskedNode):  # a parameter the optimizer skips (LoRA's base)
-            return leaf
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=param.sharding)
 
     def not_param(leaf):
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated)
 
     abs_opt = optax.tree_map_params(
-        run.tx,
-        like_param,
-        opt_shapes,
-        abs_params,
-        transform_non_params=not_param,
-        is_leaf=lambda v: isinstance(v, optax.MaskedNode),
+        run.tx, like_param, opt_shapes, abs_trainable, transform_non_params=not_param
     )
     return TrainState(
         step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
@@ -541,9 +530,12 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
     updates_per_step = rl.num_epochs * rl.num_minibatches
     lora = lora_spec(config)
     check_lora(lora, model_cfg)
-    tx, schedule = make_optimizer(
-        config.optimizer, rl.num_steps * updates_per_step, adapters_only=lora.rank > 0
-    )
+    if lora.rank > 0 and config_lib.is_population(config):
+        raise ConfigError(
+            "config.lora.rank > 0 with a population (config.population.seeds) is not supported; "
+            "run the LoRA runs one by one (experiments/sweep.py) or set config.lora.rank=0"
+        )
+    tx, schedule = make_optimizer(config.optimizer, rl.num_steps * updates_per_step)
     graphdef, abs_params, rest, state_sh = abstract_params(model_cfg, mesh, config.seed, lora)
     rollout_graphdef = graphdef
     if rl.rollout_dtype and rl.rollout_dtype != model_cfg.dtype:
@@ -650,7 +642,7 @@ def initial_state(run: Run, params) -> TrainState:
     shardings = jax.tree.map(lambda a: a.sharding, target)
     params = jax.device_put(params, shardings.params)
     with sharding.use_mesh(run.mesh):
-        opt_state = jax.jit(run.tx.init, out_shardings=shardings.opt_state)(params)
+        opt_state = jax.jit(run.tx.init, out_shardings=shardings.opt_state)(trainable(run, params))
     key = jax.random.key_data(jax.random.key(run.config.seed))
     return TrainState(
         step=jax.device_put(jnp.zeros((), jnp.int32), shardings.step),
@@ -668,9 +660,7 @@ def initial_state(run: Run, params) -> TrainState:
 
 def saved_state(run: Run, state: TrainState) -> TrainState:
     """What a checkpoint holds of ``state``: all of it, or with LoRA the adapters' parameters."""
-    if not run.step.lora_adapters:
-        return state
-    return state.replace(params=state.params.filter(nnx.LoRAParam))
+    return state.replace(params=trainable(run, state.params))
 
 
 def saved_abstract_state(run: Run) -> TrainState:
