@@ -530,7 +530,7 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
     updates_per_step = rl.num_epochs * rl.num_minibatches
     lora = lora_spec(config)
     check_lora(lora, model_cfg)
-    if lora.rank > 0 and config_lib.is_population(config):
+    if lora.rank > 0 and config.population.seeds:
         raise ConfigError(
             "config.lora.rank > 0 with a population (config.population.seeds) is not supported; "
             "run the LoRA runs one by one (experiments/sweep.py) or set config.lora.rank=0"
