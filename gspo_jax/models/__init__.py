@@ -17,7 +17,8 @@ See config.py (presets, flags), layers.py (blocks, MoE router), moe_dispatch.py 
 experts run: dense reference, sparse grouped matmuls, expert parallelism), transformer.py
 (layout, masks, model, create_model), paged_attention.py (the continuous rollout engine's paged
 KV cache and attention over its pages), logprobs.py (chunked log-prob / entropy), interface.py
-(the seam) and hf.py (Hugging Face checkpoints).
+(the seam), hf.py (Hugging Face checkpoints) and lora.py (LoRA adapters through qwix: only
+the adapters, nnx.LoRAParam, train; docs/lora.md).
 """
 
 from gspo_jax.models import lora
