@@ -221,10 +221,9 @@ def add_adapters(model: Transformer, spec: LoraSpec, *, seed: int = 0) -> Transf
 
 def _name(path) -> str:
     """The parameter's name: the last key of its tree path (nnx.State keys, or jax key paths,
-    where a Variable's array adds a trailing GetAttrKey("value"))."""
-    keys = [k for k in path if getattr(k, "name", None) != "value"]
-    last = keys[-1]
-    return str(getattr(last, "key", getattr(last, "name", last)))
+    where a Variable's array adds a trailing "value" key: GetAttrKey, or DictKey once restored)."""
+    names = [str(getattr(k, "key", getattr(k, "name", k))) for k in path]
+    return [n for n in names if n != "value"][-1]
 
 
 def is_adapter(path) -> bool:
