@@ -35,6 +35,7 @@ setup(
         "tokenizers>=0.20,<1",  # a checkpoint's tokenizer.json (tasks/hf_tokenizer.py)
         "jinja2>=3.1,<4",  # its chat template
         "math-verify>=0.7.0,<1",  # GSM8K / MATH answer equivalence (tasks/math_answers.py)
+        "qwix>=0.1.8",  # LoRA adapters on the decoder (models/lora.py)
     ],
     extras_require={
         "test": [

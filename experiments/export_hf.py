@@ -9,6 +9,13 @@ given) checkpoint, and writes config.json + model.safetensors (sharded with an i
 with the tensor names and shapes of the model family (models.save_hf_checkpoint). A run that
 started from a checkpoint folder (init.kind='hf') also gets its tokenizer files copied, so the
 export is a complete folder.
+
+A LoRA run (config.lora.rank > 0) checkpoints its adapters alone: the export loads the base again
+from its source (the warm start, or init.checkpoint), checks it is the adapters' base, and
+writes the merged weights W + (α / r)·A·B; with --peft DIR it also writes the adapters alone in
+PEFT's layout (adapter_model.safetensors + adapter_config.json, models/lora.py save_peft):
+
+    python experiments/export_hf.py --workdir runs/arith_lora --out /tmp/merged --peft /tmp/peft
 """
 
 from __future__ import annotations
@@ -42,23 +49,34 @@ class _NoData:
         del state
 
 
-def export(workdir: str, out: str, step: int | None = None) -> int:
-    """Writes the policy of ``workdir``'s checkpoint ``step`` (newest: None) to ``out``; returns
-    the step exported."""
+def export(workdir: str, out: str, step: int | None = None, peft: str | None = None) -> int:
+    """Writes the policy of ``workdir``'s checkpoint ``step`` (newest: None) to ``out`` (and a
+    LoRA run's adapters to ``peft``); returns the step exported."""
     with open(os.path.join(workdir, "config.json")) as f:
         config = ml_collections.ConfigDict(json.load(f))
     run = exp.build_run(config)
     ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every=1)
-    target = exp.abstract_state(run, run.abs_params)
+    target = exp.saved_abstract_state(run)
     if step is None:
         restored = ckpt.restore_latest(target, _NoData())
         if restored is None:
             raise SystemExit(f"no checkpoint in {workdir}/checkpoints")
-        step, state, _ = restored
+        step, state, meta = restored
     else:
-        state, _ = ckpt.restore(step, target, _NoData())
+        state, meta = ckpt.restore(step, target, _NoData())
     ckpt.close()
+    lora = exp.lora_spec(config)
+    if lora.rank > 0:  # the adapters on their base, loaded again and checked
+        base, _ = exp.base_params(run)
+        exp.check_base_identity(meta.get("lora_base"), exp.base_identity(config, base), workdir)
+        state = exp.with_base(run, state, base)
     model = nnx.merge(run.graphdef, state.params, run.rest)
+    if lora.rank > 0:
+        if peft:
+            models.lora.save_peft(model, lora, peft, base_model=config.init.get("checkpoint", ""))
+        model = models.lora.merged(model, lora)
+    elif peft:
+        raise SystemExit(f"--peft: {workdir} is not a LoRA run (config.lora.rank = 0)")
     models.save_hf_checkpoint(model, out)
     source = config.init.get("checkpoint", "")
     for name in TOKENIZER_FILES:
@@ -72,8 +90,9 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", required=True, help="the run directory (config.json, checkpoints)")
     p.add_argument("--out", required=True, help="the checkpoint folder to write")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: newest)")
+    p.add_argument("--peft", default=None, help="LoRA runs: also write the adapters (PEFT) here")
     args = p.parse_args(argv)
-    step = export(args.workdir, args.out, args.step)
+    step = export(args.workdir, args.out, args.step, args.peft)
     print(f"exported step {step} of {args.workdir} to {args.out}")
     return 0
 

@@ -93,6 +93,9 @@ class StepSpec:
     num_microbatches: int  # U per minibatch
     shuffle_minibatches: bool
     aux_loss_coef: float  # MoE load balancing
+    # LoRA (config.lora.rank > 0): only the adapters train; the reference is the policy's own
+    # parameters with the adapters off (models.lora.without_adapters)
+    lora_adapters: bool = False
 
     @property
     def rows(self) -> int:

@@ -184,6 +184,18 @@ def default_config() -> ml_collections.ConfigDict:
     c.rl.overlong_penalty = 0.0
     c.rl.mask_truncated = False
 
+    # LoRA (models/lora.py, through qwix): rank-r adapters on the weights of the modules whose
+    # path ("layers/attn", "layers/mlp", ...) matches a target regex in full; only the adapters
+    # train (the optimizer holds state for them alone), the reference policy is the base (the
+    # adapters' B zeroed, no second copy of the weights) and checkpoints hold the adapters.
+    # rank 0 = full fine-tuning. alpha: the adapters' output is scaled by alpha / rank. The
+    # default targets cover attention (q, k, v, o) and the MLP (the SwiGLU; for MoE the router
+    # and, under model.moe_dispatch="dense", the experts).
+    c.lora = ml_collections.ConfigDict()
+    c.lora.rank = 0
+    c.lora.alpha = 16.0
+    c.lora.targets = ("layers/attn", "layers/mlp")
+
     c.objective = objective_placeholders()
     c.objective.name = "gspo"
 

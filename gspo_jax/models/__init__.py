@@ -17,10 +17,12 @@ See config.py (presets, flags), layers.py (blocks, MoE router), moe_dispatch.py 
 experts run: dense reference, sparse grouped matmuls, expert parallelism), transformer.py
 (layout, masks, model, create_model), paged_attention.py (the continuous rollout engine's paged
 KV cache and attention over its pages), paged_kernel.py (that attention as a Pallas kernel),
-logprobs.py (chunked log-prob / entropy), interface.py
-(the seam) and hf.py (Hugging Face checkpoints).
+logprobs.py (chunked log-prob / entropy), interface.py (the seam), hf.py (Hugging Face
+checkpoints) and lora.py (LoRA adapters through qwix: only the adapters, nnx.LoRAParam, train;
+docs/lora.md).
 """
 
+from gspo_jax.models import lora
 from gspo_jax.models.attention import add_chunk, is_shared_prefix, shared_prefix_cache
 from gspo_jax.models.config import EXECUTION_FIELDS, PRESETS, ModelConfig, get_model_config
 from gspo_jax.models.hf import config_from_hf, load_hf_checkpoint, save_hf_checkpoint
@@ -67,6 +69,7 @@ __all__ = [
     "init_paged_cache",
     "is_paged",
     "is_shared_prefix",
+    "lora",
     "config_from_hf",
     "load_hf_checkpoint",
     "paged_cache_bytes",

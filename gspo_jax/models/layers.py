@@ -179,10 +179,12 @@ class MLP(nnx.Module):
         self.down_proj = make_param(rngs, (F, D), ("mlp", "embed"), cfg)
 
     def __call__(self, x):
+        # einsums, like Attention's: the op LoRA adapters attach to (models/lora.py, qwix)
         cdt = self.cfg.compute_dtype
-        h = jax.nn.silu(x @ self.gate_proj[...].astype(cdt)) * (x @ self.up_proj[...].astype(cdt))
-        h = logical_constraint(h, ("batch", "length", "mlp"))
-        return h @ self.down_proj[...].astype(cdt)
+        gate = jnp.einsum("bsd,df->bsf", x, self.gate_proj[...].astype(cdt))
+        up = jnp.einsum("bsd,df->bsf", x, self.up_proj[...].astype(cdt))
+        h = logical_constraint(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
+        return jnp.einsum("bsf,fd->bsd", h, self.down_proj[...].astype(cdt))
 
 
 class MoE(nnx.Module):

@@ -10,9 +10,11 @@ builds the abstract train state on the requested mesh (nothing is allocated), lo
 the two programs of an RL step at the run's real shapes (the rollout: P prompts x G samples, Lp + T
 cache slots; the update: μ·K minibatches of B/K rows), and reads per-device sizes from them:
 
-    parameters         float32 master weights, this device's shard (from the shardings)
-    optimizer          Adam moments and count, this device's shard
-    reference          a second copy of the parameters when kl_coef > 0 or rl.log_kl_ref
+    parameters         float32 master weights, this device's shard (from the shardings); with
+                       LoRA (config.lora.rank > 0) the frozen base and the adapters
+    optimizer          Adam moments and count, this device's shard (with LoRA: the adapters')
+    reference          a second copy of the parameters when kl_coef > 0 or rl.log_kl_ref (none
+                       with LoRA: the reference is the base inside the policy, adapters off)
     update peak        XLA's peak for the update program (arguments: state and batch; temporaries:
                        activations, gradients, the chunked log-softmax)
     rollout peak       XLA's peak for the rollout program (parameters, KV cache in the rollout
@@ -196,7 +198,8 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     }
     params = shard_bytes(abs_state.params)
     opt = shard_bytes(abs_state.opt_state)
-    ref = params if rl_batch.uses_reference(run) else 0
+    # LoRA: the reference is the policy's own base weights with the adapters off (no copy)
+    ref = params if rl_batch.uses_reference(run) and not spec.lora_adapters else 0
     update_peak, rollout_peak = _peak(update), _peak(rollout)
     needed = max(update_peak, rollout_peak + opt) + ref
     hbm = int(slc.hbm_gib * GIB)
@@ -204,7 +207,8 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
         "slice": config.slice,
         "devices": slc.devices,
         "mesh": dict(mesh.shape),
-        "model": run.model_cfg.name,
+        "model": run.model_cfg.name
+        + (f" + LoRA rank {config.lora.rank}" if spec.lora_adapters else ""),
         "shapes": f"P={P} G={spec.group_size} Lp={Lp} T={T} K={spec.num_minibatches}",
         "params": params,
         "optimizer": opt,

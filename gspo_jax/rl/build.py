@@ -19,12 +19,14 @@ import copy
 import dataclasses
 import json
 import os
+import re
 import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 import optax
 from flax import nnx
 
@@ -80,7 +82,8 @@ def scale_router_updates(scale: float) -> optax.GradientTransformation:
 
 def make_optimizer(opt_cfg: Any, total_updates: int) -> tuple[optax.GradientTransformation, Any]:
     """AdamW with global-norm gradient clipping (and opt_cfg.router_lr_scale on the MoE routers'
-    steps, where set); returns (tx, schedule)."""
+    steps, where set); returns (tx, schedule). It acts on the trainable parameters (trainable():
+    with LoRA the adapters alone: their optimizer state, their clipping norm)."""
     schedule = make_schedule(opt_cfg, total_updates)
     parts = []
     if opt_cfg.grad_clip and opt_cfg.grad_clip > 0:
@@ -373,13 +376,55 @@ def _split_model(model):
     return graphdef, params, rest
 
 
-def abstract_params(model_cfg, mesh, seed: int):
-    """(graphdef, params ShapeDtypeStructs with their mesh shardings, rest) without allocating."""
-    abstract = nnx.eval_shape(lambda: models.create_model(model_cfg, seed=seed))
+def lora_spec(config: ml_collections.ConfigDict) -> models.lora.LoraSpec:
+    """config.lora, typed (rank 0, the default, is full fine-tuning)."""
+    return models.lora.LoraSpec.of(config.get("lora"))
+
+
+def check_lora(spec: models.lora.LoraSpec, model_cfg: models.ModelConfig) -> None:
+    """ConfigError for a negative rank, a non-positive α, a target that matches no module (the
+    model's module paths listed) or targets whose modules have no weight qwix adapts."""
+    if spec.rank < 0:
+        raise ConfigError(
+            f"config.lora.rank={spec.rank} must be >= 0 (0 = full fine-tuning, no adapters)"
+        )
+    if spec.rank == 0:
+        return
+    if not spec.alpha > 0:
+        raise ConfigError(f"config.lora.alpha={spec.alpha} must be > 0 (the scale is α / r)")
+    paths = models.lora.module_paths(model_cfg)
+    for pattern in spec.targets:
+        try:
+            hits = [p for p in paths if re.fullmatch(pattern, p)]
+        except re.error as e:
+            raise ConfigError(f"config.lora.targets: {pattern!r} is not a regex ({e})") from None
+        if not hits:
+            raise ConfigError(
+                f"config.lora.targets: {pattern!r} matches no module of the model; its module "
+                f"paths: {paths}"
+            )
+    try:
+        models.lora.adapted_weights(spec, model_cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def abstract_params(model_cfg, mesh, seed: int, lora=None):
+    """(graphdef, params ShapeDtypeStructs with their mesh shardings, rest) without allocating;
+    with a LoraSpec of rank > 0 the model carries its adapters (models/lora.py)."""
+    spec = lora or models.lora.LoraSpec()
+    abstract = nnx.eval_shape(
+        lambda: models.lora.add_adapters(models.create_model(model_cfg, seed=seed), spec, seed=seed)
+    )
     graphdef, params, rest = _split_model(abstract)
     shardings = sharding.state_shardings(params, mesh)
     abs_params = sharding.with_shardings(params, shardings)
     return graphdef, abs_params, rest, shardings
+
+
+def trainable(run: Run, params):
+    """The parameters the optimizer updates: all of them, or with LoRA the adapters alone."""
+    return params.filter(nnx.LoRAParam) if run.step.lora_adapters else params
 
 
 def abstract_state(run: Run, abs_params) -> TrainState:
@@ -391,7 +436,8 @@ def abstract_state(run: Run, abs_params) -> TrainState:
     moments came back replicated, and the count on one device, which a resumed multi-device run
     could not use. initial_state creates the state with these same shardings.
     """
-    opt_shapes = jax.eval_shape(run.tx.init, abs_params)
+    abs_trainable = trainable(run, abs_params)
+    opt_shapes = jax.eval_shape(run.tx.init, abs_trainable)
     replicated = sharding.replicated(run.mesh)
 
     def like_param(leaf, param):
@@ -401,7 +447,7 @@ def abstract_state(run: Run, abs_params) -> TrainState:
         return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated)
 
     abs_opt = optax.tree_map_params(
-        run.tx, like_param, opt_shapes, abs_params, transform_non_params=not_param
+        run.tx, like_param, opt_shapes, abs_trainable, transform_non_params=not_param
     )
     return TrainState(
         step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated),
@@ -426,7 +472,6 @@ def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
             progress=config.log.progress and metrics_lib.is_writer_process(),
         )
         _, params, _ = _split_model(model)
-        params = jax.device_put(params, run.state_shardings)  # a no-op unless the rules differ
     elif config.init.kind == "hf":  # a released checkpoint, read slice by slice onto the mesh
         model = models.load_hf_checkpoint(
             config.init.checkpoint, dtype=run.model_cfg.dtype, mesh=run.mesh
@@ -439,6 +484,11 @@ def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
         raise ConfigError(
             f"config.init.kind={config.init.kind!r}; valid: 'warmstart', 'hf', 'random'"
         )
+    spec = lora_spec(config)
+    if spec.rank > 0:  # the base's weights under fresh adapters (B = 0: the base's function)
+        _, params, _ = _split_model(models.lora.add_adapters(model, spec, seed=config.seed))
+    if config.init.kind == "warmstart" or spec.rank > 0:
+        params = jax.device_put(params, run.state_shardings)  # a no-op unless the rules differ
     return params, time.time() - t0
 
 
@@ -478,14 +528,21 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
     if rl.max_new_tokens <= 0:
         rl.max_new_tokens = task.max_response_len
     updates_per_step = rl.num_epochs * rl.num_minibatches
+    lora = lora_spec(config)
+    check_lora(lora, model_cfg)
+    if lora.rank > 0 and config.population.seeds:
+        raise ConfigError(
+            "config.lora.rank > 0 with a population (config.population.seeds) is not supported; "
+            "run the LoRA runs one by one (experiments/sweep.py) or set config.lora.rank=0"
+        )
     tx, schedule = make_optimizer(config.optimizer, rl.num_steps * updates_per_step)
-    graphdef, abs_params, rest, state_sh = abstract_params(model_cfg, mesh, config.seed)
+    graphdef, abs_params, rest, state_sh = abstract_params(model_cfg, mesh, config.seed, lora)
     rollout_graphdef = graphdef
     if rl.rollout_dtype and rl.rollout_dtype != model_cfg.dtype:
         # The same parameters (float32) under a model whose layers compute in rollout_dtype: the
         # rollout engine's numerics differ from the trainer's, as with a bf16 inference server.
         rollout_cfg = dataclasses.replace(model_cfg, dtype=rl.rollout_dtype)
-        rollout_graphdef = abstract_params(rollout_cfg, mesh, config.seed)[0]
+        rollout_graphdef = abstract_params(rollout_cfg, mesh, config.seed, lora)[0]
     if jax.tree.leaves(rest):
         raise NotImplementedError("models with non-parameter state are not supported")
     return Run(
@@ -606,6 +663,7 @@ def step_spec(config, task, objective: objectives.Objective) -> StepSpec:
         num_microbatches=rl.num_microbatches,
         shuffle_minibatches=rl.shuffle_minibatches,
         aux_loss_coef=rl.aux_loss_coef,
+        lora_adapters=lora_spec(config).rank > 0,
     )
 
 
@@ -616,7 +674,7 @@ def initial_state(run: Run, params) -> TrainState:
     shardings = jax.tree.map(lambda a: a.sharding, target)
     params = jax.device_put(params, shardings.params)
     with sharding.use_mesh(run.mesh):
-        opt_state = jax.jit(run.tx.init, out_shardings=shardings.opt_state)(params)
+        opt_state = jax.jit(run.tx.init, out_shardings=shardings.opt_state)(trainable(run, params))
     key = jax.random.key_data(jax.random.key(run.config.seed))
     return TrainState(
         step=jax.device_put(jnp.zeros((), jnp.int32), shardings.step),
@@ -624,6 +682,57 @@ def initial_state(run: Run, params) -> TrainState:
         opt_state=opt_state,
         rng=jax.device_put(key, shardings.rng),
     )
+
+
+# ---------------------------------------------------------------- LoRA: what a checkpoint holds
+# With config.lora.rank > 0 the policy's parameters are the frozen base and the adapters; a
+# checkpoint holds the adapters (and their optimizer state) and the base's identity, and a resume
+# loads the base again from its source (as the reference policy of a full fine-tuning run is).
+
+
+def saved_state(run: Run, state: TrainState) -> TrainState:
+    """What a checkpoint holds of ``state``: all of it, or with LoRA the adapters' parameters."""
+    return state.replace(params=trainable(run, state.params))
+
+
+def saved_abstract_state(run: Run) -> TrainState:
+    """saved_state's shapes and shardings: the restore target."""
+    target = abstract_state(run, run.abs_params)
+    return saved_state(run, target)
+
+
+def with_base(run: Run, restored: TrainState, base: Any) -> TrainState:
+    """A restored (saved_state) state with the base's parameters put back: the base policy's
+    non-adapter leaves of ``base`` (base_params) and the checkpoint's adapters."""
+    if not run.step.lora_adapters:
+        return restored
+    frozen = base.filter(nnx.Not(nnx.LoRAParam))
+    return restored.replace(params=nnx.merge_state(frozen, restored.params))
+
+
+def base_identity(config: ml_collections.ConfigDict, params: Any) -> dict:
+    """The base a LoRA checkpoint's adapters belong to: its source (config.init) and a fingerprint
+    of its weights (sum of squares over every non-adapter parameter, float64 on the host)."""
+    frozen = params.filter(nnx.Not(nnx.LoRAParam))
+    sq = [jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(frozen)]
+    init = config.init
+    source = {"random": f"seed {config.seed}", "hf": init.checkpoint}.get(init.kind, "warm start")
+    return {"kind": init.kind, "source": source, "sum_sq": float(np.sum(np.asarray(sq, "f8")))}
+
+
+def check_base_identity(saved: dict | None, now: dict, where: str) -> None:
+    """ConfigError when the base loaded now is not the one the checkpoint's adapters trained on."""
+    if saved is None:
+        raise ConfigError(
+            f"the checkpoint in {where} holds no LoRA base identity (it was written without "
+            "config.lora); resume it with config.lora.rank=0, or --start_fresh"
+        )
+    same = saved["kind"] == now["kind"] and saved["source"] == now["source"]
+    if not same or not np.isclose(saved["sum_sq"], now["sum_sq"], rtol=1e-6, atol=0.0):
+        raise ConfigError(
+            f"the LoRA adapters in {where} were trained on base {saved}, but the base loaded now "
+            f"is {now}; resume with the base they were trained on, or --start_fresh"
+        )
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str | None = None) -> None:

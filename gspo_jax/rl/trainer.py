@@ -208,13 +208,16 @@ class Session:
             "config_hash": rundir.config_hash(self.config),
         }
         self.base_eval, self.warm_s, self.prior_wall, self.ref_params = None, 0.0, 0.0, None
+        self.lora_base: dict | None = None  # LoRA: the base's identity (build.base_identity)
         pod.set_phase("loading the warm start")
         self.collapse = metrics_lib.CollapseWatch(self.config.rl.collapse_patience)
         if restored is not None:
             self._resume(*restored)
         else:
             self._start(no_checkpoint=latest is None)
-        self.phases = ts.make_phases(self.run, self.state, with_ref=self.ref_params is not None)
+        self.phases = ts.make_phases(
+            self.run, self.state, with_ref=rl_batch.uses_reference(self.run)
+        )
         self.log = metrics_lib.Progress(
             total=self.config.rl.num_steps,
             initial=resumed_step or 0,
@@ -239,7 +242,7 @@ class Session:
         pod.set_phase("restoring the newest checkpoint")
         writes = metrics_lib.is_writer_process()
         restored = self.ckpt.restore_latest(
-            exp.abstract_state(self.run, self.run.abs_params),
+            exp.saved_abstract_state(self.run),
             self.data_iter,
             # every host says it in its own log (a fault may be one host's alone)
             report=self.notes.append if writes else lambda s: print(s, flush=True),
@@ -269,7 +272,15 @@ class Session:
         self.collapse.load(meta.get("collapse"))
         self.notes.append(f"resumed from step {step} in {self.workdir}")
         self.base_eval = rundir.read_base_eval(self.workdir)
-        if rl_batch.uses_reference(self.run):
+        if self.run.step.lora_adapters:  # the checkpoint holds the adapters; the base loads again
+            base, _ = pod.together(
+                "loading the warm start",
+                lambda: exp.base_params(self.run, exp.cache_dir_of(self.config)),
+            )
+            self.lora_base = exp.base_identity(self.config, base)
+            exp.check_base_identity(meta.get("lora_base"), self.lora_base, self.ckpt_dir)
+            self.state = exp.with_base(self.run, state, base)
+        elif rl_batch.uses_reference(self.run):
             self.ref_params, _ = pod.together(
                 "loading the warm start",
                 lambda: exp.base_params(self.run, exp.cache_dir_of(self.config)),
@@ -283,9 +294,12 @@ class Session:
             "loading the warm start",
             lambda: exp.base_params(self.run, exp.cache_dir_of(self.config)),
         )
-        if rl_batch.uses_reference(self.run):
+        # LoRA: the reference stays None (the policy's base weights with the adapters off)
+        if rl_batch.uses_reference(self.run) and not self.run.step.lora_adapters:
             self.ref_params = jax.tree.map(jnp.copy, params)
         self.state = exp.initial_state(self.run, params)
+        if self.run.step.lora_adapters:
+            self.lora_base = exp.base_identity(self.config, params)
         if self.config.eval.at_start and self.config.eval.num_problems > 0:
             t0 = time.time()
             self.base_eval = evaluate(self.run, self.state.params)
@@ -342,8 +356,11 @@ class Session:
             "collapse": self.collapse.state(),
             **self.meta_config,
         }
+        if self.run.step.lora_adapters:  # the adapters' base, checked on resume
+            meta["lora_base"] = self.lora_base
         pod.set_phase(f"saving step {done}")
-        self.ckpt.save(done, self.state, self.data_iter, meta, force=force)
+        state = exp.saved_state(self.run, self.state)
+        self.ckpt.save(done, state, self.data_iter, meta, force=force)
 
     def collapsed(self, done: int, warning: str) -> None:
         """Prints the collapse warning; stops the run with config.rl.stop_on_collapse."""

@@ -27,6 +27,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
 from gspo_jax import objectives, sharding
 from gspo_jax.rl.batch import RLBatch
@@ -142,6 +143,7 @@ def make_update_fn(
     shuffle: bool = True,
     aux_loss_coef: float = 0.0,
     mesh=None,
+    lora: bool = False,
 ) -> Callable:
     """(state, batch: RLBatch, shuffle_key) -> (state, metrics): μ epochs × K minibatches of
     optax steps; rows stay sharded over ``mesh`` (None: one device).
@@ -150,6 +152,10 @@ def make_update_fn(
     (ratio_min / ratio_max: min / max over them), grad_norm (mean and max), update_norm, entropy,
     aux_loss, and logp_diff_mean / logp_diff_absmax of the very first minibatch (pre-update
     parameters: the rollout-vs-trainer log-prob difference).
+
+    lora: only the LoRA adapters (nnx.LoRAParam) train: the gradient is taken with respect to
+    them alone (no gradient or accumulator of the base's size), ``tx`` and the optimizer state
+    are the adapters' (build.trainable), and the base leaves pass through unchanged.
     """
     K, U = num_minibatches, num_microbatches
     micro_loss = make_micro_loss(
@@ -161,13 +167,24 @@ def make_update_fn(
         params, opt_state = carry
         mb = jax.tree.map(lambda x: sharding.constrain_rows(x, mesh), mb)
         den = objective.denominator(mb.mask)  # whole-minibatch normaliser, mask only
-        grads, sums, extra = minibatch_gradient(grad_fn, params, mb, den, U, mesh)
+        if lora:
+            frozen = params.filter(nnx.Not(nnx.LoRAParam))
+            adapter_grad_fn = jax.value_and_grad(
+                lambda a, m, d: micro_loss(nnx.merge_state(frozen, a), m, d), has_aux=True
+            )
+            adapters = params.filter(nnx.LoRAParam)
+            grads, sums, extra = minibatch_gradient(adapter_grad_fn, adapters, mb, den, U, mesh)
+            params = adapters  # what tx updates; the frozen base is put back below
+        else:
+            grads, sums, extra = minibatch_gradient(grad_fn, params, mb, den, U, mesh)
         loss, m = sums.finalize()
         if "abs_log_w_below" in sums.metrics:  # percentiles: once per step, from the step's counts
             m["abs_log_w_below"] = sums.metrics["abs_log_w_below"]
             m["abs_log_w_tokens"] = sums.metrics["tokens"]
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
+        if lora:
+            params = nnx.merge_state(frozen, params)
         tokens = jnp.maximum(extra["tokens"], 1.0)
         m = dict(m)
         m.update(
