@@ -73,7 +73,7 @@ from gspo_jax.models import (
 )
 from gspo_jax.rollout import paged
 from gspo_jax.rollout.output import SampleOutput
-from gspo_jax.rollout.sampling import row_uniforms, sample_with_uniform
+from gspo_jax.rollout.sampling import row_uniforms, sample_with_uniform, static_temperature
 
 REFILL_STRATEGIES = ("device", "chunked")
 DEFAULT_PAGE_SIZE = 16
@@ -114,10 +114,12 @@ class _Inputs:
     rng: jax.Array
     eos_id: jax.Array  # scalar int32
     pad_id: jax.Array  # scalar int32
+    temperature: jax.Array | None = None  # scalar f32 when traced (cfg's is None), else None
 
 
-def _settings(s: dict) -> dict:
-    return dict(temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"])
+def _settings(s: dict, inputs: _Inputs) -> dict:
+    t = s["temperature"] if inputs.temperature is None else inputs.temperature
+    return dict(temperature=t, top_k=s["top_k"], top_p=s["top_p"])
 
 
 def init_state(model, inputs: _Inputs, cfg: dict) -> EngineState:
@@ -171,7 +173,7 @@ def _prefill(model, inputs: _Inputs, s: EngineState, p, cfg: dict) -> EngineStat
     logits = jnp.repeat(model.logits(h_last), G, axis=0)  # [G, V]
     rows = p * G + jnp.arange(G, dtype=jnp.int32)
     u = row_uniforms(inputs.rng, jnp.zeros((G,), jnp.int32), rows, B)
-    tok, lp, slp = sample_with_uniform(logits, u, **_settings(cfg))
+    tok, lp, slp = sample_with_uniform(logits, u, **_settings(cfg, inputs))
     alive = (tok != inputs.eos_id) & (T > 1)  # rows that will take a slot
     refcount, pages, failed = paged.allocate(s.refcount, Pp, jnp.sum(alive))
     routes = s.routes
@@ -252,7 +254,7 @@ def decode(model, inputs: _Inputs, s: EngineState, cfg: dict, width: int | None 
     )
     logits = model.logits(o["hidden"][:, 0])  # [w, V]
     u = row_uniforms(inputs.rng, t, row, B)
-    tok, lp, slp = sample_with_uniform(logits, u, **_settings(cfg))
+    tok, lp, slp = sample_with_uniform(logits, u, **_settings(cfg, inputs))
 
     out_row = jnp.where(act, row, B)  # B: dropped
     put = lambda buf, v: buf.at[out_row, t].set(v, mode="drop")  # noqa: E731
@@ -422,7 +424,8 @@ def engine_config(
     return dict(
         G=int(num_samples),
         T=int(max_new_tokens),
-        temperature=float(temperature),
+        # an array temperature (a population member's) is traced: _Inputs.temperature
+        temperature=float(temperature) if static_temperature(temperature) else None,
         top_k=int(top_k),
         top_p=float(top_p),
         return_routes=bool(return_routes),
@@ -449,6 +452,9 @@ def run(model, prompts, prompt_lengths, rng, *, eos_id, pad_id, **config):
         rng=rng,
         eos_id=jnp.asarray(eos_id, jnp.int32),
         pad_id=jnp.asarray(pad_id, jnp.int32),
+        temperature=None
+        if cfg["temperature"] is not None
+        else jnp.asarray(config["temperature"], jnp.float32),
     )
     key = tuple(sorted(cfg.items()))
     if cfg["refill"] == "device":
