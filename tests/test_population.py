@@ -304,3 +304,29 @@ def test_sweep_runs_an_arms_seeds_as_one_population(tmp_path):
         arith, "seeds=1"
     )
 
+
+def test_dry_run_plans_each_member_and_all(shared):
+    """The population's dry run (planning/population_plan.py) on 8 simulated devices in 2 member
+    groups: 4 members (2 a group) against 2 (1 a group) double a device's parameters, optimizer
+    state, update FLOPs and (about) its peaks, while the figures per member stay."""
+    from gspo_jax.planning import population_plan
+
+    plans = {}
+    for seeds in ((0, 1), (0, 1, 2, 3)):
+        config = pop_config(
+            shared,
+            seeds=seeds,
+            num_devices=8,
+            **{"slice": "v6e-8", "mesh.data": 4, "mesh.population": 2},
+        )
+        plans[len(seeds)] = population_plan.plan(config)
+    two, four = plans[2], plans[4]
+    assert (two["members_per_group"], four["members_per_group"]) == (1, 2)
+    assert four["params"] == 2 * two["params"] and four["optimizer"] == 2 * two["optimizer"]
+    assert four["per_member"]["params"] == two["per_member"]["params"] == two["params"]
+    flops = [p["costs"]["update"].total_flops for p in (two, four)]
+    assert 1.9 < flops[1] / flops[0] < 2.1, flops
+    for key in ("update_peak", "rollout_peak", "needed"):
+        assert 1.5 < four[key] / two[key] < 2.1, (key, two[key], four[key])
+        assert 0.75 < four["per_member"][key] / two["per_member"][key] < 1.05, key
+    assert four["fits"] and "4 members of tiny on v6e-8" in population_plan.format_plan(four)
