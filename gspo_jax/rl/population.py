@@ -60,7 +60,6 @@ from gspo_jax.state import Run, TrainState, step_keys
 
 LR_SCALE = "lr_scale"  # the hyperparameter pytree's key of the learning-rate factor
 TEMPERATURE = "temperature"  # its key of the sampling (and log-prob) temperature
-MEMBERS = "members"  # the name of the vmapped member axis (collectives over the members)
 
 # ------------------------------------------------------------------------------------ building
 
@@ -207,7 +206,7 @@ def over_members(f, M: int, axis: str | None, groups: int, batching: str):
     axis (a vmapped decode loop runs until every member's responses end and selects every
     member's KV cache at each step; "map" avoids that, at the cost of batching)."""
     if batching == "vmap":
-        return jax.vmap(f, axis_name=MEMBERS, spmd_axis_name=axis)
+        return jax.vmap(f, spmd_axis_name=axis)
 
     def grouped(*args):  # [M, ...] -> [groups, M / groups, ...]: a device group's members
         split = jax.tree.map(lambda x: x.reshape(groups, M // groups, *x.shape[1:]), args)
@@ -299,13 +298,10 @@ def make_phases(pop: Population, with_ref: bool) -> PopulationPhases:
 
     batching = resolve_batching(run.config.population.batching)
     groups = run.mesh.shape[pop.axis] if pop.axis else 1
-    rollout = single.rollout
-    if batching == "vmap" and run.step.rollout_engine == "static":  # the members decode in step
-        rollout = ts.make_rollout_fn(run, member_axis=MEMBERS)
     return PopulationPhases(
         keys=vm(step_keys),
         # the heavy phases: the rollout and the update (config.population.batching)
-        rollout=jax.jit(over_members(rollout, pop.size, pop.axis, groups, batching)),
+        rollout=jax.jit(over_members(single.rollout, pop.size, pop.axis, groups, batching)),
         shape=vm(single.shape),
         means=vm(single.means),
         prepare=vm(single.prepare),

@@ -41,12 +41,10 @@ from gspo_jax.state import Run, TrainState, step_keys
 LOGP_NOISE_STREAM = 0x6C6F6770  # fold_in constant of the log-prob noise's key ("logp")
 
 
-def make_rollout_fn(run: Run, member_axis: str | None = None):
+def make_rollout_fn(run: Run):
     """(params, prompts [P, Lp], lengths [P], key[, temperature []]) -> SampleOutput, rows sharded
     over the mesh, its routes (if any) batch-major [B, L, S, k] like the RLBatch's. The
     temperature is config.rl.temperature's constant unless given (a population member's, traced).
-    member_axis: the jax.vmap axis of a population's members this runs under (the static engine's
-    option: the members decode in step, rollout/static.py).
 
     generate() is traced inside this jit so the rollout compiles once with the trainer's
     shardings (its host-side checks then see tracers; the data was checked by the loader). The
@@ -57,9 +55,6 @@ def make_rollout_fn(run: Run, member_axis: str | None = None):
     """
     spec = run.step
     noise_std = spec.rollout_logp_noise
-    options = dict(spec.rollout_options)
-    if member_axis is not None:
-        options["member_axis"] = member_axis
 
     def fn(params, prompts, lengths, key, temperature=None):
         model = nnx.merge(run.rollout_graphdef, params, run.rest)
@@ -77,7 +72,7 @@ def make_rollout_fn(run: Run, member_axis: str | None = None):
             pad_id=spec.pad_id,
             return_routes=spec.records_routes,
             engine=spec.rollout_engine,
-            **options,
+            **dict(spec.rollout_options),
         )
         if spec.records_routes:  # the model's [L, B, S, k] -> [B, L, S, k], as in the step
             out = out.replace(routes=jnp.swapaxes(out.routes, 0, 1))

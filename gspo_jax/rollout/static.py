@@ -171,7 +171,6 @@ def _generate(
     top_p,
     return_routes,
     decode,
-    member_axis=None,
 ):
     _TRACES["generate"] += 1
     model = nnx.merge(graphdef, state)
@@ -225,16 +224,8 @@ def _generate(
             else None,
         )
 
-    def live(s: _LoopState):  # a row has not ended (in any member of member_axis)
-        if member_axis is None:
-            return ~jnp.all(s.done)
-        # Under jax.vmap over members a per-member stop condition makes the loop select every
-        # member's whole carry (its KV cache) at each step; stepping a member whose rows have all
-        # ended changes none of its outputs (pads, zero mask and log-probs), so all step together
-        return jax.lax.psum(jnp.any(~s.done).astype(jnp.int32), member_axis) > 0
-
     def run(state: _LoopState, stop: int) -> _LoopState:  # steps until `stop` or all done
-        return jax.lax.while_loop(lambda s: (s.step < stop) & live(s), body, state)
+        return jax.lax.while_loop(lambda s: (s.step < stop) & ~jnp.all(s.done), body, state)
 
     if decode == "shared_prefix":
         # Phase p feeds generated slots [p C, (p + 1) C) (steps p C + 1 .. (p + 1) C) with
@@ -266,7 +257,6 @@ _STATIC = (
     "top_p",
     "return_routes",
     "decode",
-    "member_axis",
 )
 _generate_jit = jax.jit(_generate, static_argnames=_STATIC)
 
@@ -296,13 +286,10 @@ def generate_static(
     pad_id: int,
     return_routes: bool,
     decode: str = "shared_prefix",
-    member_axis: str | None = None,
 ) -> SampleOutput:
     """The static engine behind rollout.generate (which checks the arguments first).
     decode: the KV-cache layout of the decode loop, "shared_prefix" (prompt KV once per prompt,
     reads only the filled generated slots) or "repeated" (the earlier layout; module docstring).
-    member_axis: the name of a jax.vmap axis of members this runs under (a population's, not
-    mapped when None): the decode loop runs until every member's rows have ended.
     """
     if decode not in DECODE_LAYOUTS:
         raise ValueError(f"decode={decode!r} is not one of {DECODE_LAYOUTS}.")
@@ -327,5 +314,4 @@ def generate_static(
         top_p=float(top_p),
         return_routes=bool(return_routes),
         decode=decode,
-        member_axis=member_axis,
     )
