@@ -66,6 +66,7 @@ class StepSpec:
     records_routes: bool  # the rollout returns its expert routes (replay or route-change log)
     rollout_engine: str  # a name in rollout.ENGINES
     rollout_options: tuple  # (name, value) pairs the engine takes (continuous: slots, page_size)
+    partial_rollout: int  # prompt batches carried between steps (0 = off; rl/partial.py)
     # rewards and advantages
     overlong_buffer: int
     overlong_penalty: float  # 0 = no overlong shaping

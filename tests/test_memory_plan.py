@@ -92,6 +92,26 @@ def test_program_cost_counts_every_trip_of_a_loop():
     assert hlo_cost.program_cost(flat).bytes == xla["bytes accessed"]
 
 
+def test_gather_and_in_place_scatter_count_the_rows_they_touch():
+    """A paged KV cache is read by a gather and written by a scatter: a decode step touches a
+    few pages of a large pool, and the pool's size must not count (the plan's paged cache)."""
+    NP, R, D, n = 4096, 8, 64, 16  # pool [NP, R, D] (8 MiB float32), n pages touched
+
+    def read_write(pool, pages, update):
+        rows = pool[pages]  # gather [n, R, D]
+        return pool.at[pages].set(update + rows), rows.sum()
+
+    args = (
+        jax.ShapeDtypeStruct((NP, R, D), jnp.float32),
+        jax.ShapeDtypeStruct((n,), jnp.int32),
+        jax.ShapeDtypeStruct((n, R, D), jnp.float32),
+    )
+    compiled = jax.jit(read_write, donate_argnums=0).lower(*args).compile()
+    pool_bytes, touched = NP * R * D * 4, n * R * D * 4
+    cost = hlo_cost.program_cost(compiled)
+    assert touched <= cost.bytes <= 8 * touched + 1024 < pool_bytes / 4
+
+
 def test_ragged_dot_flops_come_from_its_shapes():
     """XLA:CPU lowers ragged_dot densely over every group; the cost counts 2 M K N instead."""
     M, K, N, G = 64, 32, 16, 4

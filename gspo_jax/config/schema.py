@@ -94,6 +94,9 @@ def default_config() -> ml_collections.ConfigDict:
     # Attention kernel (models/attention.py): None = the ModelConfig default "auto" (splash on
     # TPU, cuDNN on GPU, else blockwise past one key block); "blockwise" or "reference" forces one.
     c.model.attention = config_dict.placeholder(str)
+    # The continuous rollout engine's attention over its pages (models/paged_attention.py): None
+    # = "plain" (plain JAX); "auto" (the Pallas kernel on TPU), "pallas" or "interpret".
+    c.model.paged_attention = config_dict.placeholder(str)
     # Fields of the preset a config may change (None = the preset's): the MoE volatility doses'
     # expert counts, a released checkpoint's padded vocabulary.
     c.model.num_experts = config_dict.placeholder(int)
@@ -164,6 +167,12 @@ def default_config() -> ml_collections.ConfigDict:
     c.rl.rollout_engine = "static"
     c.rl.rollout_slots = config_dict.placeholder(int)  # continuous: decode slots (None = B)
     c.rl.rollout_page_size = 16  # continuous: KV-cache slots per page
+    # Partial rollouts (continuous engine; 0 = off): k prompt batches stay in the engine's queue
+    # between steps. Each step's engine works on (1 + k)·P groups (the carried ones first, their
+    # unfinished rows continued), stops once P groups are complete (a fraction 1 / (1 + k) of
+    # its queue), trains on those and carries the rest; each token records the policy version
+    # (step) that sampled it (rl/partial.py).
+    c.rl.partial_rollout = 0
     # Gaussian noise of this std added to each sampled token's reported log-prob (0 = none): a
     # dose of sampler-trainer mismatch for the rollout-log-probs claim
     c.rl.rollout_logp_noise = 0.0

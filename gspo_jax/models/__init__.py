@@ -16,7 +16,8 @@ attention_bias), not copies of it.
 See config.py (presets, flags), layers.py (blocks, MoE router), moe_dispatch.py (how the
 experts run: dense reference, sparse grouped matmuls, expert parallelism), transformer.py
 (layout, masks, model, create_model), paged_attention.py (the continuous rollout engine's paged
-KV cache and attention over its pages), logprobs.py (chunked log-prob / entropy), interface.py
+KV cache and attention over its pages), paged_kernel.py (that attention as a Pallas kernel),
+logprobs.py (chunked log-prob / entropy), interface.py
 (the seam) and hf.py (Hugging Face checkpoints).
 """
 

@@ -25,6 +25,7 @@ from gspo_jax.models.attention import IMPLEMENTATIONS
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 MOE_DISPATCHES = ("sparse", "dense")
 MOE_KERNELS = ("auto", "tiled", "ragged_dot", "megablox")
+PAGED_IMPLEMENTATIONS = ("plain", "auto", "pallas", "interpret")  # paged_attention.attend_pages
 # Fields that choose how the model is computed, not which function it computes (the same
 # parameters give the same function, to float rounding, whatever their values): a warm start
 # cached under one value serves the others (warmstart.cache_key leaves them out).
@@ -35,6 +36,7 @@ EXECUTION_FIELDS = (
     "attention",
     "attention_block",
     "decode_block",
+    "paged_attention",
 )
 
 # ModelConfig.remat values: "none", "full", and the jax.checkpoint_policies that are policies
@@ -106,6 +108,11 @@ class ModelConfig:
     # them). Smaller reads less per step; larger compiles fewer loops (raise it for long
     # responses when compile time matters).
     decode_block: int = 64
+    # The continuous rollout engine's attention over its paged KV cache
+    # (paged_attention.attend_pages): "plain" (plain JAX, every platform; the reference),
+    # "auto" (the Pallas kernel of models/paged_kernel.py on TPU, else plain), "pallas" (the
+    # kernel, TPU only) or "interpret" (the kernel in Pallas interpret mode: tests).
+    paged_attention: str = "plain"
 
     def __post_init__(self):
         for f in ("dtype", "param_dtype"):
@@ -144,6 +151,11 @@ class ModelConfig:
             raise ValueError(
                 f"attention={self.attention!r} is not one of {IMPLEMENTATIONS}; 'auto' picks "
                 "the platform's kernel (blockwise on CPU)."
+            )
+        if self.paged_attention not in PAGED_IMPLEMENTATIONS:
+            raise ValueError(
+                f"paged_attention={self.paged_attention!r} is not one of "
+                f"{PAGED_IMPLEMENTATIONS}; 'plain' runs everywhere, 'auto' picks the TPU kernel."
             )
         for f in (
             "vocab_size",

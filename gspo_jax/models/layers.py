@@ -95,8 +95,9 @@ class Attention(nnx.Module):
       (attention.shared_prefix_attention);
     - paged {"k_pages", "v_pages", "page_table"} (the continuous rollout engine's): a page pool
       and a page table per row; a one-token step writes each row at its own logical slot
-      write_index [N] and attends over the row's pages, the mask's key_valid saying which
-      slots it sees (models/paged_attention.py).
+      write_index [N] and attends over the row's pages up to that slot, the mask's key_valid
+      saying which slots it sees, with the implementation cfg.paged_attention selects (plain
+      JAX or the Pallas kernel: models/paged_attention.py attend_pages).
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -142,7 +143,10 @@ class Attention(nnx.Module):
         new_cache = None
         if paged_attention.is_paged(cache):
             new_cache = paged_attention.write_paged(cache, k, v, write_index, layer)
-            out = paged_attention.paged_attention(q, new_cache, mask.key_valid, layer)
+            # The step's own key, at write_index, is the last slot a row sees.
+            out = paged_attention.attend_pages(
+                q, new_cache, mask.key_valid, layer, write_index + 1, cfg.paged_attention
+            )
         elif cache is not None and attention.is_shared_prefix(cache):
             Lp = cache["prefix_k"].shape[-1]
             new_cache = attention.write_generated(cache, k, v, write_index - Lp, layer)

@@ -21,10 +21,24 @@ does not use query_slots). layers.Attention writes the step's key/value at each 
 engine's scratch page: table entries no row owns point there, and rows with nothing to decode
 write there, so a write never lands in a page someone reads.
 
-paged_attention is plain JAX: it gathers each row's Pt pages ([N, Pt, K, Dh, ps]) and runs one
-masked softmax over them, which is what every platform can run. (The Pallas TPU kernel
-jax.experimental.pallas.ops.tpu.paged_attention expects each row's keys to be the contiguous
-slots [0, length); this layout keeps the prompt's right-padding hole, so it is not wired.)
+layers.Attention calls attend_pages, which runs the implementation ModelConfig.paged_attention
+selects: paged_attention (plain JAX, every platform, the default) or the Pallas kernel of
+models/paged_kernel.py (compiled on TPU, interpret mode elsewhere). Both read only the pages
+that can hold a visible key: a row's keys end at kv_end = its write slot + 1, so a step costs
+what the rows' own lengths cost, not Pt pages per row.
+
+paged_attention is ragged flash-decoding in plain JAX. Its work is the list of (row, block)
+items below each row's kv_end, a block being bp = block_pages table entries:
+sum_r ceil(kv_end_r / (bp * ps)) items, row-major; a loop with a traced trip count takes
+`chunk` items per trip, gathers their pages ([C, bp, K, Dh, ps], a copy of bp * ps keys per
+item) and folds each item's masked scores into its row's running softmax (float32
+max m, normaliser l, output acc, combined by scatter: m' = max(m, m_i), l' = l e^(m - m') +
+sum_j e^(s_j - m')). Batching by rows instead (one loop over page blocks up to the longest live
+row) costs every row the longest row's length, which with long-tailed lengths is most of the
+table (docs/benchmarks.md). paged_attention_reference is the whole-table softmax both are
+tested against. (JAX's Pallas TPU kernels, jax.experimental.pallas.ops.tpu.paged_attention and
+ragged_paged_attention, expect each row's keys contiguous in [0, length) in another layout; this
+layout keeps the prompt's right-padding hole, hence our own kernel.)
 """
 
 from __future__ import annotations
@@ -33,7 +47,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from gspo_jax.models.config import ModelConfig
+from gspo_jax.models.config import PAGED_IMPLEMENTATIONS, ModelConfig
 
 NEG_INF = -1e30  # as attention.NEG_INF: a row with every key masked averages, never NaN
 SCRATCH_PAGE = 0  # the page unowned table entries point at (module docstring)
@@ -104,13 +118,114 @@ def write_paged(cache: dict, kT: jax.Array, v: jax.Array, slots: jax.Array, laye
     return out
 
 
-def paged_attention(q: jax.Array, cache: dict, key_valid: jax.Array, layer) -> jax.Array:
-    """One decode step over layer `layer` of a paged cache, in plain JAX.
+def paged_attention(
+    q: jax.Array,
+    cache: dict,
+    key_valid: jax.Array,
+    layer,
+    kv_end: jax.Array | None = None,
+    block_pages: int = 2,
+    chunk: int | None = None,
+) -> jax.Array:
+    """One decode step over layer `layer` of a paged cache, in plain JAX, reading only the pages
+    below each row's kv_end (module docstring: ragged flash-decoding).
 
     q [N, 1, H, Dh]; key_valid [N, Pt * ps] bool (the row's visible logical slots, this step's
-    own key included) -> [N, 1, H, Dh] in q's dtype. Gathers each row's pages and runs the
-    masked softmax of attention.reference_attention over them (float32 scores).
+    own key included); kv_end [N] int32: row r sees no logical slot at or past kv_end[r] (None:
+    the whole table) -> [N, 1, H, Dh] in q's dtype. block_pages: pages per work item (a row
+    reads at most block_pages - 1 pages past its end; docs/benchmarks.md has the sizes tried);
+    chunk: items per loop trip (default N). Equals paged_attention_reference to float32 summation
+    order for rows that see at least one key.
     """
+    table = cache["page_table"]  # [N, Pt]
+    N, _, H, Dh = q.shape
+    Pt = table.shape[1]
+    K, ps = cache["k_pages"].shape[2], cache["k_pages"].shape[-1]
+    Gq, cdt = H // K, q.dtype
+    chex.assert_shape(key_valid, (N, Pt * ps))
+    bp = max(1, min(int(block_pages), Pt))
+    nb = -(-Pt // bp)
+    C = N if chunk is None else int(chunk)
+    pad = nb * bp - Pt
+    table = jnp.pad(table, ((0, 0), (0, pad)), constant_values=SCRATCH_PAGE).reshape(N, nb, bp)
+    key_valid = jnp.pad(key_valid, ((0, 0), (0, pad * ps))).reshape(N, nb, bp * ps)
+    kv_end = jnp.full((N,), Pt * ps, jnp.int32) if kv_end is None else kv_end
+    per_row = jnp.clip((kv_end + bp * ps - 1) // (bp * ps), 1, nb).astype(jnp.int32)  # [N]
+    first = jnp.cumsum(per_row) - per_row  # [N]: each row's first item
+    total = jnp.sum(per_row)
+    trips = (total + C - 1) // C
+    qg = q.reshape(N, K, Gq, Dh)
+
+    def body(c, carry):
+        m, den, acc = carry  # [N + 1, K, Gq](, Dh): row N collects the padding items
+        item = c * C + jnp.arange(C, dtype=jnp.int32)  # [C]
+        row = jnp.searchsorted(first, item, side="right").astype(jnp.int32) - 1
+        blk = jnp.clip(item - first[row], 0, nb - 1)
+        row = jnp.where(item < total, row, N)
+        rr = jnp.minimum(row, N - 1)
+        pages = table[rr, blk]  # [C, bp]
+        valid = key_valid[rr, blk] & (row < N)[:, None]  # [C, bp * ps]
+        # One gather each, the layer index part of it (a slice of the layer first would copy
+        # the layer's whole pool).
+        k = cache["k_pages"][layer, pages].astype(cdt)  # [C, bp, K, Dh, ps]
+        v = cache["v_pages"][layer, pages].astype(cdt)  # [C, bp, K, ps, Dh]
+        s = jnp.einsum("ckgd,cpkdx->ckgpx", qg[rr], k, preferred_element_type=jnp.float32)
+        s = jnp.where(valid[:, None, None, :], s.reshape(C, K, Gq, bp * ps) * Dh**-0.5, NEG_INF)
+        m_i = jnp.max(s, axis=-1)  # [C, K, Gq]
+        m_new = m.at[row].max(m_i)
+        e = jnp.exp(s - m_new[row][..., None])
+        pv = jnp.einsum(
+            "ckgpx,cpkxd->ckgd",
+            e.astype(cdt).reshape(C, K, Gq, bp, ps),
+            v,
+            preferred_element_type=jnp.float32,
+        )
+        corr = jnp.exp(m - m_new)
+        den = (den * corr).at[row].add(jnp.sum(e, axis=-1))
+        acc = (acc * corr[..., None]).at[row].add(pv)
+        return m_new, den, acc
+
+    init = (
+        jnp.full((N + 1, K, Gq), NEG_INF, jnp.float32),
+        jnp.zeros((N + 1, K, Gq), jnp.float32),
+        jnp.zeros((N + 1, K, Gq, Dh), jnp.float32),
+    )
+    _, den, acc = jax.lax.fori_loop(0, trips, body, init)
+    return (acc[:N] / den[:N, ..., None]).reshape(N, 1, H, Dh).astype(cdt)
+
+
+def attend_pages(
+    q: jax.Array, cache: dict, key_valid: jax.Array, layer, kv_end: jax.Array, implementation: str
+) -> jax.Array:
+    """One decode step over the pages with the selected implementation (PAGED_IMPLEMENTATIONS,
+    ModelConfig.paged_attention): "plain" paged_attention (every platform); "pallas" the Pallas
+    kernel (models/paged_kernel.py), compiled, where paged_attention_kernel_supported (a TPU);
+    "interpret" the same kernel in Pallas interpret mode (any platform, slow: tests); "auto"
+    the kernel where it is supported, else plain. Arguments as paged_attention's."""
+    from gspo_jax.models import paged_kernel  # Pallas imported only when a kernel is asked for
+
+    if implementation == "auto":
+        implementation = "pallas" if paged_kernel.paged_attention_kernel_supported() else "plain"
+    if implementation == "plain":
+        return paged_attention(q, cache, key_valid, layer, kv_end)
+    if implementation == "pallas" and not paged_kernel.paged_attention_kernel_supported():
+        raise ValueError(
+            f"model.paged_attention='pallas' needs a TPU (this backend is "
+            f"{jax.default_backend()}); use 'plain' or 'auto' (the kernel where it runs)."
+        )
+    if implementation not in PAGED_IMPLEMENTATIONS:
+        raise ValueError(
+            f"paged_attention={implementation!r} is not one of {PAGED_IMPLEMENTATIONS}."
+        )
+    return paged_kernel.paged_attention_kernel(
+        q, cache, key_valid, layer, kv_end, interpret=implementation == "interpret"
+    )
+
+
+def paged_attention_reference(q: jax.Array, cache: dict, key_valid: jax.Array, layer) -> jax.Array:
+    """paged_attention's reference: gathers each row's whole page table ([N, Pt, K, Dh, ps])
+    and runs the masked softmax of attention.reference_attention over it (float32 scores).
+    Same arguments; reads all Pt pages of every row whatever it sees."""
     table = cache["page_table"]  # [N, Pt]
     N, _, H, Dh = q.shape
     Pt = table.shape[1]
@@ -129,10 +244,12 @@ def paged_attention(q: jax.Array, cache: dict, key_valid: jax.Array, layer) -> j
 
 
 __all__ = [
+    "attend_pages",
     "SCRATCH_PAGE",
     "init_paged_cache",
     "is_paged",
     "paged_attention",
+    "paged_attention_reference",
     "paged_cache_bytes",
     "write_paged",
     "write_prompt_pages",

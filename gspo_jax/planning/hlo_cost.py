@@ -13,7 +13,10 @@ HLO text instead and counts, the way XLA's cost analysis does:
     bytes   operands read and results written by every top-level instruction (a fusion is one
             instruction: its intermediates stay on chip); a dynamic-slice, and a fusion operand
             used only through dynamic-slices, counts the slice it reads; an in-place
-            dynamic-update-slice counts the update it writes. Inside a fusion, dtype converts
+            dynamic-update-slice counts the update it writes; likewise a gather counts the
+            rows it gathers and an in-place scatter the updates it writes (the paged KV cache
+            is read and written through them: its pool is far larger than what a decode step
+            touches). Inside a fusion, dtype converts
             and views are looked through, and a fusion that only slices / converts an operand
             counts nothing (its consumer's read counts): XLA:CPU wraps bf16 slices and updates
             in f32 converts, which a TPU does not do. Reads of such f32 copies still count
@@ -266,19 +269,25 @@ class _Walker:
             full = _shape_bytes(self.shapes.get(operand, ""))
             used = sinks(p.name) if p is not None else []
             itemsize = full / max(math.prod(_dims(self.shapes.get(operand, ""))), 1)
-            if used and all(u.opcode in ("dynamic-slice", "slice") for u, _ in used):
+            if used and all(
+                u.opcode in ("dynamic-slice", "slice")
+                or (u.opcode == "gather" and u.operands[0] == o)
+                for u, o in used
+            ):
                 total += sum(math.prod(_dims(u.shape)) * itemsize for u, _ in used)
             elif used and all(
-                u.opcode == "dynamic-update-slice" and u.operands[0] == o for u, o in used
+                u.opcode in ("dynamic-update-slice", "scatter") and u.operands[0] == o
+                for u, o in used
             ):
                 pass  # updated in place
             else:
                 total += full
         root = next((b for b in body if b.root), None)
         dus = source(root.name) if root is not None else None
-        if dus is not None and dus.opcode == "dynamic-update-slice":
+        if dus is not None and dus.opcode in ("dynamic-update-slice", "scatter"):
             out_item = _shape_bytes(ins.shape) / max(math.prod(_dims(ins.shape)), 1)
-            total += math.prod(_dims(by_name[dus.operands[1]].shape)) * out_item
+            update = dus.operands[1 if dus.opcode == "dynamic-update-slice" else 2]
+            total += math.prod(_dims(by_name[update].shape)) * out_item
         else:
             total += _shape_bytes(ins.shape)
         return total
@@ -310,6 +319,12 @@ class _Walker:
                 nbytes += 2 * _shape_bytes(ins.shape)
             elif op == "dynamic-update-slice":
                 nbytes += 2 * _shape_bytes(self.shapes.get(ins.operands[1], ""))
+            elif op == "gather":  # the gathered rows, read and written, and the indices
+                nbytes += 2 * _shape_bytes(ins.shape)
+                nbytes += _shape_bytes(self.shapes.get(ins.operands[1], ""))
+            elif op == "scatter":  # in place: the updates and the indices
+                nbytes += 2 * _shape_bytes(self.shapes.get(ins.operands[2], ""))
+                nbytes += _shape_bytes(self.shapes.get(ins.operands[1], ""))
             elif op == "fusion":
                 flops += self.fused_flops(_attr(ins.attrs, "calls") or "")
                 nbytes += self.fusion_bytes(ins)

@@ -149,34 +149,48 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     phases = ts.make_phases(run, abs_state, with_ref=rl_batch.uses_reference(run))
     spec, mesh = run.step, run.mesh
     key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
-    P, Lp = spec.prompts, spec.prompt_len
-    prompts = jax.ShapeDtypeStruct((P, Lp), jnp.int32, sharding=sharding.rows_sharding(mesh, 2))
-    lengths = jax.ShapeDtypeStruct((P,), jnp.int32, sharding=sharding.rows_sharding(mesh, 1))
-    T = spec.response_len
+    P, Lp, T = spec.prompts, spec.prompt_len, spec.response_len
+    continuous = spec.rollout_engine == "continuous"
     clock = lambda: (time.time(), time.process_time())  # noqa: E731 (CPU s: fair under load)
     with sharding.use_mesh(mesh):
         t0 = clock()
-        rollout_traced = phases.rollout.trace(abs_state.params, prompts, lengths, key)
+        rollout_traced = phases.rollout.trace(*_rollout_args(run, abs_state, key))
         rollout = rollout_traced.lower().compile()
         t1 = clock()
         update_traced = phases.update.trace(abs_state, RLBatch.abstract(run), key)
         update = update_traced.lower().compile()
         t2 = clock()
-        step_traced = _decode_step_fn(run).trace(*_decode_step_args(run, abs_state))
+        if continuous:
+            step_fn, step_args = _engine_decode_step(run, abs_state)
+        else:
+            step_fn, step_args = _decode_step_fn(run), _decode_step_args(run, abs_state)
+        step_traced = step_fn.trace(*step_args)
         step = step_traced.lower().compile()
         t3 = clock()
     n = slc.devices
+    # Loops counted at their trip counts: the static engine's decode phases run at most
+    # decode_block steps each; the continuous engine's loop (data-dependent) once, its decode
+    # steps added below.
+    trips = 1 if continuous else max(min(T - 1, run.model_cfg.decode_block), 1)
     costs = {
         "decode_step": hlo_cost.program_cost(step, 1, step_traced.jaxpr, n),
-        # Every decode phase's loop (rollout/static.py) runs at most decode_block steps.
-        "rollout": hlo_cost.program_cost(
-            rollout, max(min(T - 1, run.model_cfg.decode_block), 1), rollout_traced.jaxpr, n
-        ),
+        "rollout": hlo_cost.program_cost(rollout, trips, rollout_traced.jaxpr, n),
         "update": hlo_cost.program_cost(update, 1, update_traced.jaxpr, n),
     }
     steps = max(T - 1, 0)  # decode steps of the longest rollout (the first token is prefill's)
-    rest = costs["rollout"] + costs["decode_step"] * -steps
-    rest = hlo_cost.Cost(*(max(v, 0.0) for v in dataclasses.astuple(rest)))
+    engine = {}
+    if continuous:
+        engine = _engine_plan(run)
+        steps = engine["decode_steps_max"]
+        # the loop body counted once: one refill (a prompt's prefill) and one decode step;
+        # every prompt of the queue is prefilled once
+        once = costs["rollout"] + costs["decode_step"] * -1
+        rest = hlo_cost.Cost(
+            *(engine["queue_prompts"] * max(v, 0.0) for v in dataclasses.astuple(once))
+        )
+    else:
+        rest = costs["rollout"] + costs["decode_step"] * -steps
+        rest = hlo_cost.Cost(*(max(v, 0.0) for v in dataclasses.astuple(rest)))
     times = {
         "decode_step": slc.roofline_s(costs["decode_step"]),
         "rollout": slc.roofline_s(rest) + steps * slc.roofline_s(costs["decode_step"]),
@@ -210,7 +224,80 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
         "decode_steps": steps,
         "costs": costs,
         "times": times,
+        "engine": engine,
     }
+
+
+def _rollout_args(run, abs_state, key) -> tuple:
+    """Abstract arguments of phases.rollout: (params, prompts [Q, Lp], lengths [Q], key), and
+    with partial rollouts the queue's carried rows [Q·G, T] and the policy version; Q = P, or
+    (1 + k)·P groups with partial rollouts."""
+    spec, mesh = run.step, run.mesh
+    Q, Lp, T = spec.prompts * (1 + spec.partial_rollout), spec.prompt_len, spec.response_len
+    rows = lambda shape, dtype: jax.ShapeDtypeStruct(  # noqa: E731
+        shape, dtype, sharding=sharding.rows_sharding(mesh, len(shape))
+    )
+    args = (abs_state.params, rows((Q, Lp), jnp.int32), rows((Q,), jnp.int32), key)
+    if not spec.partial_rollout:
+        return args
+    R = Q * spec.group_size
+    carry = rollout.PartialRows(
+        tokens=rows((R, T), jnp.int32),
+        mask=rows((R, T), jnp.float32),
+        logp=rows((R, T), jnp.float32),
+        sample_logp=rows((R, T), jnp.float32),
+        versions=rows((R, T), jnp.int32),
+        done=rows((R,), bool),
+    )
+    version = jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding.replicated(mesh))
+    return (*args, carry, version)
+
+
+def _engine_config(run) -> dict:
+    """The continuous engine's keywords for this run's rollout (rollout.decode_step_for_plan)."""
+    spec = run.step
+    return dict(
+        num_samples=spec.group_size,
+        max_new_tokens=spec.response_len,
+        temperature=spec.temperature,
+        top_k=spec.top_k,
+        top_p=spec.top_p,
+        return_routes=spec.records_routes,
+        **dict(spec.rollout_options),
+    )
+
+
+def _engine_plan(run) -> dict:
+    """The continuous engine's sizes: slots, the paged KV cache (pages and bytes, in the rollout
+    dtype) and the most decode steps a rollout takes (every row to the limit, N at a time)."""
+    spec = run.step
+    Q = spec.prompts * (1 + spec.partial_rollout)
+    rows = Q * spec.group_size
+    opts = dict(spec.rollout_options)
+    slots = min(opts.get("slots") or rows, rows)
+    page_size = opts.get("page_size") or rollout.continuous.DEFAULT_PAGE_SIZE
+    resumed = slots if spec.partial_rollout else 0  # carried rows' pages (continuous.py)
+    pages = rollout.pages_needed(slots, spec.prompt_len, spec.response_len, page_size, resumed)
+    cfg = nnx.merge(run.rollout_graphdef, run.abs_params, run.rest).cfg
+    return {
+        "slots": slots,
+        "queue_prompts": Q,
+        "page_size": page_size,
+        "pages": pages,
+        "paged_cache_bytes": models.paged_cache_bytes(cfg, pages, page_size),
+        "decode_steps_max": math.ceil(rows / slots) * max(spec.response_len - 1, 0),
+    }
+
+
+def _engine_decode_step(run, abs_state):
+    """(jitted function, abstract arguments) of one N-slot decode step of the continuous engine
+    (rollout.decode_step_for_plan) on the rollout's model, nothing allocated."""
+    spec = run.step
+    model = nnx.merge(run.rollout_graphdef, abs_state.params, run.rest)
+    Q = spec.prompts * (1 + spec.partial_rollout)
+    return rollout.decode_step_for_plan(
+        model, num_prompts=Q, prompt_len=spec.prompt_len, **_engine_config(run)
+    )
 
 
 def _decode_step_fn(run):
@@ -286,9 +373,22 @@ def format_plan(p: dict[str, Any]) -> str:
         f"bytes / {chip.hbm_gbps:g} GB/s HBM); matmul FLOPs and HBM bytes of the compiled "
         "programs, loops counted)",
     ]
+    e = p.get("engine") or {}
+    if e:
+        lines.insert(
+            6,
+            f"  paged KV cache (continuous) {g(e['paged_cache_bytes'])} GiB in all: {e['pages']} "
+            f"pages of {e['page_size']} slots for {e['slots']} decode slots",
+        )
+    steps_note = (
+        f"  (at most {p['decode_steps']} steps of {e['slots']} slots + {e['queue_prompts']} "
+        "prefills)"
+        if e
+        else f"  ({p['decode_steps']} decode steps + prefill)"
+    )
     rows = [
         ("decode step", "decode_step", ""),
-        ("rollout", "rollout", f"  ({p['decode_steps']} decode steps + prefill)"),
+        ("rollout", "rollout", steps_note),
         ("update", "update", ""),
     ]
     for label, key, note in rows:

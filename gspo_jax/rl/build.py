@@ -526,6 +526,37 @@ def rollout_options(config) -> tuple:
     return (("slots", rl.rollout_slots), ("page_size", rl.rollout_page_size))
 
 
+def partial_rollout_of(config) -> int:
+    """config.rl.partial_rollout, checked: the continuous engine only, and not with what needs a
+    rollout to be one policy's whole batch (one-line ConfigErrors naming the fix)."""
+    rl, k = config.rl, config.rl.partial_rollout
+    if k == 0:
+        return 0
+    fix = "set config.rl.partial_rollout=0"
+    if k < 0:
+        raise ConfigError(f"config.rl.partial_rollout={k} must be >= 0 (carried prompt batches)")
+    if rl.rollout_engine != "continuous":
+        raise ConfigError(
+            f"config.rl.partial_rollout={k} needs config.rl.rollout_engine='continuous' (the "
+            f"static engine decodes one batch to its end); set it, or {fix}"
+        )
+    for field, why in (
+        ("dynamic_sampling", "draws a data-dependent number of batches per step"),
+        ("routing_replay", "replays routes, which a continued row's new prefill changes"),
+        ("log_route_change", "compares the rollout's routes, which a new prefill changes"),
+    ):
+        if rl[field]:
+            raise ConfigError(f"config.rl.partial_rollout={k} with rl.{field}: it {why}; {fix}")
+    if config.population.seeds:
+        raise ConfigError(f"config.rl.partial_rollout={k} in a population is not built; {fix}")
+    if jax.process_count() > 1:
+        raise ConfigError(
+            f"config.rl.partial_rollout={k} runs in one process (the carried rows are host "
+            f"state); {fix} for a multi-host run"
+        )
+    return int(k)
+
+
 def step_spec(config, task, objective: objectives.Objective) -> StepSpec:
     """What one RL step of this config does (StepSpec): the config's step fields, typed, and the
     rules that follow from them, each decided here once. config.rl.max_new_tokens is resolved
@@ -549,6 +580,7 @@ def step_spec(config, task, objective: objectives.Objective) -> StepSpec:
         records_routes=rl.routing_replay or rl.log_route_change,
         rollout_engine=rl.rollout_engine,
         rollout_options=rollout_options(config),
+        partial_rollout=partial_rollout_of(config),
         overlong_buffer=rl.overlong_buffer,
         overlong_penalty=rl.overlong_penalty,
         mask_truncated=rl.mask_truncated,

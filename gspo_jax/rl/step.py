@@ -33,6 +33,7 @@ from flax import nnx
 from gspo_jax import rollout, sharding
 from gspo_jax.rl import batch as rl_batch
 from gspo_jax.rl.logprob_passes import make_route_change_fn, run_logprob_fn
+from gspo_jax.rl.partial import PartialQueue
 from gspo_jax.rl.update import make_update_fn
 from gspo_jax.runtime import distributed
 from gspo_jax.runtime import metrics as metrics_lib
@@ -76,14 +77,25 @@ def make_rollout_fn(run: Run):
         )
         if spec.records_routes:  # the model's [L, B, S, k] -> [B, L, S, k], as in the step
             out = out.replace(routes=jnp.swapaxes(out.routes, 0, 1))
-        if noise_std > 0:  # an engine whose log-probs are off by ~noise_std per token
-            noise_key = jax.random.fold_in(jax.random.wrap_key_data(key), LOGP_NOISE_STREAM)
-            noise = noise_std * jax.random.normal(noise_key, out.logp.shape)  # [B, T]
-            out = out.replace(logp=jnp.where(out.mask > 0, out.logp + noise, out.logp))
-        return out
+        return _with_logp_noise(out, key, noise_std)
 
+    return jax.jit(fn, out_shardings=_sample_shardings(run))
+
+
+def _with_logp_noise(out: rollout.SampleOutput, key, noise_std: float) -> rollout.SampleOutput:
+    """StepSpec.rollout_logp_noise: an engine whose log-probs are off by ~noise_std per token."""
+    if noise_std <= 0:
+        return out
+    noise_key = jax.random.fold_in(jax.random.wrap_key_data(key), LOGP_NOISE_STREAM)
+    noise = noise_std * jax.random.normal(noise_key, out.logp.shape)  # [B, T]
+    return out.replace(logp=jnp.where(out.mask > 0, out.logp + noise, out.logp))
+
+
+def _sample_shardings(run: Run) -> rollout.SampleOutput:
+    """The rollout's SampleOutput shardings: rows over the mesh's batch axes."""
+    spec = run.step
     rows = lambda ndim: sharding.rows_sharding(run.mesh, ndim)  # noqa: E731
-    out_sh = rollout.SampleOutput(
+    return rollout.SampleOutput(
         tokens=rows(2),
         mask=rows(2),
         logp=rows(2),
@@ -91,8 +103,57 @@ def make_rollout_fn(run: Run):
         lengths=rows(1),
         # the rollout's expert choices (Routing Replay, route-change metric)
         routes=rows(4) if spec.records_routes else None,
+        # partial rollouts: the policy version of each token
+        versions=rows(2) if spec.partial_rollout else None,
     )
-    return jax.jit(fn, out_shardings=out_sh)
+
+
+def make_partial_rollout_fn(run: Run):
+    """Partial rollouts (rl/partial.py): (params, prompts [Q, Lp], lengths [Q], key, carry
+    PartialRows [Q·G, T], version) -> (SampleOutput of the P first complete groups, with
+    .versions; selected [P] and carried [C] queue indices; PartialRows [C·G, T] carried).
+    version is the trainer's step (the policy version sampling now). Log-prob noise, as in
+    make_rollout_fn, goes on each row's tokens once, when the row is trained on."""
+    spec = run.step
+
+    def fn(params, prompts, lengths, key, carry, version):
+        model = nnx.merge(run.rollout_graphdef, params, run.rest)
+        out, selected, carried, rows = rollout.generate_partial(
+            model,
+            prompts,
+            lengths,
+            jax.random.wrap_key_data(key),
+            carry,
+            version=version,
+            complete_groups=spec.prompts,
+            num_samples=spec.group_size,
+            max_new_tokens=spec.response_len,
+            temperature=spec.temperature,
+            top_k=spec.top_k,
+            top_p=spec.top_p,
+            eos_id=spec.eos_id,
+            pad_id=spec.pad_id,
+            **dict(spec.rollout_options),
+        )
+        return _with_logp_noise(out, key, spec.rollout_logp_noise), selected, carried, rows
+
+    rows = lambda ndim: sharding.rows_sharding(run.mesh, ndim)  # noqa: E731
+    every = sharding.replicated(run.mesh)
+    carry_sh = rollout.PartialRows(*(rows(2),) * 5, done=rows(1))
+    return jax.jit(fn, out_shardings=(_sample_shardings(run), every, every, carry_sh))
+
+
+def staleness_metrics(versions: jax.Array, mask: jax.Array, version) -> dict[str, jax.Array]:
+    """Partial rollouts: how many policy versions behind the updating policy the batch's tokens
+    were sampled (versions [B, T] int32, mask [B, T]; version: the step now), over response
+    tokens: the mean, the max and the share sampled by the current policy."""
+    lag = (version - versions).astype(jnp.float32)  # [B, T]
+    n = jnp.maximum(jnp.sum(mask), 1.0)
+    return {
+        "staleness_mean": jnp.sum(lag * mask) / n,
+        "staleness_max": jnp.max(jnp.where(mask > 0, lag, 0.0)),
+        "fresh_tokens_frac": jnp.sum((lag == 0) * mask) / n,
+    }
 
 
 def _resample_key(resample: jax.Array, g: int) -> jax.Array:
@@ -141,6 +202,7 @@ class Phases:
     resample_key: Any = jax.jit(_resample_key, static_argnums=1)
     recompute_metrics: Any = jax.jit(rl_batch.recompute_metrics)
     means: Any = jax.jit(_step_means)
+    staleness: Any = jax.jit(staleness_metrics)
 
 
 def make_phases(run: Run, state: TrainState, with_ref: bool) -> Phases:
@@ -170,7 +232,7 @@ def make_phases(run: Run, state: TrainState, with_ref: bool) -> Phases:
         donate_argnums=(0,),
     )
     return Phases(
-        make_rollout_fn(run),
+        make_partial_rollout_fn(run) if spec.partial_rollout else make_rollout_fn(run),
         rl_batch.make_shape_fn(run),
         rl_batch.make_select_fn(run),
         rl_batch.make_prepare_fn(run),
@@ -196,6 +258,68 @@ class Collected:
     metrics: dict  # the rollout's means (scores, lengths, dynamic sampling's counts)
     rollout_s: float  # seconds sampling
     reward_s: float  # seconds scoring and shaping
+
+
+def _score(run: Run, phases: Phases, sample, batch_local: dict):
+    """Scores this process's rows of a rollout on the host and shapes the rewards on the mesh:
+    (the scores and lengths [B] as global arrays, phases.shape's (shaped, shaping, truncated,
+    signal))."""
+    mesh = run.mesh
+    mask_local = distributed.to_local(sample.mask)
+    scores = run.task.score(
+        batch_local, distributed.to_local(sample.tokens), mask_local, run.step.group_size
+    )
+    rewards = distributed.to_global(scores["reward"].astype(np.float32), mesh)
+    lens = mask_local.sum(-1).astype(np.float32)  # [B] tokens
+    part = {
+        k: distributed.to_global(v.astype(np.float32), mesh)
+        for k, v in {**scores, "length": lens}.items()
+    }
+    with sharding.use_mesh(mesh):
+        return part, phases.shape(sample, rewards)
+
+
+def collect_partial(
+    run: Run,
+    phases: Phases,
+    state: TrainState,
+    keys: dict,
+    batch_local: dict,
+    more_batches: Callable[[], dict],
+    queue: PartialQueue,
+) -> Collected:
+    """collect_rollouts with partial rollouts (rl/partial.py): the engine works on the carried
+    groups and this step's, stops at P complete groups, and the rest is kept in queue for the
+    next step. Scores and trains on the P complete groups; logs their tokens' staleness."""
+    mesh = run.mesh
+    t0 = time.time()
+    queue_local, carry = queue.queue(batch_local, more_batches)  # [Q, ...], [Q·G, T]
+    glob = lambda x: distributed.to_global(np.asarray(x), mesh)  # noqa: E731
+    with sharding.use_mesh(mesh):
+        sample, selected, carried, rows = phases.rollout(
+            state.params,
+            glob(queue_local["prompt"].astype(np.int32)),
+            glob(queue_local["prompt_length"].astype(np.int32)),
+            keys["rollout"],
+            jax.tree.map(glob, carry),
+            state.step,
+        )
+        jax.block_until_ready(sample.tokens)
+    t1 = time.time()
+    selected, carried = np.asarray(jax.device_get(selected)), np.asarray(jax.device_get(carried))
+    queue.keep(queue_local, carried, jax.tree.map(distributed.to_local, rows))
+    batch_local = {k: v[selected] for k, v in queue_local.items()}
+    prompts = glob(batch_local["prompt"].astype(np.int32))
+    lengths = glob(batch_local["prompt_length"].astype(np.int32))
+    part, (shaped, shaping, truncated, _) = _score(run, phases, sample, batch_local)
+    with sharding.use_mesh(mesh):
+        metrics = dict(
+            phases.means([part], shaping if run.step.overlong_penalty > 0 else None, None)
+        )
+        metrics.update(phases.staleness(sample.versions, sample.mask, state.step))
+    return Collected(
+        sample, shaped, shaping, truncated, prompts, lengths, metrics, t1 - t0, time.time() - t1
+    )
 
 
 def collect_rollouts(
@@ -224,20 +348,8 @@ def collect_rollouts(
             sample = phases.rollout(state.params, prompts, lengths, key)
             jax.block_until_ready(sample.tokens)
         t1 = time.time()
-        mask_local = distributed.to_local(sample.mask)
-        scores = run.task.score(
-            batch_local, distributed.to_local(sample.tokens), mask_local, spec.group_size
-        )
-        rewards = distributed.to_global(scores["reward"].astype(np.float32), mesh)
-        lens = mask_local.sum(-1).astype(np.float32)  # [B] tokens
-        score_parts.append(
-            {
-                k: distributed.to_global(v.astype(np.float32), mesh)
-                for k, v in {**scores, "length": lens}.items()
-            }
-        )
-        with sharding.use_mesh(mesh):
-            shaped, shaping, truncated, signal = phases.shape(sample, rewards)
+        part, (shaped, shaping, truncated, signal) = _score(run, phases, sample, batch_local)
+        score_parts.append(part)
         gens.append((sample, shaped, shaping, truncated, signal, prompts, lengths))
         t_rollout += t1 - t0
         t_reward += time.time() - t1
@@ -310,6 +422,7 @@ def rl_step(
     *,
     ref_params=None,
     more_batches: Callable[[], dict] | None = None,
+    partial: PartialQueue | None = None,
 ) -> tuple[TrainState, dict[str, float]]:
     """One RL step on this process's prompts ``batch_local``: collect_rollouts, then
     learn_on_batch; returns (state, host metrics).
@@ -328,6 +441,11 @@ def rl_step(
             "config.rl.dynamic_sampling draws more prompt batches: pass more_batches= (a callable "
             "returning this process's next batch, e.g. lambda: next(data_iterator))"
         )
+    if run.step.partial_rollout and (partial is None or more_batches is None):
+        raise ValueError(
+            "config.rl.partial_rollout carries groups between steps: pass partial= (an "
+            "rl.partial.PartialQueue around the data iterator) and more_batches="
+        )
     step = int(jax.device_get(state.step))
     t_start = time.time()
     keys = phases.keys(state.rng, state.step)
@@ -335,7 +453,10 @@ def rl_step(
     # host scalar in and out (allowed here: the guard is for the arrays of the step).
     with jax.transfer_guard("allow"):
         lr = run.schedule(step * run.updates_per_step)
-    got = collect_rollouts(run, phases, state, keys, batch_local, more_batches)
+    if run.step.partial_rollout:
+        got = collect_partial(run, phases, state, keys, batch_local, more_batches, partial)
+    else:
+        got = collect_rollouts(run, phases, state, keys, batch_local, more_batches)
     state, train_m, roll_m, pass_m, times = learn_on_batch(
         run, phases, state, got, keys, ref_params
     )

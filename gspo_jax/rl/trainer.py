@@ -54,6 +54,7 @@ from gspo_jax.rl import batch as rl_batch
 from gspo_jax.rl import build as exp
 from gspo_jax.rl import evaluation
 from gspo_jax.rl import step as ts
+from gspo_jax.rl.partial import PartialQueue
 from gspo_jax.runtime import agreement as pod
 from gspo_jax.runtime import checkpoint as checkpoint_lib
 from gspo_jax.runtime import metrics as metrics_lib
@@ -182,6 +183,15 @@ class Session:
         self.ckpt_dir = os.path.join(self.workdir, "checkpoints")
         # nothing is written before the config check
         self.data_iter = data_iterator.make_data_iterator(self.config, self.run.task)
+        spec = self.run.step
+        if spec.partial_rollout:  # the carried groups travel with the stream (rl/partial.py)
+            self.data_iter = PartialQueue(
+                self.data_iter,
+                carried_batches=spec.partial_rollout,
+                group_size=spec.group_size,
+                max_new_tokens=spec.response_len,
+                pad_id=spec.pad_id,
+            )
         self.ckpt = checkpoint_lib.Checkpointer(
             self.ckpt_dir,
             save_every=self.config.checkpoint.every,
@@ -296,6 +306,7 @@ class Session:
             next(self.data_iter),
             ref_params=self.ref_params,
             more_batches=lambda: next(self.data_iter),  # dynamic sampling's extra draws
+            partial=self.data_iter if self.run.step.partial_rollout else None,
         )
         return m
 

@@ -10,9 +10,13 @@ a fixed number of decode slots refilled from the queue of rows as rows end) over
 paged KV cache's page tables and reference counts).
 """
 
-from gspo_jax.rollout.continuous import REFILL_STRATEGIES, decode_step_for_plan
+from gspo_jax.rollout.continuous import (
+    REFILL_STRATEGIES,
+    decode_step_for_plan,
+    generate_partial,
+)
 from gspo_jax.rollout.engine import ENGINES, RolloutEngine, generate
-from gspo_jax.rollout.output import SampleOutput
+from gspo_jax.rollout.output import PartialRows, SampleOutput
 from gspo_jax.rollout.paged import pages_needed
 from gspo_jax.rollout.sampling import (
     inverse_cdf_sample,
@@ -26,12 +30,14 @@ from gspo_jax.rollout.static import DECODE_LAYOUTS, decode_step, prefill
 __all__ = [
     "DECODE_LAYOUTS",
     "ENGINES",
+    "PartialRows",
     "REFILL_STRATEGIES",
     "RolloutEngine",
     "SampleOutput",
     "decode_step",
     "decode_step_for_plan",
     "generate",
+    "generate_partial",
     "inverse_cdf_sample",
     "pages_needed",
     "prefill",

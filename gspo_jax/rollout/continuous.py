@@ -52,6 +52,15 @@ How it works:
 - Memory: the pool holds paged.pages_needed(slots, Lp, T, ps) pages by default (enough that
   allocation never fails: models.paged_cache_bytes gives its bytes), against the static
   engine's B rows of T generated slots: the cache scales with N, not B.
+- Partial rollouts (generate_partial): the queue may hold groups carried from an earlier step
+  (PartialRows: each row's tokens so far, their log-probs and policy versions, whether it
+  ended), and the loop stops as soon as complete_groups groups are complete. A carried row is
+  continued, not restarted: its group's prompt is prefilled again, and when the row takes a
+  slot one [1, Lp + T] forward of its prompt and tokens (_resume) recomputes their KV with the
+  current policy into fresh pages; its tokens keep their log-probs and versions, and sampling
+  resumes at its first missing token. The rows still running or not yet started are handed
+  back for the next step. So a step is not held up by its longest rows, and each token records
+  the policy that sampled it.
 
 The plan's unit of cost: decode_step_for_plan (one decode step of N slots, module bottom).
 """
@@ -72,7 +81,7 @@ from gspo_jax.models import (
     write_prompt_pages,
 )
 from gspo_jax.rollout import paged
-from gspo_jax.rollout.output import SampleOutput
+from gspo_jax.rollout.output import PartialRows, SampleOutput
 from gspo_jax.rollout.sampling import row_uniforms, sample_with_uniform, static_temperature
 
 REFILL_STRATEGIES = ("device", "chunked")
@@ -100,9 +109,24 @@ class EngineState:
     decode_steps: jax.Array  # scalar int32: decode steps run
     decoded_slots: jax.Array  # scalar int32: slot-steps decoded (the steps' widths summed)
     failed: jax.Array  # scalar bool: an allocation found no free page (never, by pages_needed)
+    versions: jax.Array  # [B, T] int32: the policy version that sampled each token
+    forced: jax.Array  # [B] int32: tokens a carried row already has (kept, not sampled again)
+    ended: jax.Array  # [B] bool: the row ended (EOS, its limit, or it never takes a slot)
+    row_pages: jax.Array  # [B, Pg] int32: a carried row's generated pages (resume_carried)
 
     def finished(self) -> jax.Array:
         return (self.next_row >= self.tokens.shape[0]) & ~jnp.any(self.active)
+
+    def complete_groups(self, G: int) -> jax.Array:
+        """Scalar int32: groups whose G rows have all ended."""
+        return jnp.sum(jnp.all(self.ended.reshape(-1, G), axis=1)).astype(jnp.int32)
+
+    def stopped(self, cfg: dict) -> jax.Array:
+        """Every row ended, or (partial rollouts) cfg["complete_groups"] groups are complete."""
+        target = cfg["complete_groups"]
+        if target is None:
+            return self.finished()
+        return self.finished() | (self.complete_groups(cfg["G"]) >= target)
 
 
 @flax.struct.dataclass
@@ -114,6 +138,8 @@ class _Inputs:
     rng: jax.Array
     eos_id: jax.Array  # scalar int32
     pad_id: jax.Array  # scalar int32
+    version: jax.Array  # scalar int32: the policy version sampling now (partial rollouts)
+    carry: PartialRows  # [B, T] rows as far as earlier steps generated them (new rows: empty)
     temperature: jax.Array | None = None  # scalar f32 when traced (cfg's is None), else None
 
 
@@ -127,7 +153,8 @@ def init_state(model, inputs: _Inputs, cfg: dict) -> EngineState:
     P, Lp = inputs.prompts.shape
     B, T, N = P * cfg["G"], cfg["T"], cfg["slots"]
     Pp, Pg = paged.page_counts(Lp, T, cfg["page_size"])
-    zeros = jnp.zeros((B, T), jnp.float32)
+    c = inputs.carry
+    chex.assert_shape([c.tokens, c.mask, c.logp, c.sample_logp, c.versions], (B, T))
     mc = model.cfg
     table = jnp.full((N, Pp + Pg), SCRATCH_PAGE, jnp.int32)
     return EngineState(
@@ -138,17 +165,29 @@ def init_state(model, inputs: _Inputs, cfg: dict) -> EngineState:
         refcount=jnp.zeros((cfg["num_pages"],), jnp.int32),
         prompt_pages=jnp.full((P, Pp), SCRATCH_PAGE, jnp.int32),
         cache=init_paged_cache(mc, cfg["num_pages"], cfg["page_size"], table),
-        tokens=jnp.full((B, T), inputs.pad_id, jnp.int32),
-        mask=zeros,
-        logp=zeros,
-        sample_logp=zeros,
+        tokens=c.tokens,
+        mask=c.mask,
+        logp=c.logp,
+        sample_logp=c.sample_logp,
         routes=jnp.zeros((mc.num_layers, B, Lp + T, mc.experts_per_token), jnp.int32)
         if cfg["return_routes"]
         else None,
         decode_steps=jnp.zeros((), jnp.int32),
         decoded_slots=jnp.zeros((), jnp.int32),
         failed=jnp.zeros((), bool),
+        versions=c.versions,
+        forced=jnp.sum(c.mask, axis=1).astype(jnp.int32),
+        ended=c.done,
+        row_pages=jnp.full((B, Pg), SCRATCH_PAGE, jnp.int32),
     )
+
+
+def start(model, inputs: _Inputs, cfg: dict) -> EngineState:
+    """init_state, and with partial rollouts the carried rows' KV (resume_carried)."""
+    s = init_state(model, inputs, cfg)
+    if cfg["complete_groups"] is None:
+        return s
+    return resume_carried(model, inputs, s, cfg)
 
 
 def _prefill(model, inputs: _Inputs, s: EngineState, p, cfg: dict) -> EngineState:
@@ -174,7 +213,14 @@ def _prefill(model, inputs: _Inputs, s: EngineState, p, cfg: dict) -> EngineStat
     rows = p * G + jnp.arange(G, dtype=jnp.int32)
     u = row_uniforms(inputs.rng, jnp.zeros((G,), jnp.int32), rows, B)
     tok, lp, slp = sample_with_uniform(logits, u, **_settings(cfg, inputs))
-    alive = (tok != inputs.eos_id) & (T > 1)  # rows that will take a slot
+    # A carried row keeps its token 0 (and its log-probs and version): it is fed, not sampled.
+    kept = s.forced[rows] > 0
+    tok = jnp.where(kept, s.tokens[rows, 0], tok)
+    lp = jnp.where(kept, s.logp[rows, 0], lp)
+    slp = jnp.where(kept, s.sample_logp[rows, 0], slp)
+    version = jnp.where(kept, s.versions[rows, 0], inputs.version)
+    # rows that will take a slot (a carried row that already ended never does)
+    alive = (tok != inputs.eos_id) & (T > 1) & ~s.ended[rows]
     refcount, pages, failed = paged.allocate(s.refcount, Pp, jnp.sum(alive))
     routes = s.routes
     if cfg["return_routes"]:
@@ -190,33 +236,94 @@ def _prefill(model, inputs: _Inputs, s: EngineState, p, cfg: dict) -> EngineStat
         sample_logp=s.sample_logp.at[rows, 0].set(slp),
         routes=routes,
         failed=s.failed | failed,
+        versions=s.versions.at[rows, 0].set(version),
+        ended=s.ended.at[rows].set(~alive),
+    )
+
+
+def resume_carried(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
+    """Partial rollouts, before the loop: the KV of every carried row that already has n >= 2
+    tokens, recomputed with the current policy in one batched [R, Lp + T] forward of the rows'
+    prompts and tokens (the prompt + response layout of the trainer's response_logprobs, R =
+    cfg["slots"]: the rows were in slots when their step stopped, so at most N of them), written
+    to fresh generated pages (tokens 0 .. n - 2, the ones fed so far) listed in row_pages. A row
+    takes its pages when refill gives it a slot and resumes at token n (token n - 1 is fed next),
+    as if it had decoded them. One pass outside the loop: a forward inside the refill loop made
+    every decode step of the program slower on XLA:CPU, taken or not."""
+    P, Lp = inputs.prompts.shape
+    G, T, R = cfg["G"], cfg["T"], cfg["slots"]
+    B = s.tokens.shape[0]
+    Pg = s.row_pages.shape[1]
+    ps = cfg["page_size"]
+    carried = (s.forced >= 2) & ~s.ended  # [B]
+    rows = jnp.nonzero(carried, size=R, fill_value=B)[0].astype(jnp.int32)  # [R]; B: none
+    real = rows < B
+    r = jnp.minimum(rows, B - 1)
+    p = r // G
+    n = jnp.where(real, s.forced[r], 0)  # [R]
+    pos, valid = sequence_layout(inputs.prompt_lengths[p], Lp, T)  # [R, Lp + T]
+    out = model.forward(
+        jnp.concatenate([inputs.prompts[p], s.tokens[r]], axis=1).astype(jnp.int32),
+        pos,
+        slot_mask(valid, jnp.arange(Lp + T, dtype=jnp.int32)),
+        token_mask=valid,
+        cache=model.init_cache(R, Lp + T),
+        write_index=0,
+    )
+    kv = out["cache"]  # {"k": [L, R, K, Dh, Lp + T], "v": [L, R, K, Lp + T, Dh]}
+    need = jnp.arange(Pg, dtype=jnp.int32)[None, :] * ps < (n - 1)[:, None]  # [R, Pg]
+    refcount, pages, failed = paged.allocate_rows(s.refcount, need.reshape(-1))
+    pages = pages.reshape(R, Pg)  # scratch where not needed
+    # every row's generated slots [Lp, Lp + T - 1) as one flat list of pages: [L, R·Pg, ...]
+    gen = {
+        "k": kv["k"][..., Lp : Lp + T - 1].transpose(0, 2, 3, 1, 4),  # [L, K, Dh, R, T - 1]
+        "v": kv["v"][:, :, :, Lp : Lp + T - 1].transpose(0, 2, 1, 3, 4),  # [L, K, R, T - 1, Dh]
+    }
+    pad = Pg * ps - (T - 1)
+    L, K, Dh = gen["k"].shape[0], gen["k"].shape[1], gen["k"].shape[2]
+    k = jnp.pad(gen["k"], ((0, 0),) * 4 + ((0, pad),)).reshape(L, K, Dh, R * Pg, ps)
+    v = jnp.pad(gen["v"], ((0, 0),) * 3 + ((0, pad), (0, 0))).reshape(L, K, R * Pg, ps, Dh)
+    cache = _write_pages(s.cache, k, v, pages.reshape(-1))
+    row_pages = s.row_pages.at[jnp.where(real, rows, B)].set(pages, mode="drop")
+    failed = failed | (jnp.sum(carried) > R)  # more carried rows than slots: never, see above
+    return s.replace(refcount=refcount, cache=cache, row_pages=row_pages, failed=s.failed | failed)
+
+
+def _write_pages(cache: dict, k: jax.Array, v: jax.Array, pages: jax.Array) -> dict:
+    """The paged cache with whole pages written: k [L, K, Dh, n, ps], v [L, K, n, ps, Dh] into
+    pool pages [n] (scratch-page entries may repeat: nobody reads that page)."""
+    kd, vd = cache["k_pages"].dtype, cache["v_pages"].dtype
+    return dict(
+        cache,
+        k_pages=cache["k_pages"].at[:, pages].set(k.transpose(0, 3, 1, 2, 4).astype(kd)),
+        v_pages=cache["v_pages"].at[:, pages].set(v.transpose(0, 2, 1, 3, 4).astype(vd)),
     )
 
 
 def refill(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
     """Gives every free slot the next row of the queue (prefilling prompts as their first row
     comes up), until no slot is free or the queue is empty."""
-    B, T, G = s.tokens.shape[0], cfg["T"], cfg["G"]
+    B, G = s.tokens.shape[0], cfg["G"]
     N = s.active.shape[0]
 
     def body(s: EngineState) -> EngineState:
         b = s.next_row
         p = b // G
         s = _when(b % G == 0, lambda s: _prefill(model, inputs, s, p, cfg), s)
-        alive = (s.tokens[b, 0] != inputs.eos_id) & (T > 1)
+        alive = ~s.ended[b]  # set by the prefill: EOS first, T = 1, or a carried ended row
         slot = jnp.where(alive, jnp.argmin(s.active), N)  # the first free slot; N: none
         table = s.cache["page_table"]
-        row_table = jnp.concatenate(
-            [s.prompt_pages[p], jnp.full((table.shape[1] - s.prompt_pages.shape[1],), SCRATCH_PAGE)]
-        )
+        row_table = jnp.concatenate([s.prompt_pages[p], s.row_pages[b]])  # resume_carried's
         cache = dict(s.cache, page_table=table.at[slot].set(row_table, mode="drop"))
-        return s.replace(
+        s = s.replace(
             next_row=b + 1,
             slot_row=s.slot_row.at[slot].set(b, mode="drop"),
-            slot_t=s.slot_t.at[slot].set(1, mode="drop"),
+            # a carried row resumes at its first token not yet generated
+            slot_t=s.slot_t.at[slot].set(jnp.maximum(s.forced[b], 1), mode="drop"),
             active=s.active.at[slot].set(True, mode="drop"),
             cache=cache,
         )
+        return s
 
     return jax.lax.while_loop(lambda s: (s.next_row < B) & ~jnp.all(s.active), body, s)
 
@@ -255,6 +362,7 @@ def decode(model, inputs: _Inputs, s: EngineState, cfg: dict, width: int | None 
     logits = model.logits(o["hidden"][:, 0])  # [w, V]
     u = row_uniforms(inputs.rng, t, row, B)
     tok, lp, slp = sample_with_uniform(logits, u, **_settings(cfg, inputs))
+    version = jnp.full_like(tok, inputs.version)  # a slot samples only tokens not yet generated
 
     out_row = jnp.where(act, row, B)  # B: dropped
     put = lambda buf, v: buf.at[out_row, t].set(v, mode="drop")  # noqa: E731
@@ -279,6 +387,8 @@ def decode(model, inputs: _Inputs, s: EngineState, cfg: dict, width: int | None 
         routes=routes,
         decoded_slots=s.decoded_slots + w,
         failed=s.failed | failed,
+        versions=put(s.versions, version),
+        ended=s.ended.at[jnp.where(ended, row, B)].set(True, mode="drop"),
     )
 
 
@@ -344,13 +454,13 @@ def _run(graphdef, params, inputs: _Inputs, s: EngineState | None, *, cfg: tuple
     model = nnx.merge(graphdef, params)
     if cfg["refill"] == "device":
         return jax.lax.while_loop(
-            lambda s: ~s.finished(),
+            lambda s: ~s.stopped(cfg),
             lambda s: _step(model, inputs, s, cfg),
-            init_state(model, inputs, cfg),
+            start(model, inputs, cfg),
         )
     s = refill(model, inputs, s, cfg)
     s, _ = jax.lax.while_loop(
-        lambda c: jnp.any(c[0].active) & (c[1] < cfg["chunk"]),
+        lambda c: jnp.any(c[0].active) & ~c[0].stopped(cfg) & (c[1] < cfg["chunk"]),
         lambda c: (decode_draining(model, inputs, c[0], cfg), c[1] + 1),
         (s, jnp.zeros((), jnp.int32)),
     )
@@ -359,9 +469,7 @@ def _run(graphdef, params, inputs: _Inputs, s: EngineState | None, *, cfg: tuple
 
 _run_jit = jax.jit(_run, static_argnames=("graphdef", "cfg"), donate_argnames=("s",))
 _init_jit = jax.jit(
-    lambda graphdef, params, inputs, cfg: init_state(
-        nnx.merge(graphdef, params), inputs, dict(cfg)
-    ),
+    lambda graphdef, params, inputs, cfg: start(nnx.merge(graphdef, params), inputs, dict(cfg)),
     static_argnames=("graphdef", "cfg"),
 )
 
@@ -374,7 +482,40 @@ def _output(s: EngineState) -> SampleOutput:
         sample_logp=s.sample_logp,
         lengths=jnp.sum(s.mask, axis=-1).astype(jnp.int32),
         routes=s.routes,
+        versions=s.versions,
     )
+
+
+def _group_rows(groups: jax.Array, G: int) -> jax.Array:
+    """[n] group indices -> [n * G] their rows (group-contiguous)."""
+    return (groups[:, None] * G + jnp.arange(G, dtype=groups.dtype)[None, :]).reshape(-1)
+
+
+def split_partial(s: EngineState, G: int, complete_groups: int):
+    """A stopped engine's queue of Q groups split into the first complete_groups complete groups
+    (queue order) and the Q - complete_groups others, carried to the next step:
+    (SampleOutput [complete_groups * G rows], selected [complete_groups] int32 queue indices,
+    carried [Q - complete_groups] int32 queue indices, PartialRows of the carried rows).
+
+    The loop stops as soon as complete_groups groups are complete, so there are at least that
+    many; a step that completes several groups at once may complete more: the extra complete
+    groups are carried (done rows) and come out first in the next step."""
+    Q = s.tokens.shape[0] // G
+    complete = jnp.all(s.ended.reshape(Q, G), axis=1)  # [Q]
+    selected = jnp.nonzero(complete, size=complete_groups, fill_value=0)[0].astype(jnp.int32)
+    taken = jnp.zeros((Q,), bool).at[selected].set(True)
+    carried = jnp.nonzero(~taken, size=Q - complete_groups, fill_value=0)[0].astype(jnp.int32)
+    out = jax.tree.map(lambda x: x[_group_rows(selected, G)], _output(s))
+    rows = _group_rows(carried, G)
+    carry = PartialRows(
+        tokens=s.tokens[rows],
+        mask=s.mask[rows],
+        logp=s.logp[rows],
+        sample_logp=s.sample_logp[rows],
+        versions=s.versions[rows],
+        done=s.ended[rows],
+    )
+    return out, selected, carried, carry
 
 
 def engine_config(
@@ -392,13 +533,16 @@ def engine_config(
     refill: str = "device",
     chunk: int = 16,
     shrink: int = 3,
+    complete_groups: int | None = None,
 ) -> dict:
     """The engine's static configuration, checked (one-line ValueErrors naming the fix).
 
     slots: decode slots N (default: B, one per row; more than B is clamped to B). page_size: KV
     slots per page. num_pages: the pool (default and minimum: paged.pages_needed, so allocation
     never fails). refill / chunk: REFILL_STRATEGIES (module docstring). shrink: the drain decodes
-    sub-batches of N / 2^shrink slots (drain_width; 0 = always decode all N slots at once)."""
+    sub-batches of N / 2^shrink slots (drain_width; 0 = always decode all N slots at once).
+    complete_groups (partial rollouts): stop once that many groups are complete (None: when
+    every row has ended)."""
     P, Lp = prompts_shape
     B = P * num_samples
     slots = B if slots is None else int(slots)
@@ -413,7 +557,17 @@ def engine_config(
     if int(chunk) < 1:
         raise ValueError(f"chunk={chunk} must be >= 1 (decode steps per call, refill='chunked').")
     slots = min(slots, B)
-    needed = paged.pages_needed(slots, Lp, max_new_tokens, int(page_size))
+    if complete_groups is not None and not 1 <= int(complete_groups) <= P:
+        raise ValueError(
+            f"complete_groups={complete_groups} must be in [1, {P}] (the groups in the queue)."
+        )
+    if complete_groups is not None and return_routes:
+        raise ValueError(
+            "partial rollouts cannot return routes (a carried row's prompt is prefilled again by "
+            "a newer policy, so its recorded routes would mix policies); drop return_routes."
+        )
+    resumed = 0 if complete_groups is None else slots  # resume_carried's rows, at most N
+    needed = paged.pages_needed(slots, Lp, max_new_tokens, int(page_size), resumed)
     num_pages = needed if num_pages is None else int(num_pages)
     if num_pages < needed:
         raise ValueError(
@@ -435,23 +589,39 @@ def engine_config(
         refill=refill,
         chunk=int(chunk),
         shrink=int(shrink),
+        complete_groups=None if complete_groups is None else int(complete_groups),
     )
 
 
-def run(model, prompts, prompt_lengths, rng, *, eos_id, pad_id, **config):
+def run(
+    model,
+    prompts,
+    prompt_lengths,
+    rng,
+    *,
+    eos_id,
+    pad_id,
+    carry: PartialRows | None = None,
+    version=0,
+    **config,
+):
     """The rollout and its final EngineState: (SampleOutput, EngineState). config:
     engine_config's keywords. The state carries the figures the benchmark reports
     (decode_steps, decoded_slots: the slot-steps they ran) and the pool (refcount: all 0 but
-    the scratch page at the end, every page returned)."""
+    the scratch page at the end, every page returned). carry / version: partial rollouts
+    (generate_partial)."""
     chex.assert_rank([prompts, prompt_lengths], [2, 1])
     cfg = engine_config(prompts.shape, **config)
     graphdef, params = nnx.split(model)
+    B = prompts.shape[0] * cfg["G"]
     inputs = _Inputs(
         prompts=jnp.asarray(prompts, jnp.int32),
         prompt_lengths=jnp.asarray(prompt_lengths, jnp.int32),
         rng=rng,
         eos_id=jnp.asarray(eos_id, jnp.int32),
         pad_id=jnp.asarray(pad_id, jnp.int32),
+        version=jnp.asarray(version, jnp.int32),
+        carry=PartialRows.empty(B, cfg["T"], pad_id) if carry is None else carry,
         temperature=None
         if cfg["temperature"] is not None
         else jnp.asarray(config["temperature"], jnp.float32),
@@ -466,7 +636,7 @@ def run(model, prompts, prompt_lengths, rng, *, eos_id, pad_id, **config):
                 "refill='device'."
             )
         s = _init_jit(graphdef, params, inputs, cfg=key)
-        while not bool(s.finished()):  # one host sync per chunk
+        while not bool(s.stopped(cfg)):  # one host sync per chunk
             s = _run_jit(graphdef, params, inputs, s, cfg=key)
     return _output(s), s
 
@@ -520,6 +690,50 @@ def generate_continuous(
     return out
 
 
+def generate_partial(
+    model,
+    prompts,
+    prompt_lengths,
+    rng,
+    carry: PartialRows,
+    *,
+    version,
+    complete_groups: int,
+    num_samples: int,
+    eos_id: int,
+    pad_id: int,
+    **config,
+):
+    """A partial rollout: the continuous engine over a queue of Q groups (prompts [Q, Lp], the
+    carried ones first), stopped as soon as complete_groups of them are complete.
+
+    carry: PartialRows [Q * G, T], the queue's rows as far as earlier steps generated them
+    (PartialRows.empty for new groups); version: the policy version sampling now (scalar int,
+    e.g. the trainer's step), recorded per token. Returns split_partial's (SampleOutput of the
+    complete_groups selected groups with .versions, selected [n] and carried [Q - n] queue
+    indices, PartialRows of the carried rows). config: engine_config's other keywords
+    (max_new_tokens, temperature, top_k, top_p, slots, page_size, ...; no return_routes).
+
+    A carried row's KV is recomputed by the current policy (one forward of its prompt and
+    tokens when it takes a slot); its tokens keep their log-probs and versions, and sampling
+    resumes after them with the current step's key."""
+    _, s = run(
+        model,
+        prompts,
+        prompt_lengths,
+        rng,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        carry=carry,
+        version=version,
+        num_samples=num_samples,
+        complete_groups=complete_groups,
+        return_routes=False,
+        **config,
+    )
+    return split_partial(s, num_samples, complete_groups)
+
+
 def decode_step_for_plan(model, *, num_prompts: int, prompt_len: int, **config):
     """(jitted function, its arguments): one N-slot decode step of the engine at these shapes
     (the unit the rollout repeats), for the memory plan to lower and cost:
@@ -536,6 +750,8 @@ def decode_step_for_plan(model, *, num_prompts: int, prompt_len: int, **config):
         rng=jax.random.key(0),
         eos_id=jnp.asarray(-1, jnp.int32),
         pad_id=jnp.asarray(0, jnp.int32),
+        version=jnp.zeros((), jnp.int32),
+        carry=PartialRows.empty(num_prompts * cfg["G"], cfg["T"], 0),
     )
     state = jax.eval_shape(lambda: init_state(model, inputs, cfg))
 

@@ -37,13 +37,17 @@ def page_counts(prompt_len: int, max_new_tokens: int, page_size: int) -> tuple[i
     return math.ceil(prompt_len / page_size), max(1, math.ceil((max_new_tokens - 1) / page_size))
 
 
-def pages_needed(slots: int, prompt_len: int, max_new_tokens: int, page_size: int) -> int:
+def pages_needed(
+    slots: int, prompt_len: int, max_new_tokens: int, page_size: int, resumed: int = 0
+) -> int:
     """Pages the pool needs so that allocation never fails: the scratch page, Pp pages for each
     prompt that still has rows decoding (at most one per slot: the queue is group-contiguous, so
     every prompt with live references but the one being scheduled has a row in a slot, and the
-    engine prefills a prompt only when a slot is free for it) and Pg pages per slot."""
+    engine prefills a prompt only when a slot is free for it) and Pg pages per slot; with
+    partial rollouts, Pg more for each of the `resumed` carried rows whose pages are written
+    before they take a slot."""
     Pp, Pg = page_counts(prompt_len, max_new_tokens, page_size)
-    return 1 + slots * (Pp + Pg)
+    return 1 + slots * (Pp + Pg) + resumed * Pg
 
 
 def free_mask(refcount: jax.Array) -> jax.Array:

@@ -57,6 +57,7 @@ SAFE_TO_CHANGE = (
     "model.moe_kernel",
     "model.remat",
     "model.attention",
+    "model.paged_attention",
     "data.data_dir",
     "init.cache_dir",
 )

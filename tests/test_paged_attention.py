@@ -1,0 +1,124 @@
+"""Tests for attention over the continuous engine's paged KV cache (models/paged_attention.py)
+and its Pallas kernel (models/paged_kernel.py): the ragged plain-JAX pages and the kernel in
+interpret mode against the dense reference, on the engine's layout (rows at different lengths,
+a shared prompt page set, the prompt's right-padding hole, scratch table entries).
+
+Dimension legend: N rows, H query heads, K kv heads, Dh head dim, ps page size, Pp prompt / Pt
+all table entries per row, NP pages in the pool, L layers.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import test_continuous_engine as tce
+from flax import nnx
+
+from gspo_jax import models, rollout
+from gspo_jax.models import attention, paged_attention
+from gspo_jax.rollout import paged
+
+N, H, K, Dh, ps, Pp, Pt, L = 4, 4, 2, 8, 4, 2, 6, 2
+NP = 1 + N * Pt
+
+
+def _ragged_case(seed=0, scratch=np.nan):
+    """(q [N, 1, H, Dh], cache, key_valid [N, Pt * ps], kv_end [N]) as the engine lays it out:
+    rows 0 and 1 share their prompt's pages; prompt lengths 8 (no hole), 3, 5 and 1 of Pp * ps
+    = 8 slots (holes); rows feed generated tokens 0, 5, 15 (the table's last slot) and 2, so
+    they see 1, 2, 4 and 1 generated pages. Entries past a row's last page point at the
+    scratch page, filled with `scratch`: NaN shows any read of it in the output (a masked key
+    weighs 0, but 0 * NaN is NaN)."""
+    rng = np.random.default_rng(seed)
+    n = np.array([8, 3, 5, 1])
+    fed = np.array([0, 5, 15, 2])
+    free = iter(rng.permutation(np.arange(1, NP)))
+    table = np.zeros((N, Pt), np.int32)  # SCRATCH_PAGE everywhere unowned
+    prompt = [next(free) for _ in range(Pp)]
+    for r in range(N):
+        table[r, :Pp] = prompt if r < 2 else [next(free) for _ in range(Pp)]
+        for e in range(Pp, Pp + fed[r] // ps + 1):
+            table[r, e] = next(free)
+    k_pages = rng.normal(size=(L, NP, K, Dh, ps)).astype(np.float32)
+    v_pages = rng.normal(size=(L, NP, K, ps, Dh)).astype(np.float32)
+    k_pages[:, paged_attention.SCRATCH_PAGE] = scratch
+    v_pages[:, paged_attention.SCRATCH_PAGE] = scratch
+    cache = {
+        "k_pages": jnp.asarray(k_pages),
+        "v_pages": jnp.asarray(v_pages),
+        "page_table": jnp.asarray(table),
+    }
+    q = jnp.asarray(rng.normal(size=(N, 1, H, Dh)), jnp.float32)
+    valid = paged.key_valid(jnp.asarray(n), jnp.asarray(fed), Pp, Pt, ps)
+    kv_end = jnp.asarray(Pp * ps + fed + 1, jnp.int32)  # the fed token's own slot, plus one
+    return q, cache, valid, kv_end
+
+
+def _dense_reference(q, cache, valid, layer):
+    """reference_attention over each row's table laid out contiguously, the scratch page's
+    NaN replaced by zeros (the reference reads every slot; masked ones must weigh nothing)."""
+    table = cache["page_table"]
+    kp = jnp.nan_to_num(cache["k_pages"][layer, table])  # [N, Pt, K, Dh, ps]
+    vp = jnp.nan_to_num(cache["v_pages"][layer, table])
+    kT = kp.transpose(0, 2, 3, 1, 4).reshape(N, K, Dh, Pt * ps)
+    v = vp.transpose(0, 2, 1, 3, 4).reshape(N, K, Pt * ps, Dh)
+    return attention.reference_attention(q, kT, v, valid[:, None, :])
+
+
+@pytest.mark.parametrize("block_pages, chunk", [(1, None), (1, 1), (1, 3), (2, None), (4, 3)])
+def test_ragged_paged_attention_reads_only_visible_pages(block_pages, chunk):
+    """paged_attention over rows at different lengths (work items of block_pages pages,
+    processed `chunk` at a time, chunks crossing rows) == the dense reference, at both layers.
+    With one page per item it never reads a page past a row's kv_end (the scratch page's NaN
+    does not reach the output); larger items read up to block_pages - 1 pages past it, masked
+    (finite scratch)."""
+    q, cache, valid, kv_end = _ragged_case(scratch=np.nan if block_pages == 1 else 7.0)
+    for layer in range(L):
+        got = paged_attention.paged_attention(
+            q, cache, valid, layer, kv_end, block_pages=block_pages, chunk=chunk
+        )
+        assert np.isfinite(np.asarray(got)).all()
+        np.testing.assert_allclose(got, _dense_reference(q, cache, valid, layer), atol=1e-5)
+
+
+def test_paged_kernel_in_interpret_mode_equals_the_plain_pages():
+    """The Pallas kernel (interpret mode, on this CPU) == the plain-JAX pages on the ragged
+    layout, at both layers (the layer index is scalar-prefetched), and skips pages past a row's
+    kv_end (no NaN from the scratch page)."""
+    q, cache, valid, kv_end = _ragged_case(seed=1)
+    for layer in range(L):
+        got = paged_attention.attend_pages(q, cache, valid, layer, kv_end, "interpret")
+        want = paged_attention.paged_attention(q, cache, valid, layer, kv_end, block_pages=1)
+        assert np.isfinite(np.asarray(got)).all()
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.skipif(jax.default_backend() == "tpu", reason="the kernel runs on a TPU")
+def test_pallas_where_it_cannot_run_is_a_one_line_error():
+    """Off a TPU: "pallas" says it needs one, "auto" is the plain pages, and a value that names
+    no implementation is refused with the valid ones."""
+    q, cache, valid, kv_end = _ragged_case(scratch=7.0)
+    np.testing.assert_array_equal(
+        paged_attention.attend_pages(q, cache, valid, 0, kv_end, "auto"),
+        paged_attention.paged_attention(q, cache, valid, 0, kv_end),
+    )
+    with pytest.raises(ValueError, match="model.paged_attention='pallas' needs a TPU"):
+        paged_attention.attend_pages(q, cache, valid, 0, kv_end, "pallas")
+    with pytest.raises(ValueError, match="paged_attention='triton' is not one of"):
+        models.get_model_config("tiny", paged_attention="triton")
+
+
+@pytest.mark.long
+def test_continuous_engine_with_the_kernel_in_interpret_mode_equals_static():
+    """The continuous engine with model.paged_attention="interpret" (the kernel inside the
+    engine's loops and the layer scan, the layer index traced) samples the static engine's
+    tokens, log-probs to 1e-5, and returns every page (about a minute of interpret mode)."""
+    plain = tce._peaked("tiny")
+    prompts, lengths = tce._prompts(plain.cfg.vocab_size)
+    static = rollout.generate(plain, prompts, lengths, rng=jax.random.key(0), **tce._kw())
+    cfg = models.get_model_config("tiny", tie_embeddings=False, paged_attention="interpret")
+    model = models.Transformer(cfg, rngs=nnx.Rngs(0))
+    model.lm_head.value = model.lm_head[...] * 15.0  # tce._peaked's model, with the kernel
+    out, state = tce._run(model, prompts, lengths, slots=5, page_size=4)
+    tce._assert_same_rollout(out, static)
+    tce._assert_pages_returned(state)
