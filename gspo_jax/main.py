@@ -127,8 +127,16 @@ def _dry_run(config) -> None:
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
     )
-    plan = memory_plan.plan(config)
-    print(memory_plan.format_plan(plan), flush=True)
+    from gspo_jax.config import population as population_cfg
+
+    if population_cfg.is_population(config):  # the members' stacked programs
+        from gspo_jax.planning import population_plan
+
+        plan = population_plan.plan(config)
+        print(population_plan.format_plan(plan), flush=True)
+    else:
+        plan = memory_plan.plan(config)
+        print(memory_plan.format_plan(plan), flush=True)
     memory_plan.check_fits(plan)
 
 

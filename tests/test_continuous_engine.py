@@ -136,6 +136,27 @@ def test_continuous_equals_static_and_the_trainers_logprobs(dense, config):
         assert int(state.decode_steps) > T - 1
 
 
+@pytest.mark.parametrize("engine", ["static", "continuous"])
+def test_a_traced_temperature_samples_as_its_constant(dense, engine):
+    """A temperature given as an array, traced inside a jitted function (a population member's,
+    rl/population.py), samples the tokens of the static engine at that constant, with its
+    log-probs; another value samples other tokens with the same program (no recompile)."""
+    model, prompts, lengths, static = dense
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def fn(state, temperature):  # temperature [] f32
+        kw = _kw(engine=engine, temperature=temperature)
+        return rollout.generate(
+            nnx.merge(graphdef, state), prompts, lengths, rng=jax.random.key(0), **kw
+        )
+
+    _assert_same_rollout(fn(state, jnp.float32(SETTINGS["temperature"])), static)
+    hotter = fn(state, jnp.float32(1.5))
+    assert not np.array_equal(hotter.tokens, static.tokens)
+    assert fn._cache_size() == 1
+
+
 def test_moe_continuous_equals_static_with_routes():
     """MoE with return_routes, 5 slots refilled on device (no narrowed drain: one decode step
     in the program, the drain is covered by the dense tests): the same tokens and log-probs as

@@ -1,7 +1,7 @@
 """Runs per hour: N seeds of an experiment as one population vs N separate processes, back to back.
 
     python experiments/benchmarks/population_bench.py --workdir /tmp/popbench --seeds 8 \
-        --steps 20 --parallel 2 --out bench_out/population.json
+        --steps 80 --parallel 2 --out bench_out/population.json
 
 First (untimed) the dataset and the warm start are prepared once (`main --prepare_only`): both
 arms share them, as every sweep does. Then, timed from the first launch to the last exit:
@@ -12,9 +12,10 @@ The population spreads over --population_devices host devices (default: one per 
 mesh.population), as the processes spread over the cores. No persistent compilation cache unless
 JAX_COMPILATION_CACHE_DIR is set (the main job sets none: every process compiles, today's
 practice). Each arm's wall time includes its start-up, compiles, evaluations and checkpoints. It
-prints the runs per hour of each and the ratio, and each run's final held-out greedy accuracy
-(the population's members should lie within the processes' seed spread). The figures belong in
-docs/population.md, with the machine's load (they are not repeated in this docstring).
+prints the runs per hour of each and the ratio, each run's final held-out greedy accuracy with the
+processes' seed spread (min, max, mean, std) and which members lie within it, and the median
+seconds per step of each timed phase (one process, the population) from their metrics.jsonl.
+The figures belong in docs/population.md, with the machine's load (not in this docstring).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import os
 import subprocess
 import sys
 import time
+
+import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -110,6 +113,31 @@ def _final_accuracy(run_dir: str) -> float:
         return json.load(f)["final"]["greedy_accuracy"]
 
 
+def _spread(xs: list[float]) -> dict[str, float]:
+    """The seed spread of the single runs' final accuracies (std: the sample std, ddof 1)."""
+    a = np.asarray(xs, np.float64)
+    std = a.std(ddof=min(1, a.size - 1))
+    return {
+        "min": float(a.min()),
+        "max": float(a.max()),
+        "mean": float(a.mean()),
+        "std": float(std),
+    }
+
+
+def _step_times(run_dir: str) -> dict[str, float]:
+    """The median seconds of each timed phase over a run's steps after the first two (the
+    compiles), from its metrics.jsonl (time/rollout_s, time/update_s, ...)."""
+    rows = []
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            if "time/step_s" in r and r.get("step", 0) > 2:
+                rows.append(r)
+    keys = ("time/step_s", "time/rollout_s", "time/reward_s", "time/logp_s", "time/update_s")
+    return {k: float(np.median([r[k] for r in rows])) for k in keys if rows and k in rows[0]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=os.path.join(REPO, "configs", "arith.py"))
@@ -145,6 +173,7 @@ def main() -> None:
     acc_proc = [_final_accuracy(os.path.join(args.workdir, "processes", f"seed{s}")) for s in seeds]
     members = os.path.join(args.workdir, "population", "members")
     acc_pop = [_final_accuracy(os.path.join(members, f"seed{s}")) for s in seeds]
+    spread = _spread(acc_proc)
     per_hour = {arm: len(seeds) * 3600.0 / w for arm, w in walls.items()}
     result = {
         "config": args.config,
@@ -157,6 +186,15 @@ def main() -> None:
         "runs_per_hour": per_hour,
         "ratio": per_hour["population"] / per_hour["processes"],
         "final_greedy_accuracy": {"processes": acc_proc, "population": acc_pop},
+        # the single runs' seed spread, and which members lie within [min, max]
+        "processes_spread": spread,
+        "population_within_spread": [spread["min"] <= a <= spread["max"] for a in acc_pop],
+        "population_spread": _spread(acc_pop),
+        # median phase seconds per step: one process (seed 0) and the whole population
+        "step_times": {
+            "process_seed0": _step_times(os.path.join(args.workdir, "processes", "seed0")),
+            "population": _step_times(os.path.join(members, "seed0")),
+        },
         "load_average": os.getloadavg(),
     }
     print(json.dumps(result, indent=1))

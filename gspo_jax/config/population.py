@@ -30,7 +30,6 @@ MODES = ("product", "zip")
 BATCHING = ("auto", "vmap", "map")
 # Why the other numeric fields one might vary are refused (one line each, naming the field).
 REFUSED = {
-    "rl.temperature": "the rollout engine compiles it as a static value (a program per value)",
     "seed": "members' seeds are config.population.seeds",
 }
 
@@ -92,6 +91,12 @@ def check_population(config: ml_collections.ConfigDict) -> None:
                 f"config.population.vary.{field}={values} must be a non-empty tuple of finite "
                 "numbers"
             )
+    temps = vary.get("rl.temperature")
+    if temps is not None and len({t > 0 for t in temps}) > 1:
+        raise ConfigError(
+            f"config.population.vary.rl.temperature={temps} mixes 0 (greedy: another program) "
+            "and > 0 (sampling); vary it within temperatures > 0"
+        )
     kl = vary.get("objective.kl_coef")
     if kl is not None and len({v > 0 for v in kl}) > 1:
         raise ConfigError(

@@ -34,6 +34,7 @@ POPULATION_FIELDS = (
     "objective.kl_coef",
     "objective.delta",
     "optimizer.learning_rate",
+    "rl.temperature",
 )
 # well under orbax's 1,200 s save barrier and the coordinator's 300 s
 MULTIHOST_TIMEOUT_S = 120.0

@@ -27,6 +27,8 @@ shardings and shapes are the slice's, but the buffer assignment is the CPU compi
 activation figures are an estimate (TPU fusion usually needs less); parameter and optimizer figures
 are exact.
 
+A population's plan (config.population.seeds set) is planning/population_plan.py's.
+
 Slices (config.slice): ``v5p-N`` and ``v4-N`` count TensorCores (two per chip), ``v5e-N`` and
 ``v6e-N`` count chips; per chip HBM, peak bf16 FLOP/s and HBM bandwidth are in CHIPS.
 
@@ -121,7 +123,7 @@ def shard_bytes(tree: Any) -> int:
     return total
 
 
-def _peak(compiled) -> int:
+def peak_bytes(compiled) -> int:
     """Peak bytes of a compiled program on one device: arguments + temporaries + the outputs not
     aliased to (donated) arguments, or the backend's own peak when it is larger (the CPU
     backend's peak counts only the arguments, so the sum is the bound used there)."""
@@ -200,7 +202,7 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     opt = shard_bytes(abs_state.opt_state)
     # LoRA: the reference is the policy's own base weights with the adapters off (no copy)
     ref = params if rl_batch.uses_reference(run) and not spec.lora_adapters else 0
-    update_peak, rollout_peak = _peak(update), _peak(rollout)
+    update_peak, rollout_peak = peak_bytes(update), peak_bytes(rollout)
     needed = max(update_peak, rollout_peak + opt) + ref
     hbm = int(slc.hbm_gib * GIB)
     return {
@@ -397,7 +399,7 @@ def format_plan(p: dict[str, Any]) -> str:
         c, t = p["costs"][key], p["times"][key]
         lines.append(
             f"    {label:<12} {c.total_flops / 1e12:10.3f} TFLOP {c.bytes / 1e9:10.3f} GB "
-            f"{_seconds(t):>10}{note}"
+            f"{format_seconds(t):>10}{note}"
         )
     ragged = sum(c.ragged_flops for c in p["costs"].values())
     if ragged:
@@ -408,7 +410,7 @@ def format_plan(p: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _seconds(t: float) -> str:
+def format_seconds(t: float) -> str:
     return f"{t * 1e3:.2f} ms" if t < 1.0 else f"{t:.2f} s"
 
 

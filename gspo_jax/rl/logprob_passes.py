@@ -63,7 +63,8 @@ def make_logprob_fn(
     mesh=None,
     replay_routes: bool = True,
 ) -> Callable:
-    """(params, batch: RLBatch) -> dict(logp [B, T] (, routes [B, L, S, k])): a forward-only pass.
+    """(params, batch: RLBatch[, temperature []]) -> dict(logp [B, T] (, routes [B, L, S, k])): a
+    forward-only pass; a temperature given replaces ``temperature`` (a population member's, traced).
 
     Used to recompute old_logp (replaying the batch's routes when it has them and
     ``replay_routes``), for the reference model's ref_logp (its own routing: replay_routes=False),
@@ -71,7 +72,7 @@ def make_logprob_fn(
     chunk's rows sharded over ``mesh`` (None: one device).
     """
 
-    def fn(params, batch: RLBatch):
+    def fn(params, batch: RLBatch, temp=None):
         chunks = sharding.chunk_rows(batch.sequences(with_routes=replay_routes), num_chunks, mesh)
 
         def one(mb):
@@ -80,7 +81,7 @@ def make_logprob_fn(
                 params,
                 rest,
                 mb,
-                temperature,
+                temperature if temp is None else temp,
                 return_routes=return_routes,
                 with_entropy=False,  # old_logp, ref_logp, routes: no entropy needed
             )

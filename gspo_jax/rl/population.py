@@ -59,6 +59,7 @@ from gspo_jax.runtime import rundir
 from gspo_jax.state import Run, TrainState, step_keys
 
 LR_SCALE = "lr_scale"  # the hyperparameter pytree's key of the learning-rate factor
+TEMPERATURE = "temperature"  # its key of the sampling (and log-prob) temperature
 
 # ------------------------------------------------------------------------------------ building
 
@@ -66,7 +67,8 @@ LR_SCALE = "lr_scale"  # the hyperparameter pytree's key of the learning-rate fa
 @dataclasses.dataclass
 class Population:
     """The Run the members share (built from the first member's config), the members, and their
-    varied values as [M] arrays: the objective's TRACEABLE_FIELDS by name and LR_SCALE."""
+    varied values as [M] arrays: the objective's TRACEABLE_FIELDS by name, LR_SCALE and
+    TEMPERATURE."""
 
     run: Run
     members: list[population_cfg.Member]
@@ -125,6 +127,9 @@ def build_population(config: ml_collections.ConfigDict, workdir: str | None = No
             lr0 = float(members[0].config.optimizer.learning_rate)
             lrs = [float(m.config.optimizer.learning_rate) for m in members]
             hparams[LR_SCALE] = jnp.asarray([lr / lr0 for lr in lrs], jnp.float32)
+        elif field == "rl.temperature":
+            temps = [float(m.config.rl.temperature) for m in members]
+            hparams[TEMPERATURE] = jnp.asarray(temps, jnp.float32)
     pop = Population(run, members, {})
     pop.hparams = jax.device_put(hparams, pop.on_members())
     return pop
@@ -156,16 +161,21 @@ def initial_state(pop: Population, params) -> TrainState:
     return jax.device_put(state, jax.tree.map(lambda a: a.sharding, abstract_state(pop)))
 
 
-def abstract_state(pop: Population) -> TrainState:
-    """The stacked TrainState's shapes and shardings (the restore target): each leaf with a
-    leading M axis over the population axis, the rest as in a single run."""
-    one = build.abstract_state(pop.run, pop.run.abs_params)
+def stacked_abstract(pop: Population, tree):
+    """A single run's tree of ShapeDtypeStructs (with shardings) with a leading M axis over the
+    population axis, the rest sharded as in the single run."""
 
     def stacked(a):
         spec = tuple(a.sharding.spec) + (None,) * (len(a.shape) - len(a.sharding.spec))
         return jax.ShapeDtypeStruct((pop.size, *a.shape), a.dtype, sharding=pop.on_members(spec))
 
-    return jax.tree.map(stacked, one)
+    return jax.tree.map(stacked, tree)
+
+
+def abstract_state(pop: Population) -> TrainState:
+    """The stacked TrainState's shapes and shardings (the restore target): each leaf with a
+    leading M axis over the population axis, the rest as in a single run."""
+    return stacked_abstract(pop, build.abstract_state(pop.run, pop.run.abs_params))
 
 
 # ------------------------------------------------------------------------------------ the step
@@ -237,7 +247,7 @@ def make_population_update(
             run.rest,
             objective,
             tx,
-            temperature=spec.temperature,
+            temperature=hp.get(TEMPERATURE, spec.temperature),
             num_epochs=spec.num_epochs,
             num_minibatches=spec.num_minibatches,
             num_microbatches=spec.num_microbatches,
@@ -297,7 +307,8 @@ def make_phases(pop: Population, with_ref: bool) -> PopulationPhases:
         prepare=vm(single.prepare),
         logprob=vm(single.logprob),
         recompute_metrics=vm(single.recompute_metrics),
-        ref=vm(single.ref, in_axes=(None, 0)),
+        # the reference parameters are shared; a varied temperature is the members'
+        ref=vm(single.ref, in_axes=(None, 0, 0) if TEMPERATURE in pop.hparams else (None, 0)),
         kl_reward=vm(single.kl_reward),
         update=make_population_update(
             run,
@@ -328,6 +339,8 @@ def population_step(
     metrics as a single run logs them, kept [M] bool). rl_step's phases, vmapped; the verifier
     scores every member's rows in one call."""
     run, spec, M = pop.run, pop.run.step, pop.size
+    # the members' temperatures [M] when they vary (traced), else the constant of every phase
+    temps = (pop.hparams[TEMPERATURE],) if TEMPERATURE in pop.hparams else ()
     t_start = time.time()
     steps = np.asarray(jax.device_get(state.step))  # [M]
     rows = sharding.row_spec(run.mesh)  # a member's rows split over its data-parallel devices
@@ -337,7 +350,7 @@ def population_step(
     lengths = jax.device_put(lengths, pop.on_members((rows,)))
     with sharding.use_mesh(run.mesh):
         keys = phases.keys(state.rng, state.step)  # {name: [M, 2]}
-        sample = phases.rollout(state.params, prompts, lengths, keys["rollout"])
+        sample = phases.rollout(state.params, prompts, lengths, keys["rollout"], *temps)
         jax.block_until_ready(sample.tokens)
     t1 = time.time()
     tokens, mask = jax.device_get((sample.tokens, sample.mask))  # [M, B, T]
@@ -355,11 +368,11 @@ def population_step(
     with sharding.use_mesh(run.mesh):
         batch, roll_m = phases.prepare(sample, shaped, prompts, lengths, truncated)
         if phases.logprob is not None:
-            logp = phases.logprob(state.params, batch)["logp"]
+            logp = phases.logprob(state.params, batch, *temps)["logp"]
             pass_m.update(phases.recompute_metrics(logp, batch))
             batch = batch.replace(old_logp=logp)
         if phases.ref is not None:
-            batch = batch.replace(ref_logp=phases.ref(ref_params, batch)["logp"])
+            batch = batch.replace(ref_logp=phases.ref(ref_params, batch, *temps)["logp"])
         if phases.kl_reward is not None:
             batch, kl_m = phases.kl_reward(batch, shaped)
             pass_m.update(kl_m)

@@ -43,8 +43,9 @@ LOGP_NOISE_STREAM = 0x6C6F6770  # fold_in constant of the log-prob noise's key (
 
 
 def make_rollout_fn(run: Run):
-    """(params, prompts [P, Lp], lengths [P], key) -> SampleOutput, rows sharded over the mesh,
-    its routes (if any) batch-major [B, L, S, k] like the RLBatch's.
+    """(params, prompts [P, Lp], lengths [P], key[, temperature []]) -> SampleOutput, rows sharded
+    over the mesh, its routes (if any) batch-major [B, L, S, k] like the RLBatch's. The
+    temperature is config.rl.temperature's constant unless given (a population member's, traced).
 
     generate() is traced inside this jit so the rollout compiles once with the trainer's
     shardings (its host-side checks then see tracers; the data was checked by the loader). The
@@ -56,7 +57,7 @@ def make_rollout_fn(run: Run):
     spec = run.step
     noise_std = spec.rollout_logp_noise
 
-    def fn(params, prompts, lengths, key):
+    def fn(params, prompts, lengths, key, temperature=None):
         model = nnx.merge(run.rollout_graphdef, params, run.rest)
         out = rollout.generate(
             model,
@@ -65,7 +66,7 @@ def make_rollout_fn(run: Run):
             num_samples=spec.group_size,
             max_new_tokens=spec.response_len,
             rng=jax.random.wrap_key_data(key),
-            temperature=spec.temperature,
+            temperature=spec.temperature if temperature is None else temperature,
             top_k=spec.top_k,
             top_p=spec.top_p,
             eos_id=spec.eos_id,

@@ -82,7 +82,7 @@ from gspo_jax.models import (
 )
 from gspo_jax.rollout import paged
 from gspo_jax.rollout.output import PartialRows, SampleOutput
-from gspo_jax.rollout.sampling import row_uniforms, sample_with_uniform
+from gspo_jax.rollout.sampling import row_uniforms, sample_with_uniform, static_temperature
 
 REFILL_STRATEGIES = ("device", "chunked")
 DEFAULT_PAGE_SIZE = 16
@@ -140,10 +140,12 @@ class _Inputs:
     pad_id: jax.Array  # scalar int32
     version: jax.Array  # scalar int32: the policy version sampling now (partial rollouts)
     carry: PartialRows  # [B, T] rows as far as earlier steps generated them (new rows: empty)
+    temperature: jax.Array | None = None  # scalar f32 when traced (cfg's is None), else None
 
 
-def _settings(s: dict) -> dict:
-    return dict(temperature=s["temperature"], top_k=s["top_k"], top_p=s["top_p"])
+def _settings(s: dict, inputs: _Inputs) -> dict:
+    t = s["temperature"] if inputs.temperature is None else inputs.temperature
+    return dict(temperature=t, top_k=s["top_k"], top_p=s["top_p"])
 
 
 def init_state(model, inputs: _Inputs, cfg: dict) -> EngineState:
@@ -210,7 +212,7 @@ def _prefill(model, inputs: _Inputs, s: EngineState, p, cfg: dict) -> EngineStat
     logits = jnp.repeat(model.logits(h_last), G, axis=0)  # [G, V]
     rows = p * G + jnp.arange(G, dtype=jnp.int32)
     u = row_uniforms(inputs.rng, jnp.zeros((G,), jnp.int32), rows, B)
-    tok, lp, slp = sample_with_uniform(logits, u, **_settings(cfg))
+    tok, lp, slp = sample_with_uniform(logits, u, **_settings(cfg, inputs))
     # A carried row keeps its token 0 (and its log-probs and version): it is fed, not sampled.
     kept = s.forced[rows] > 0
     tok = jnp.where(kept, s.tokens[rows, 0], tok)
@@ -359,7 +361,7 @@ def decode(model, inputs: _Inputs, s: EngineState, cfg: dict, width: int | None 
     )
     logits = model.logits(o["hidden"][:, 0])  # [w, V]
     u = row_uniforms(inputs.rng, t, row, B)
-    tok, lp, slp = sample_with_uniform(logits, u, **_settings(cfg))
+    tok, lp, slp = sample_with_uniform(logits, u, **_settings(cfg, inputs))
     version = jnp.full_like(tok, inputs.version)  # a slot samples only tokens not yet generated
 
     out_row = jnp.where(act, row, B)  # B: dropped
@@ -579,7 +581,8 @@ def engine_config(
     return dict(
         G=int(num_samples),
         T=int(max_new_tokens),
-        temperature=float(temperature),
+        # an array temperature (a population member's) is traced: _Inputs.temperature
+        temperature=float(temperature) if static_temperature(temperature) else None,
         top_k=int(top_k),
         top_p=float(top_p),
         return_routes=bool(return_routes),
@@ -622,6 +625,9 @@ def run(
         pad_id=jnp.asarray(pad_id, jnp.int32),
         version=jnp.asarray(version, jnp.int32),
         carry=PartialRows.empty(B, cfg["T"], pad_id) if carry is None else carry,
+        temperature=None
+        if cfg["temperature"] is not None
+        else jnp.asarray(config["temperature"], jnp.float32),
     )
     key = tuple(sorted(cfg.items()))
     if cfg["refill"] == "device":

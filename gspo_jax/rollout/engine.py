@@ -32,6 +32,7 @@ from jax.experimental import multihost_utils
 
 from gspo_jax.rollout.continuous import generate_continuous
 from gspo_jax.rollout.output import SampleOutput
+from gspo_jax.rollout.sampling import static_temperature
 from gspo_jax.rollout.static import generate_static
 
 
@@ -88,7 +89,8 @@ def generate(
     prompts [P, Lp] int32 right-padded, prompt_lengths [P] int32 (1 <= n <= Lp). Returns a
     SampleOutput with B = P * num_samples group-contiguous rows (row b from prompt b // G). See the
     module docstring for the fields. rng: a fresh key per call (e.g. fold_in(key, step)).
-    temperature 0 = greedy; top_k 0 = off; top_p 1 = off; eos_id -1 = no early stop (benchmarks).
+    temperature 0 = greedy (an array temperature is traced and samples: rollout/sampling.py);
+    top_k 0 = off; top_p 1 = off; eos_id -1 = no early stop (benchmarks).
     Raises ValueError for settings or shapes the cache cannot hold, before compiling anything.
     return_routes (MoE only): also return the experts used at every slot (SampleOutput.routes)
     for Routing Replay. engine: a name in ENGINES; options go to it (the static engine's
@@ -125,7 +127,7 @@ def generate(
         raise ValueError(f"top_p={top_p} must be in (0, 1] (1 = off).")
     if return_routes and not cfg.is_moe:
         raise ValueError("return_routes=True needs an MoE model (num_experts > 0).")
-    if temperature < 0:
+    if static_temperature(temperature) and temperature < 0:
         raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy).")
     if not -1 <= eos_id < cfg.vocab_size or not 0 <= pad_id < cfg.vocab_size:
         raise ValueError(

@@ -8,6 +8,8 @@ so engines given the same logits and uniforms draw the same tokens.
 - Log-probs: logits pass through models.scale_logits / token_logprob_entropy, the functions
   response_logprobs uses, so sampler and trainer agree to float32 rounding. temperature=0 is
   greedy (argmax) and its log-probs are reported at temperature 1.
+- Temperature: a Python number is a constant of the compiled program (greedy, 0, is another
+  program); an array is traced (a population member's, rl/population.py), and always samples.
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ import jax.numpy as jnp
 from jax.extend.random import threefry2x32_p
 
 from gspo_jax.models import effective_temperature, scale_logits, token_logprob_entropy
+
+
+def static_temperature(temperature) -> bool:
+    """Whether ``temperature`` is a Python number (a compile-time constant; 0 = greedy) rather
+    than a traced array (a population member's, > 0: config/population.py refuses greedy ones)."""
+    return isinstance(temperature, int | float)
 
 
 def truncate_logits(scaled: jax.Array, top_k: int, top_p: float) -> jax.Array:
@@ -79,7 +87,7 @@ def sample_with_uniform(
     engine whose rows are at different steps draws each row's own uniform (row_uniforms)."""
     temp = effective_temperature(temperature)
     scaled = scale_logits(logits, temp)
-    if temperature == 0:
+    if static_temperature(temperature) and temperature == 0:
         tok = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
         logp = token_logprob_entropy(scaled, tok)[0]
         return tok, logp, logp

@@ -31,7 +31,8 @@ How it works (and why):
   (ceil((max_new_tokens - 1) / decode_block) of them):
   parameters, prompts, lengths, the RNG, eos_id and pad_id are traced arguments, so new prompt
   contents never recompile. Changing temperature does (it is a static Python float so that the
-  division is bit-identical to response_logprobs').
+  division is bit-identical to response_logprobs'), unless it is given as an array: then it is
+  a traced argument of another program (a population's per-member temperature).
 - The loop stops when every row has emitted EOS or after max_new_tokens.
 """
 
@@ -53,7 +54,7 @@ from gspo_jax.models import (
     slot_mask,
 )
 from gspo_jax.rollout.output import SampleOutput
-from gspo_jax.rollout.sampling import sample_token
+from gspo_jax.rollout.sampling import sample_token, static_temperature
 
 DECODE_LAYOUTS = ("shared_prefix", "repeated")
 
@@ -260,6 +261,16 @@ _STATIC = (
 _generate_jit = jax.jit(_generate, static_argnames=_STATIC)
 
 
+def _generate_traced_temperature(*args, temperature, **static):
+    """_generate with the temperature a traced scalar: one program for every value."""
+    return _generate(*args, temperature=temperature, **static)
+
+
+_generate_traced_temperature_jit = jax.jit(
+    _generate_traced_temperature, static_argnames=tuple(n for n in _STATIC if n != "temperature")
+)
+
+
 def generate_static(
     model,
     prompts,
@@ -283,7 +294,12 @@ def generate_static(
     if decode not in DECODE_LAYOUTS:
         raise ValueError(f"decode={decode!r} is not one of {DECODE_LAYOUTS}.")
     graphdef, state = nnx.split(model)
-    return _generate_jit(
+    if static_temperature(temperature):
+        generate, temperature = _generate_jit, float(temperature)
+    else:  # an array (a population member's): traced, one program for every value
+        generate = _generate_traced_temperature_jit
+        temperature = jnp.asarray(temperature, jnp.float32)
+    return generate(
         graphdef,
         state,
         prompts,
@@ -293,7 +309,7 @@ def generate_static(
         jnp.asarray(pad_id, jnp.int32),
         num_samples=int(num_samples),
         max_new_tokens=int(max_new_tokens),
-        temperature=float(temperature),
+        temperature=temperature,
         top_k=int(top_k),
         top_p=float(top_p),
         return_routes=bool(return_routes),
