@@ -10,14 +10,20 @@ mediocre *by what it learned*). The demonstrations come from the train split thr
 TFDS + grain path as RL prompts; each epoch draws a fresh demonstration per problem.
 
 Caching: the trained parameters are saved with orbax under
-``cache_dir/warmstart/<task>_<hash>`` where the hash covers the task knobs, the model config, the
-warm-start config and a code version, so every run asking for the same base reuses it and any
+``cache_dir/warmstart/<task>_<hash>`` where the hash covers the task knobs, the model config (its
+execution fields too: another kernel's summation order trains another model, see _keyed_fields),
+the warm-start config and a code version, so every run asking for the same base reuses it and any
 change to one of them trains a new one. A ``meta.json`` next to the checkpoint records the configs,
-the final loss and the wall time. Runs started together train it once: the first trains under a
-file lock (``<entry>.lock``, see runtime/filelock.py) while the others wait, then load its entry. An
-entry
-is written into a private folder and renamed into place, so it is either absent or complete; one
-that cannot be read (files deleted or truncated since) is moved aside to
+the final loss, the wall time and the stopping rule's checks.
+
+Stopping rule (WarmStartConfig.stop_*, off by default): train until a held-out metric of the
+format (arith: the worked format's sampled accuracy) passes a threshold at a few checks in a row,
+with ``steps`` as the cap; docs/warmstart.md says why the default experiment uses it.
+
+Runs started together train it once: the first trains under a file lock (``<entry>.lock``, see
+runtime/filelock.py) while the others wait, then load its entry. An entry is written into a
+private folder and renamed into place, so it is either absent or complete; one that cannot be
+read (files deleted or truncated since) is moved aside to
 ``<entry>.corrupt-<time>`` (never deleted) and trained again.
 
 Dimension legend: P demonstrations per step, Lp = task.max_prompt_len, T = task.max_response_len.
@@ -59,7 +65,8 @@ _CODE_VERSION = 2
 
 @dataclasses.dataclass(frozen=True)
 class WarmStartConfig:
-    """Supervised warm-start hyperparameters (all of them key the cache).
+    """Supervised warm-start hyperparameters (all of them key the cache; the stop_* fields only
+    when the stopping rule is on).
 
     steps=None takes the task's ``warm_start_steps`` (arith 2400, countdown 4800: where each
     task's held-out accuracy has levelled off, see experiments/warmstart_curve.py and
