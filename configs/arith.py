@@ -23,10 +23,12 @@ REINFORCE++, REINFORCE++-baseline and batch reward scaling; docs/results.md):
     python experiments/sweep.py --config configs/arith.py --sweep study=family,seeds=3 \
         --workdir runs/family_sweep --parallel 2 --config.rl.num_steps=60
 
-Expected runtime (this 2-core CPU, idle, from an empty cache): 3 min 11 s in all: dataset
-preparation, the warm start (2400 SFT steps, 135 s; cached afterwards, keyed by its config) and RL
-(80 steps with 3 evaluations, 47 s). With three other jobs on the two cores: 10 min. runlocal: about
-a minute per run, mostly compilation.
+Expected runtime (this 2-core CPU, from an empty cache): dataset preparation, the warm start
+(trained until the worked format is learned, at most 4800 SFT steps; cached afterwards, keyed by
+its config) and RL (80 steps with 3 evaluations). Measured with the old fixed 2400-step warm start,
+idle: 3 min 11 s in all (warm start 135 s, RL 47 s); the new warm start took 1,748 s (4800 steps)
+with three other helpers' jobs on the two cores (load ~15), idle not measured (docs/warmstart.md).
+runlocal: about a minute per run, mostly compilation.
 
 Headline metric: eval/greedy_accuracy (held-out greedy accuracy), base vs final, in
 <workdir>/summary.json. The base policy answers directly when greedy (wrong whenever a column
