@@ -40,6 +40,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     else:
         c.task.kwargs = ml_collections.ConfigDict()
         c.init.warmstart.steps = 4800
+    # Countdown has no worked format to stop on: its warm start trains every step, as before.
+    c.init.warmstart.stop_every = 0
     c.lock()
     return c
 

@@ -241,6 +241,13 @@ def test_tfds_prepared_array_record_folder_is_accepted(tmp_path):
         assert gsm8k.as_str(got[row["question"]]["short_answer"]) == want["short_answer"]
     batches = data.make_eval_batches(task, "test", batch_size=8, data_dir=tmp_path)
     assert sum(n for _, n in batches) == len(GSM_ROWS)
+    # first: a slice from that record on (negative counts from the end), e.g. the warm start's
+    # stopping rule on the last problems, which RL's evaluation of the first ones never sees.
+    (last, n), *_ = data.make_eval_batches(task, "test", batch_size=8, data_dir=tmp_path, first=-1)
+    assert n == 1
+    np.testing.assert_array_equal(last["prompt"][0], batches[-1][0]["prompt"][batches[-1][1] - 1])
+    with pytest.raises(ValueError, match="selects no problem"):
+        data.make_eval_batches(task, "test", batch_size=8, data_dir=tmp_path, first=len(GSM_ROWS))
 
 
 def _score_gold(task, data_dir, split="test"):

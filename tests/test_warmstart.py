@@ -1,6 +1,7 @@
 """Warm start and evaluation: a tiny warm start beats the untrained model; the cache is reused."""
 
 import dataclasses
+import json
 import math
 import time
 
@@ -71,12 +72,24 @@ def test_cache_key_covers_every_config(setup):
         models.get_model_config("tiny", vocab_size=task.tokenizer.vocab_size, max_seq_len=128),
         warmstart.as_warm_config(_WARM),
     )
-    # remat and the kernel choices change how the function is computed, not which: the same
-    # cached base policy serves them all.
-    execution = dataclasses.replace(
-        cfg, remat="full", attention="reference", attention_block=8, decode_block=8
+    # The execution fields compute the same function in another summation order, which the warm
+    # start amplifies into another model: each keys the cache (a blockwise run gets its own
+    # base, not whichever kernel filled the cache first); at its default it leaves the key as is.
+    warm = warmstart.as_warm_config(_WARM)
+    for field, value in dict(
+        attention="blockwise", attention_block=8, remat="full", moe_dispatch="dense"
+    ).items():
+        assert base != warmstart.cache_key(task, dataclasses.replace(cfg, **{field: value}), warm)
+    defaults = {f: getattr(models.ModelConfig(), f) for f in models.EXECUTION_FIELDS}
+    assert base == warmstart.cache_key(task, dataclasses.replace(cfg, **defaults), warm)
+    # The stopping rule keys it when it is on; its fields are inert (and unkeyed) when it is off.
+    assert base == warmstart.cache_key(task, cfg, {**_WARM, "stop_threshold": 0.5})
+    on = warmstart.cache_key(task, cfg, {**_WARM, "stop_every": 50})
+    assert (
+        base
+        != on
+        != warmstart.cache_key(task, cfg, {**_WARM, "stop_every": 50, "stop_threshold": 0.5})
     )
-    assert base == warmstart.cache_key(task, execution, warmstart.as_warm_config(_WARM))
 
 
 def test_bad_warm_configs_fail_early(setup):
@@ -227,3 +240,38 @@ def test_default_steps_come_from_the_task(setup):
     )
     with pytest.raises(ValueError, match="step count"):
         warmstart.make_optimizer(warmstart.WarmStartConfig())
+
+
+def test_stopping_rule_stops_after_patience_checks_and_is_recorded(setup, tmp_path, capsys):
+    """The rule checks stop_metric every stop_every steps on held-out problems and stops at the
+    first stop_patience passing checks in a row; a threshold never met trains to the cap, says
+    so, and meta.json records the checks either way."""
+    task, cfg, data_dir, _ = setup
+    rule = dict(stop_every=3, stop_metric="greedy_format", stop_problems=16, stop_samples=1)
+    always = {**_WARM, **rule, "steps": 20, "stop_threshold": 0.0, "stop_patience": 2}
+    model = warmstart.get_base_model(
+        task, cfg, always, str(tmp_path), data_dir=data_dir, progress=False
+    )
+    with open(f"{warmstart.cache_path(task, cfg, always, str(tmp_path))}/meta.json") as f:
+        meta = json.load(f)
+    assert meta["steps"] == 6 and meta["stop_met"] is True
+    assert [s for s, _ in meta["stop_checks"]] == [3, 6] and meta["warm"]["stop_every"] == 3
+    assert model is not None
+
+    never = {**always, "steps": 7, "stop_threshold": 1.5}
+    _, stats = warmstart.train(task, cfg, never, data_dir=data_dir, progress=False)
+    assert stats["steps"] == 7 and stats["stop_met"] is False
+    assert [s for s, _ in stats["stop_checks"]] == [3, 6]
+    assert "stopping rule (greedy_format >= 1.5 at 2 checks in a row) was not met" in (
+        capsys.readouterr().err
+    )
+    with pytest.raises(ValueError, match="stop_metric='worked_accuracy' is not one of"):
+        warmstart.train(
+            task,
+            cfg,
+            {**always, "stop_metric": "worked_accuracy"},
+            data_dir=data_dir,
+            progress=False,
+        )
+    with pytest.raises(ValueError, match="stop_patience"):
+        warmstart.as_warm_config({**always, "stop_patience": 0})

@@ -120,6 +120,14 @@ def default_config() -> ml_collections.ConfigDict:
             grad_clip=1.0,
             loss_norm="sequence",
             seed=0,
+            # The stopping rule (rl/warmstart.py WarmStartConfig): off at 0, then every step
+            # is trained; configs/arith.py turns it on.
+            stop_every=0,
+            stop_metric="worked_accuracy",
+            stop_threshold=0.9,
+            stop_patience=2,
+            stop_problems=256,
+            stop_samples=4,
         )
     )
 

@@ -244,19 +244,26 @@ def make_eval_batches(
     batch_size: int,
     num_problems: int | None = None,
     data_dir: str | os.PathLike | None = None,
+    first: int = 0,
 ) -> list[tuple[dict[str, np.ndarray], int]]:
-    """The first ``num_problems`` records of ``split`` in order, as (batch, num_valid) pairs.
+    """``num_problems`` records of ``split`` in order from record ``first`` (a negative ``first``
+    counts from the end), as (batch, num_valid) pairs.
 
     Every batch has exactly ``batch_size`` rows (fixed shapes: one compilation); the last one is
     padded by repeating its last record, and num_valid says how many rows are real.
     """
     source = load_source(task, split, data_dir)
-    n = len(source) if num_problems is None else min(num_problems, len(source))
+    start0 = first % len(source) if -len(source) <= first < 0 else first
+    left = max(len(source) - start0, 0)
+    n = left if num_problems is None else min(num_problems, left)
     if n < 1:
-        raise ValueError(f"num_problems={num_problems} selects no problem; pass >= 1.")
+        raise ValueError(
+            f"num_problems={num_problems} from record first={first} selects no problem of the "
+            f"{len(source)} in {split!r}; pass num_problems >= 1 and a first inside the split."
+        )
     batches = []
-    for start in range(0, n, batch_size):
-        idx = list(range(start, min(start + batch_size, n)))
+    for start in range(start0, start0 + n, batch_size):
+        idx = list(range(start, min(start + batch_size, start0 + n)))
         records = [encode_record(task, source[i]) for i in idx]
         records += [records[-1]] * (batch_size - len(records))
         batches.append((collate(records), len(idx)))

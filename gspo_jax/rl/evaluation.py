@@ -82,9 +82,11 @@ def evaluate(
     temperature: float = 1.0,
     seed: int = 0,
     data_dir: str | os.PathLike | None = None,
+    first: int = 0,
 ) -> dict[str, float]:
     """Greedy accuracy, pass@k (temperature sampling), response lengths and per-format accuracy
-    on the first ``num_problems`` problems of ``split`` (None = all of them).
+    on ``num_problems`` problems of ``split`` (None = all of them) from problem ``first``
+    (negative: counted from the end; the warm start's stopping rule checks the last ones).
 
     Works in multi-host runs: every process evaluates the same problems on its own copy of the
     model (see process_local_copy) and returns the same metrics."""
@@ -96,7 +98,12 @@ def evaluate(
     greedy, samples, g_fmt, s_fmt = [], [], [], []
     for i, (batch, n) in enumerate(
         data.make_eval_batches(
-            task, split, batch_size=batch_size, num_problems=num_problems, data_dir=data_dir
+            task,
+            split,
+            batch_size=batch_size,
+            num_problems=num_problems,
+            data_dir=data_dir,
+            first=first,
         )
     ):
         common = dict(max_new_tokens=T, eos_id=task.tokenizer.eos_id, pad_id=task.tokenizer.pad_id)

@@ -10,14 +10,20 @@ mediocre *by what it learned*). The demonstrations come from the train split thr
 TFDS + grain path as RL prompts; each epoch draws a fresh demonstration per problem.
 
 Caching: the trained parameters are saved with orbax under
-``cache_dir/warmstart/<task>_<hash>`` where the hash covers the task knobs, the model config, the
-warm-start config and a code version, so every run asking for the same base reuses it and any
+``cache_dir/warmstart/<task>_<hash>`` where the hash covers the task knobs, the model config (its
+execution fields too: another kernel's summation order trains another model, see _keyed_fields),
+the warm-start config and a code version, so every run asking for the same base reuses it and any
 change to one of them trains a new one. A ``meta.json`` next to the checkpoint records the configs,
-the final loss and the wall time. Runs started together train it once: the first trains under a
-file lock (``<entry>.lock``, see runtime/filelock.py) while the others wait, then load its entry. An
-entry
-is written into a private folder and renamed into place, so it is either absent or complete; one
-that cannot be read (files deleted or truncated since) is moved aside to
+the final loss, the wall time and the stopping rule's checks.
+
+Stopping rule (WarmStartConfig.stop_*, off by default): train until a held-out metric of the
+format (arith: the worked format's sampled accuracy) passes a threshold at a few checks in a row,
+with ``steps`` as the cap; docs/warmstart.md says why the default experiment uses it.
+
+Runs started together train it once: the first trains under a file lock (``<entry>.lock``, see
+runtime/filelock.py) while the others wait, then load its entry. An entry is written into a
+private folder and renamed into place, so it is either absent or complete; one that cannot be
+read (files deleted or truncated since) is moved aside to
 ``<entry>.corrupt-<time>`` (never deleted) and trained again.
 
 Dimension legend: P demonstrations per step, Lp = task.max_prompt_len, T = task.max_response_len.
@@ -48,6 +54,7 @@ from flax import nnx
 from tqdm import tqdm  # the terminal bar (tqdm.auto warns in kernels without ipywidgets)
 
 from gspo_jax import data, models, sharding
+from gspo_jax.rl import evaluation
 from gspo_jax.runtime import filelock
 from gspo_jax.tasks.task import Task
 
@@ -58,7 +65,8 @@ _CODE_VERSION = 2
 
 @dataclasses.dataclass(frozen=True)
 class WarmStartConfig:
-    """Supervised warm-start hyperparameters (all of them key the cache).
+    """Supervised warm-start hyperparameters (all of them key the cache; the stop_* fields only
+    when the stopping rule is on).
 
     steps=None takes the task's ``warm_start_steps`` (arith 2400, countdown 4800: where each
     task's held-out accuracy has levelled off, see experiments/warmstart_curve.py and
@@ -77,10 +85,31 @@ class WarmStartConfig:
     grad_clip: float = 1.0
     loss_norm: str = "sequence"  # or "token" (see sft_loss)
     seed: int = 0
+    # The stopping rule (off when stop_every = 0; then every one of `steps` is trained): every
+    # stop_every steps, evaluate `stop_metric` (a key of evaluation.evaluate's metrics, e.g. arith's
+    # "worked_accuracy": the worked format's accuracy over temperature-1 samples) on the last
+    # stop_problems problems of the test split (held out: RL evaluates the first ones), with
+    # stop_samples samples per problem; stop once it is >= stop_threshold at stop_patience checks
+    # in a row. `steps` is then the cap. Why: whether a small decoder has learned a format by a
+    # fixed step count is a draw (a rounding step decides it); a rule on the format itself is not.
+    stop_every: int = 0
+    stop_metric: str = "worked_accuracy"
+    stop_threshold: float = 0.9
+    stop_patience: int = 2
+    stop_problems: int = 256
+    stop_samples: int = 4
 
     def __post_init__(self):
         if self.loss_norm not in ("sequence", "token"):
             raise ValueError(f"loss_norm={self.loss_norm!r}; valid: 'sequence', 'token'.")
+        if self.stop_every < 0 or self.stop_patience < 1 or self.stop_problems < 1:
+            raise ValueError(
+                f"the stopping rule needs stop_every >= 0 (0 = off), stop_patience >= 1 and "
+                f"stop_problems >= 1; got {self.stop_every}, {self.stop_patience}, "
+                f"{self.stop_problems}."
+            )
+        if self.stop_samples < 1:
+            raise ValueError(f"stop_samples={self.stop_samples}; pass >= 1.")
         bad_steps = self.steps is not None and self.steps < 1
         if bad_steps or self.batch_size < 1 or self.learning_rate <= 0:
             raise ValueError(
@@ -109,6 +138,28 @@ def as_warm_config(warm_cfg: Any = None, task: Task | None = None) -> WarmStartC
     return cfg
 
 
+_STOP_FIELDS = tuple(f.name for f in dataclasses.fields(WarmStartConfig) if f.name[:5] == "stop_")
+
+
+def _keyed_fields(model_cfg: models.ModelConfig, warm_cfg: WarmStartConfig) -> dict[str, Any]:
+    """The model and warm-start fields that key the cache: every field that can change the
+    trained parameters. The execution fields (attention kernel, its block, MoE dispatch, remat)
+    compute the same function in another summation order, and the warm start amplifies one
+    rounding step into another model, so they key it too; each only when it is not at its
+    default, and the stopping rule's fields only when the rule is on, so that the keys of entries
+    cached before these fields keyed anything stay as they were."""
+    defaults = models.ModelConfig()
+    model = {
+        k: v
+        for k, v in dataclasses.asdict(model_cfg).items()
+        if k not in models.EXECUTION_FIELDS or v != getattr(defaults, k)
+    }
+    warm = dataclasses.asdict(warm_cfg)
+    if not warm_cfg.stop_every:
+        warm = {k: v for k, v in warm.items() if k not in _STOP_FIELDS}
+    return dict(model=model, warm=warm)
+
+
 def cache_key(task: Task, model_cfg: models.ModelConfig, warm_cfg: Any = None) -> str:
     warm_cfg = as_warm_config(warm_cfg, task)
     # A task reading files keys on their content too (an edited file is another dataset); only
@@ -118,12 +169,7 @@ def cache_key(task: Task, model_cfg: models.ModelConfig, warm_cfg: Any = None) -
         dict(
             task=task.name,
             task_config=task.config,
-            model={
-                k: v
-                for k, v in dataclasses.asdict(model_cfg).items()
-                if k not in models.EXECUTION_FIELDS
-            },
-            warm=dataclasses.asdict(warm_cfg),
+            **_keyed_fields(model_cfg, warm_cfg),
             version=_CODE_VERSION,
             **({"data": data_key} if data_key else {}),
         ),
@@ -311,17 +357,25 @@ def train(
         file=sys.stderr,
         mininterval=1.0,
     )
+    stop = _StoppingRule(task, warm_cfg, data_dir, model)
     for i in bar:
         params, opt_state, loss = step(params, opt_state, next(it))
         losses.append(loss)
         if progress and (i % 50 == 0 or i == warm_cfg.steps - 1):
             bar.set_postfix(loss=f"{float(loss):.4f}")
-        if callback is not None and ((i + 1) % callback_every == 0 or i == warm_cfg.steps - 1):
+        # evaluate() returns host floats, so it is done with `params` before the next step
+        # donates them.
+        met = stop.due(i + 1) and stop.check(i + 1, nnx.merge(graphdef, params, rest))
+        if callback is not None and (
+            (i + 1) % callback_every == 0 or i == warm_cfg.steps - 1 or met
+        ):
             jax.block_until_ready(params)  # queued steps belong to training, not the callback
             tc = time.time()
             # A copy: the next step donates `params`, and the callback may keep its model.
             callback(i + 1, nnx.merge(graphdef, jax.tree.map(jnp.copy, params), rest))
             callback_s += time.time() - tc
+        if met:
+            break
     final_loss = float(np.mean(jax.device_get(losses[-50:])))
     if not np.isfinite(final_loss):
         raise FloatingPointError(
@@ -329,14 +383,74 @@ def train(
         )
     if demo_stats.dropped:
         print(demo_stats.summary(task), file=sys.stderr, flush=True)
+    if warm_cfg.stop_every and not stop.met:
+        print(stop.not_met_warning(), file=sys.stderr, flush=True)
     model = nnx.merge(graphdef, params, rest)
     return model, dict(
         final_loss=final_loss,
         wall_s=time.time() - t0 - callback_s,
-        steps=warm_cfg.steps,
+        steps=len(losses),
         demonstrations_dropped=demo_stats.dropped,
         demonstrations_seen=demo_stats.seen,
+        **stop.record(),
     )
+
+
+class _StoppingRule:
+    """WarmStartConfig's stopping rule: every stop_every steps, stop_metric on the last
+    stop_problems held-out problems; met once it is >= stop_threshold at stop_patience checks in
+    a row. record() is what meta.json keeps: every check (step, value) and whether it was met."""
+
+    def __init__(self, task: Task, warm_cfg: WarmStartConfig, data_dir, model: nnx.Module):
+        self.task, self.cfg, self.data_dir = task, warm_cfg, data_dir
+        self.checks: list[tuple[int, float]] = []
+        self.met, self.check_s = False, 0.0
+        if warm_cfg.stop_every:  # a metric the evaluation lacks fails now, not after training
+            self._evaluate(model, num_problems=1)
+
+    def _evaluate(self, model: nnx.Module, num_problems: int) -> float:
+        metrics = evaluation.evaluate(
+            model,
+            self.task,
+            split="test",
+            num_problems=num_problems,
+            first=-self.cfg.stop_problems,
+            pass_k=self.cfg.stop_samples,
+            data_dir=self.data_dir,
+        )
+        if self.cfg.stop_metric not in metrics:
+            raise ValueError(
+                f"warm start stop_metric={self.cfg.stop_metric!r} is not one of the "
+                f"{self.task.name} evaluation's metrics {sorted(metrics)}; set "
+                "init.warmstart.stop_metric to one of them (or stop_every=0: no stopping rule)."
+            )
+        return float(metrics[self.cfg.stop_metric])
+
+    def due(self, step: int) -> bool:
+        return bool(self.cfg.stop_every) and step % self.cfg.stop_every == 0
+
+    def check(self, step: int, model: nnx.Module) -> bool:
+        t0 = time.time()
+        value = self._evaluate(model, self.cfg.stop_problems)
+        self.checks.append((step, value))
+        self.check_s += time.time() - t0
+        recent = [v for _, v in self.checks[-self.cfg.stop_patience :]]
+        self.met = len(recent) == self.cfg.stop_patience and min(recent) >= self.cfg.stop_threshold
+        return self.met  # NaN (no sample in the format) compares False: not met
+
+    def not_met_warning(self) -> str:
+        last = ", ".join(f"{v:.3f} at {s}" for s, v in self.checks[-3:])
+        return (
+            f"warm start ({self.task.name}): the stopping rule ({self.cfg.stop_metric} >= "
+            f"{self.cfg.stop_threshold} at {self.cfg.stop_patience} checks in a row) was not met "
+            f"within the cap of {self.cfg.steps} steps (last checks: {last}); the base is kept, "
+            "and its meta.json says stop_met=false. Raise init.warmstart.steps to train longer."
+        )
+
+    def record(self) -> dict[str, Any]:
+        if not self.cfg.stop_every:
+            return {}
+        return dict(stop_met=self.met, stop_checks=self.checks, stop_check_s=self.check_s)
 
 
 def default_cache_dir() -> str:
@@ -497,11 +611,7 @@ def get_base_model(
         meta = dict(
             task=task.name,
             task_config=task.config,
-            model={
-                k: v
-                for k, v in dataclasses.asdict(model_cfg).items()
-                if k not in models.EXECUTION_FIELDS
-            },
+            model=dataclasses.asdict(model_cfg),
             warm=dataclasses.asdict(warm_cfg),
             **stats,
         )
