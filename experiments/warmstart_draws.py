@@ -8,8 +8,9 @@ one after the other: warm-start seeds 0, 1 and 2, and seed 0 with a rounding nud
 scaled by 1 + 1e-7 at initialisation; the blockwise attention kernel, another summation order).
 "before" is the warm start as it was until issue 33 (2400 steps at 1e-2, no stopping rule);
 "after" is configs/arith.py:warmstart=converged's. For each draw it prints the worked format's
-sampled accuracy (temperature 1, held-out test problems), the share of worked samples, greedy accuracy,
-the final loss (mean of the last 50 steps), the steps trained and the wall time, then the table.
+sampled accuracy (temperature 1, held-out test problems), the share of worked samples, greedy
+accuracy, the final loss (mean of the last 50 steps), the steps trained and the wall time, then
+the table.
 With --every N it also evaluates every N steps (a learning curve; its time is not in wall_s).
 
 Expected runtime: five warm starts plus one evaluation each (~2-3 min per draw on an idle 2-core
