@@ -136,6 +136,7 @@ def test_continuous_equals_static_and_the_trainers_logprobs(dense, config):
         assert int(state.decode_steps) > T - 1
 
 
+@pytest.mark.long  # two engine compiles (about 70 s): with the population tests it serves
 @pytest.mark.parametrize("engine", ["static", "continuous"])
 def test_a_traced_temperature_samples_as_its_constant(dense, engine):
     """A temperature given as an array, traced inside a jitted function (a population member's,

@@ -147,6 +147,7 @@ def test_partial_options_are_checked(setup):
 PARTIAL = {"rl.rollout_engine": "continuous", "rl.partial_rollout": 1, "rl.rollout_slots": 8}
 
 
+@pytest.mark.long  # two trainer runs with the continuous engine: after the README's command
 def test_partial_run_resumes_exactly_with_rows_in_flight(shared):
     from trainer_runs import STEPS, assert_records, assert_trees, final_params, make_config, records
 

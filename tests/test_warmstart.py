@@ -242,6 +242,7 @@ def test_default_steps_come_from_the_task(setup):
         warmstart.make_optimizer(warmstart.WarmStartConfig())
 
 
+@pytest.mark.long  # trains a warm start with its checks (about 90 s): after the README's command
 def test_stopping_rule_stops_after_patience_checks_and_is_recorded(setup, tmp_path, capsys):
     """The rule checks stop_metric every stop_every steps on held-out problems and stops at the
     first stop_patience passing checks in a row; a threshold never met trains to the cap, says
