@@ -55,10 +55,10 @@ How it works:
 - Partial rollouts (generate_partial): the queue may hold groups carried from an earlier step
   (PartialRows: each row's tokens so far, their log-probs and policy versions, whether it
   ended), and the loop stops as soon as complete_groups groups are complete. A carried row is
-  continued, not restarted: its group's prompt is prefilled again, and when the row takes a
-  slot one [1, Lp + T] forward of its prompt and tokens (_resume) recomputes their KV with the
-  current policy into fresh pages; its tokens keep their log-probs and versions, and sampling
-  resumes at its first missing token. The rows still running or not yet started are handed
+  continued, not restarted: before the loop, one batched forward of the carried rows' prompts
+  and tokens (resume_carried) recomputes their KV with the current policy into fresh pages,
+  which a row takes with its slot; its group's prompt is prefilled again as usual. Its tokens
+  keep their log-probs and versions, and sampling resumes at its first missing token. The rows still running or not yet started are handed
   back for the next step. So a step is not held up by its longest rows, and each token records
   the policy that sampled it.
 
@@ -717,8 +717,8 @@ def generate_partial(
     indices, PartialRows of the carried rows). config: engine_config's other keywords
     (max_new_tokens, temperature, top_k, top_p, slots, page_size, ...; no return_routes).
 
-    A carried row's KV is recomputed by the current policy (one forward of its prompt and
-    tokens when it takes a slot); its tokens keep their log-probs and versions, and sampling
+    A carried row's KV is recomputed by the current policy (one batched forward of the carried
+    rows' prompts and tokens before the loop: resume_carried); its tokens keep their log-probs and versions, and sampling
     resumes after them with the current step's key."""
     _, s = run(
         model,
