@@ -58,9 +58,9 @@ How it works:
   continued, not restarted: before the loop, one batched forward of the carried rows' prompts
   and tokens (resume_carried) recomputes their KV with the current policy into fresh pages,
   which a row takes with its slot; its group's prompt is prefilled again as usual. Its tokens
-  keep their log-probs and versions, and sampling resumes at its first missing token. The rows still running or not yet started are handed
-  back for the next step. So a step is not held up by its longest rows, and each token records
-  the policy that sampled it.
+  keep their log-probs and versions, and sampling resumes at its first missing token. The rows
+  still running or not yet started are handed back for the next step. So a step is not held up
+  by its longest rows, and each token records the policy that sampled it.
 
 The plan's unit of cost: decode_step_for_plan (one decode step of N slots, module bottom).
 """
@@ -718,8 +718,8 @@ def generate_partial(
     (max_new_tokens, temperature, top_k, top_p, slots, page_size, ...; no return_routes).
 
     A carried row's KV is recomputed by the current policy (one batched forward of the carried
-    rows' prompts and tokens before the loop: resume_carried); its tokens keep their log-probs and versions, and sampling
-    resumes after them with the current step's key."""
+    rows' prompts and tokens before the loop: resume_carried); its tokens keep their log-probs
+    and versions, and sampling resumes after them with the current step's key."""
     _, s = run(
         model,
         prompts,
