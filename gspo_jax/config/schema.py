@@ -181,6 +181,14 @@ def default_config() -> ml_collections.ConfigDict:
     # its queue), trains on those and carries the rest; each token records the policy version
     # (step) that sampled it (rl/partial.py).
     c.rl.partial_rollout = 0
+    # The asynchronous pipeline (rl/pipeline.py, docs/pipeline.md): the rollout runs up to
+    # max_staleness policy versions ahead of the update (0 = synchronous, today's step): while
+    # step t updates, the rollouts of steps t+1..t+k are sampled, and a batch whose tokens were
+    # sampled more than max_staleness versions before the update that uses it is never used.
+    # The rollout's parameters are refreshed from the trainer's every sync_every updates
+    # (sync_every <= max_staleness + 1: the lag of the refresh counts against the bound).
+    c.rl.max_staleness = 0
+    c.rl.sync_every = 1
     # Gaussian noise of this std added to each sampled token's reported log-prob (0 = none): a
     # dose of sampler-trainer mismatch for the rollout-log-probs claim
     c.rl.rollout_logp_noise = 0.0
@@ -192,6 +200,15 @@ def default_config() -> ml_collections.ConfigDict:
     c.rl.overlong_buffer = 0
     c.rl.overlong_penalty = 0.0
     c.rl.mask_truncated = False
+
+    # The rollout's own device group (rl/pipeline.py): devices = a count (>= 1) or a fraction
+    # (in (0, 1)) of the devices, taken from the end of the device list; 0 = the rollout shares
+    # the training mesh (today's). The trainer's mesh (config.mesh) then spans the other devices
+    # and the rollout's mesh (rollout.mesh, the same axes; -1 fills) these; the trainer's
+    # parameters are copied onto it in the rollout dtype at each sync.
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.devices = 0.0
+    c.rollout.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
 
     # LoRA (models/lora.py, through qwix): rank-r adapters on the weights of the modules whose
     # path ("layers/attn", "layers/mlp", ...) matches a target regex in full; only the adapters
