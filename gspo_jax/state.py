@@ -96,6 +96,12 @@ class StepSpec:
     # LoRA (config.lora.rank > 0): only the adapters train; the reference is the policy's own
     # parameters with the adapters off (models.lora.without_adapters)
     lora_adapters: bool = False
+    # The asynchronous pipeline (rl/pipeline.py): how many policy versions a batch may lag the
+    # update that uses it (0 = synchronous) and how often the rollout's parameters are refreshed
+    max_staleness: int = 0
+    sync_every: int = 1
+    # the step runs through rl/pipeline.py (max_staleness > 0 or a rollout device group)
+    pipelined: bool = False
 
     @property
     def rows(self) -> int:
@@ -123,3 +129,7 @@ class Run:
     abs_params: nnx.State  # ShapeDtypeStructs with shardings: the restore target
     # the model computing in config.rl.rollout_dtype (the same parameters)
     rollout_graphdef: nnx.GraphDef
+    # config.rollout.devices > 0: the rollout's own mesh and its parameters' shardings there
+    # (rl/pipeline.py); None = the rollout runs on ``mesh``
+    rollout_mesh: jax.sharding.Mesh | None = None
+    rollout_shardings: nnx.State | None = None

@@ -34,7 +34,7 @@ from gspo_jax import advantages, data, models, objectives, rollout, sharding, ta
 from gspo_jax import config as config_lib
 from gspo_jax.config import ConfigError
 from gspo_jax.data import files as data_files
-from gspo_jax.rl import warmstart
+from gspo_jax.rl import pipeline, warmstart
 from gspo_jax.runtime import metrics as metrics_lib
 from gspo_jax.state import Run, StepSpec, TrainState
 
@@ -162,8 +162,9 @@ def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
     """The device mesh of config.mesh, checked against the batch: every process loads whole
     prompts, and the rollout batch, its minibatches and micro-batches divide over the rows'
     data x fsdp x expert shards."""
+    trainer_devices, _ = pipeline.split_devices(config, mesh_devices(config))
     try:
-        mesh = sharding.make_mesh(dict(config.mesh), devices=mesh_devices(config))
+        mesh = sharding.make_mesh(dict(config.mesh), devices=trainer_devices)
     except ValueError as e:
         raise ConfigError(f"config.mesh: {e}") from None
     rl, process_count = config.rl, jax.process_count()
@@ -545,6 +546,11 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
         rollout_graphdef = abstract_params(rollout_cfg, mesh, config.seed, lora)[0]
     if jax.tree.leaves(rest):
         raise NotImplementedError("models with non-parameter state are not supported")
+    r_mesh = r_shardings = None
+    _, r_devices = pipeline.split_devices(config, mesh_devices(config))
+    if r_devices:  # the rollout's own device group (rl/pipeline.py)
+        r_mesh = pipeline.rollout_mesh(config, r_devices)
+        r_shardings = abstract_params(model_cfg, r_mesh, config.seed, lora)[3]
     return Run(
         config=config,
         workdir=os.path.abspath(workdir) if workdir else "",
@@ -561,6 +567,8 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
         updates_per_step=updates_per_step,
         abs_params=abs_params,
         rollout_graphdef=rollout_graphdef,
+        rollout_mesh=r_mesh,
+        rollout_shardings=r_shardings,
     )
 
 
@@ -621,6 +629,7 @@ def step_spec(config, task, objective: objectives.Objective) -> StepSpec:
     rl = config.rl
     estimator = config_lib.resolve_estimator(config)
     uses_reference = objective.kl_coef > 0 or rl.log_kl_ref  # a KL term, or its log alone
+    max_staleness, sync_every, pipelined = pipeline.check_pipeline(config)
     return StepSpec(
         prompts=rl.prompts_per_step,
         group_size=rl.group_size,
@@ -638,6 +647,9 @@ def step_spec(config, task, objective: objectives.Objective) -> StepSpec:
         rollout_engine=rl.rollout_engine,
         rollout_options=rollout_options(config),
         partial_rollout=partial_rollout_of(config),
+        max_staleness=max_staleness,
+        sync_every=sync_every,
+        pipelined=pipelined,
         overlong_buffer=rl.overlong_buffer,
         overlong_penalty=rl.overlong_penalty,
         mask_truncated=rl.mask_truncated,

@@ -39,15 +39,32 @@ def _concat(batches: list[dict]) -> dict:
     return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
 
 
-def _encode(arrays: dict[str, np.ndarray]) -> str:
+def encode(arrays: dict[str, np.ndarray]) -> str:
+    """Host arrays as one JSON-able string (npz, base64): how a data stream's wrapper keeps
+    arrays in the state a checkpoint saves (here and rl/pipeline.py)."""
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _decode(text: str) -> dict[str, np.ndarray]:
+def decode(text: str) -> dict[str, np.ndarray]:
     with np.load(io.BytesIO(base64.b64decode(text)), allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
+
+
+def inner_state(inner) -> dict | str:
+    """A wrapped data iterator's get_state() as JSON (grain's bytes go base64)."""
+    state = inner.get_state()
+    if isinstance(state, bytes | bytearray):
+        state = {"__b64__": base64.b64encode(bytes(state)).decode("ascii")}
+    return state
+
+
+def restore_inner(inner, state) -> None:
+    """inner_state's inverse: sets the wrapped iterator's state."""
+    if isinstance(state, dict) and set(state) == {"__b64__"}:
+        state = base64.b64decode(state["__b64__"])
+    inner.set_state(state)
 
 
 ROW_FIELDS = ("tokens", "mask", "logp", "sample_logp", "versions", "done")
@@ -104,26 +121,21 @@ class PartialQueue:
         self.rows = {f: np.asarray(getattr(rows, f)) for f in ROW_FIELDS}
 
     def get_state(self) -> dict:
-        inner = self._inner.get_state()
-        if isinstance(inner, bytes | bytearray):
-            inner = {"__b64__": base64.b64encode(bytes(inner)).decode("ascii")}
+        inner = inner_state(self._inner)
         carry = None
         if self.batch is not None:
-            carry = _encode(
+            carry = encode(
                 {**{f"batch/{k}": v for k, v in self.batch.items()},
                  **{f"rows/{k}": v for k, v in self.rows.items()}}
             )  # fmt: skip
         return {"inner": inner, "partial_rollout": carry}
 
     def set_state(self, state: dict) -> None:
-        inner = state["inner"]
-        if isinstance(inner, dict) and set(inner) == {"__b64__"}:
-            inner = base64.b64decode(inner["__b64__"])
-        self._inner.set_state(inner)
+        restore_inner(self._inner, state["inner"])
         if state["partial_rollout"] is None:
             self.batch = self.rows = None
             return
-        arrays = _decode(state["partial_rollout"])
+        arrays = decode(state["partial_rollout"])
         self.batch = {k[6:]: v for k, v in arrays.items() if k.startswith("batch/")}
         self.rows = {k[5:]: v for k, v in arrays.items() if k.startswith("rows/")}
 

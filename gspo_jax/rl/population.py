@@ -397,7 +397,7 @@ def population_step(
         for i in range(M):
             lr = float(run.schedule(int(steps[i]) * run.updates_per_step)) * lr_scale[i]
             out.append(
-                ts._host_metrics(
+                ts.host_metrics(
                     member(train_m, i), member(roll_m, i), member(pass_m, i), lr=lr, times=times
                 )
             )

@@ -42,9 +42,10 @@ from gspo_jax.state import Run, TrainState, step_keys
 LOGP_NOISE_STREAM = 0x6C6F6770  # fold_in constant of the log-prob noise's key ("logp")
 
 
-def make_rollout_fn(run: Run):
+def make_rollout_fn(run: Run, mesh: jax.sharding.Mesh | None = None):
     """(params, prompts [P, Lp], lengths [P], key[, temperature []]) -> SampleOutput, rows sharded
-    over the mesh, its routes (if any) batch-major [B, L, S, k] like the RLBatch's. The
+    over the mesh (run.mesh, or the rollout's own ``mesh``: rl/pipeline.py), its routes (if any)
+    batch-major [B, L, S, k] like the RLBatch's. The
     temperature is config.rl.temperature's constant unless given (a population member's, traced).
 
     generate() is traced inside this jit so the rollout compiles once with the trainer's
@@ -79,7 +80,7 @@ def make_rollout_fn(run: Run):
             out = out.replace(routes=jnp.swapaxes(out.routes, 0, 1))
         return _with_logp_noise(out, key, noise_std)
 
-    return jax.jit(fn, out_shardings=_sample_shardings(run))
+    return jax.jit(fn, out_shardings=_sample_shardings(run, mesh or run.mesh))
 
 
 def _with_logp_noise(out: rollout.SampleOutput, key, noise_std: float) -> rollout.SampleOutput:
@@ -91,10 +92,10 @@ def _with_logp_noise(out: rollout.SampleOutput, key, noise_std: float) -> rollou
     return out.replace(logp=jnp.where(out.mask > 0, out.logp + noise, out.logp))
 
 
-def _sample_shardings(run: Run) -> rollout.SampleOutput:
+def _sample_shardings(run: Run, mesh: jax.sharding.Mesh) -> rollout.SampleOutput:
     """The rollout's SampleOutput shardings: rows over the mesh's batch axes."""
     spec = run.step
-    rows = lambda ndim: sharding.rows_sharding(run.mesh, ndim)  # noqa: E731
+    rows = lambda ndim: sharding.rows_sharding(mesh, ndim)  # noqa: E731
     return rollout.SampleOutput(
         tokens=rows(2),
         mask=rows(2),
@@ -140,7 +141,7 @@ def make_partial_rollout_fn(run: Run):
     rows = lambda ndim: sharding.rows_sharding(run.mesh, ndim)  # noqa: E731
     every = sharding.replicated(run.mesh)
     carry_sh = rollout.PartialRows(*(rows(2),) * 5, done=rows(1))
-    return jax.jit(fn, out_shardings=(_sample_shardings(run), every, every, carry_sh))
+    return jax.jit(fn, out_shardings=(_sample_shardings(run, run.mesh), every, every, carry_sh))
 
 
 def staleness_metrics(versions: jax.Array, mask: jax.Array, version) -> dict[str, jax.Array]:
@@ -265,7 +266,7 @@ class Collected:
     reward_s: float  # seconds scoring and shaping
 
 
-def _score(run: Run, phases: Phases, sample, batch_local: dict):
+def score_rollout(run: Run, phases: Phases, sample, batch_local: dict):
     """Scores this process's rows of a rollout on the host and shapes the rewards on the mesh:
     (the scores and lengths [B] as global arrays, phases.shape's (shaped, shaping, truncated,
     signal))."""
@@ -316,7 +317,7 @@ def collect_partial(
     batch_local = {k: v[selected] for k, v in queue_local.items()}
     prompts = glob(batch_local["prompt"].astype(np.int32))
     lengths = glob(batch_local["prompt_length"].astype(np.int32))
-    part, (shaped, shaping, truncated, _) = _score(run, phases, sample, batch_local)
+    part, (shaped, shaping, truncated, _) = score_rollout(run, phases, sample, batch_local)
     with sharding.use_mesh(mesh):
         metrics = dict(
             phases.means([part], shaping if run.step.overlong_penalty > 0 else None, None)
@@ -353,7 +354,7 @@ def collect_rollouts(
             sample = phases.rollout(state.params, prompts, lengths, key)
             jax.block_until_ready(sample.tokens)
         t1 = time.time()
-        part, (shaped, shaping, truncated, signal) = _score(run, phases, sample, batch_local)
+        part, (shaped, shaping, truncated, signal) = score_rollout(run, phases, sample, batch_local)
         score_parts.append(part)
         gens.append((sample, shaped, shaping, truncated, signal, prompts, lengths))
         t_rollout += t1 - t0
@@ -467,7 +468,7 @@ def rl_step(
     state, train_m, roll_m, pass_m, times = learn_on_batch(
         run, phases, state, got, keys, ref_params
     )
-    return state, _host_metrics(
+    return state, host_metrics(
         train_m,
         roll_m,
         pass_m,
@@ -481,7 +482,7 @@ def rl_step(
     )
 
 
-def _host_metrics(train_m, roll_m, pass_m, *, lr, times: dict[str, float]) -> dict[str, float]:
+def host_metrics(train_m, roll_m, pass_m, *, lr, times: dict[str, float]) -> dict[str, float]:
     """The step's metrics, named, on the host (one jax.device_get), with its times and rates."""
     m = metrics_lib.with_prefix("train/", train_m)
     m["train/lr"] = lr

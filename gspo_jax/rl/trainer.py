@@ -55,6 +55,7 @@ from gspo_jax.rl import build as exp
 from gspo_jax.rl import evaluation
 from gspo_jax.rl import step as ts
 from gspo_jax.rl.partial import PartialQueue
+from gspo_jax.rl.pipeline import Pipeline, PipelineQueue
 from gspo_jax.runtime import agreement as pod
 from gspo_jax.runtime import checkpoint as checkpoint_lib
 from gspo_jax.runtime import metrics as metrics_lib
@@ -192,6 +193,8 @@ class Session:
                 max_new_tokens=spec.response_len,
                 pad_id=spec.pad_id,
             )
+        if spec.pipelined:  # the batches in flight travel with the stream (rl/pipeline.py)
+            self.data_iter = PipelineQueue(self.data_iter)
         self.ckpt = checkpoint_lib.Checkpointer(
             self.ckpt_dir,
             save_every=self.config.checkpoint.every,
@@ -218,6 +221,7 @@ class Session:
         self.phases = ts.make_phases(
             self.run, self.state, with_ref=rl_batch.uses_reference(self.run)
         )
+        self.pipeline = Pipeline(self.run, self.phases, self.data_iter) if spec.pipelined else None
         self.log = metrics_lib.Progress(
             total=self.config.rl.num_steps,
             initial=resumed_step or 0,
@@ -313,6 +317,12 @@ class Session:
     def step(self, step: int) -> dict[str, float]:
         """Runs RL step ``step + 1``; returns its host metrics."""
         pod.set_phase(f"in RL step {step + 1}")
+        if self.pipeline is not None:  # the asynchronous pipeline (rl/pipeline.py)
+            self.state, m = self.pipeline.step(self.state, ref_params=self.ref_params)
+            if self.pipeline.note:
+                self.log.write(self.pipeline.note)
+                self.pipeline.note = ""
+            return m
         self.state, m = ts.rl_step(
             self.run,
             self.phases,

@@ -1,0 +1,391 @@
+"""The asynchronous pipeline: rollouts run ahead of the update, on their own device group or on
+the training mesh, and no batch lags the update that uses it by more than
+config.rl.max_staleness policy versions.
+
+    pipe = pipeline.Pipeline(run, phases, queue)      # queue: a PipelineQueue around the data
+    state, host_metrics = pipe.step(state, ref_params)
+
+Dimension legend: P prompts per step, G samples per prompt, B = P·G rows, Lp prompt slots, T
+response slots.
+
+The schedule (Schedule; k = rl.max_staleness, s = rl.sync_every). The rollout samples from its
+own copy of the parameters, refreshed from the trainer's at every step t with t % s == 0 (before
+that step's rollout starts), so at step t it holds version r(t) = s·⌊t/s⌋. The pipeline's depth
+is d = k − (s − 1): at step t the rollout of step t + d starts, while step t updates on the batch
+that started d steps before. A batch used at step j was sampled by version r(j − d) ≥ j − d −
+(s − 1) = j − k, so its staleness j − r(j − d) is at most k. A run's first d batches start at
+step 0 (version 0, staleness j < k).
+
+Step t, in dispatch order (JAX dispatches asynchronously: with config.rollout.devices > 0 the
+rollout runs on its devices while the update runs on the trainer's):
+  1. sync, when due: the trainer's parameters are copied onto the rollout's mesh (jax.device_put
+     to the rollout shardings: each rollout device receives its own shards, no device gathers the
+     whole model first; on a shared mesh a jitted copy, so the update's donated state does not free
+     the rollout's weights). The copy keeps the trainer's dtype, and the rollout computes in
+     rl.rollout_dtype from it exactly as the synchronous rollout does, so staleness is the only
+     difference between the two;
+  2. start the rollout of step t + d: its prompts are the data stream's next batch and its key is
+     step t + d's rollout key, so a batch's tokens do not depend on the schedule;
+  3. take step t's batch (for d = 0 after waiting for it), score it, make its RLBatch and update.
+     old_logp is the sampler's log-probs, i.e. the behaviour policy's (the version that sampled
+     the batch); with rl.recompute_old_logp the current policy's (the proximal policy), and the
+     sampler's become rollout_logp for the objective's corrections (rollout_correction,
+     off_policy_mask), which then weigh staleness and sampler mismatch together;
+  4. wait for the rollout started in 2 and keep it, as host arrays, until its step.
+
+d = 0 on a shared mesh is the synchronous step: the same data, keys and arithmetic as
+rl/step.py's rl_step (a test compares them). The batches in flight are kept with the data
+stream's state (PipelineQueue.get_state), so a checkpoint holds them and a resumed run continues
+with the same batches and equals an uninterrupted one. With s > 1 the checkpoint interval is a
+multiple of s (build-time check), so a scheduled save finds the rollout's copy equal to the
+trainer's parameters; a save at another step (a preemption) resumes with a fresh sync, which only
+lowers the staleness of the batches after it (the run continues correctly, not bit for bit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gspo_jax import rollout, sharding
+from gspo_jax.errors import ConfigError
+from gspo_jax.rl import partial
+from gspo_jax.rl import step as ts
+from gspo_jax.runtime import distributed
+from gspo_jax.state import Run, TrainState
+
+# ------------------------------------------------------------------------------ the config
+
+
+def rollout_device_count(config, n_devices: int) -> int:
+    """config.rollout.devices as a device count: a whole number >= 1, or a fraction in (0, 1) of
+    ``n_devices`` (rounded to the nearest count >= 1); 0 = none (the rollout shares the mesh). A
+    count that leaves the trainer no device is a ConfigError naming the fix."""
+    v = float(config.rollout.devices)
+    if v == 0:
+        return 0
+    if v < 0 or (v >= 1 and v != int(v)):
+        raise ConfigError(
+            f"config.rollout.devices={v:g}: use a whole device count >= 1, a fraction in (0, 1) "
+            "of the devices, or 0 (the rollout shares the training mesh)"
+        )
+    n = int(v) if v >= 1 else max(1, round(v * n_devices))
+    if n >= n_devices:
+        raise ConfigError(
+            f"config.rollout.devices={v:g} gives the rollout {n} of the {n_devices} devices and "
+            "the trainer none: use fewer, or 0 to share the mesh"
+        )
+    return n
+
+
+def split_devices(config, devices: list) -> tuple[list, list]:
+    """(the trainer's devices, the rollout's): the rollout takes config.rollout.devices from the
+    end of the list (none: it shares the trainer's)."""
+    n = rollout_device_count(config, len(devices))
+    return (devices[: len(devices) - n], devices[len(devices) - n :]) if n else (devices, [])
+
+
+def check_pipeline(config) -> tuple[int, int, bool]:
+    """(max_staleness, sync_every, pipelined), checked: one-line ConfigErrors naming the fix for
+    a bound below 0, a sync interval the bound cannot absorb, a checkpoint interval that is not a
+    multiple of it, and what the pipeline does not run with."""
+    rl = config.rl
+    k, s = int(rl.max_staleness), int(rl.sync_every)
+    pipelined = k > 0 or float(config.rollout.devices) != 0
+    if k < 0 or s < 1:
+        raise ConfigError(
+            f"config.rl.max_staleness={k} must be >= 0 (0 = synchronous) and sync_every={s} >= 1"
+        )
+    if s > k + 1:
+        raise ConfigError(
+            f"config.rl.sync_every={s} lets the rollout's parameters lag {s - 1} versions, more "
+            f"than config.rl.max_staleness={k} allows: use sync_every <= max_staleness + 1"
+        )
+    if s > 1 and config.checkpoint.every % s:
+        raise ConfigError(
+            f"config.checkpoint.every={config.checkpoint.every} is not a multiple of "
+            f"config.rl.sync_every={s}: a resume needs the rollout's parameters equal to the "
+            "trainer's at each saved step; make checkpoint.every a multiple of sync_every"
+        )
+    if not pipelined:
+        return k, s, False
+    fix = "set config.rl.max_staleness=0 and config.rollout.devices=0"
+    for refused, why in (
+        (rl.dynamic_sampling, "rl.dynamic_sampling draws a data-dependent number of batches"),
+        (rl.partial_rollout, "rl.partial_rollout carries rows between steps (not yet pipelined)"),
+        (bool(config.population.seeds), "a population (config.population.seeds)"),
+        (jax.process_count() > 1, "a multi-process run (the pipeline is built for one process)"),
+    ):
+        if refused:
+            raise ConfigError(f"the asynchronous pipeline does not run with {why}; {fix}")
+    return k, s, True
+
+
+# ------------------------------------------------------------------------------ the schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """Which rollouts start at a step, and when the rollout's parameters are refreshed (module
+    docstring). Pure: the property tests drive it over schedules and resumes."""
+
+    max_staleness: int  # k
+    sync_every: int = 1  # s
+
+    @property
+    def depth(self) -> int:
+        """d = k − (s − 1): how many steps ahead of the update a rollout starts."""
+        return self.max_staleness - (self.sync_every - 1)
+
+    def sync_due(self, t: int, copy_version: int | None) -> bool:
+        """Refresh the rollout's copy before step t's rollout starts: on the sync steps, and
+        whenever there is no copy yet (a run's first step, a resumed run)."""
+        return copy_version is None or t % self.sync_every == 0
+
+    def to_start(self, t: int, pending: list[int]) -> list[int]:
+        """The steps whose rollouts start at step t, ascending: every step in t..t+d that has
+        no batch in flight (all of them at a run's first step, t + d afterwards)."""
+        return [j for j in range(t, t + self.depth + 1) if j not in pending]
+
+    def check(self, step: int, version: int) -> None:
+        """Raises if the batch of ``step``, sampled by ``version``, lags more than k versions."""
+        if step - version > self.max_staleness or version > step:
+            raise RuntimeError(
+                f"step {step}'s batch was sampled by policy version {version}: outside the bound "
+                f"of config.rl.max_staleness={self.max_staleness} (a pipeline bug)"
+            )
+
+
+# ------------------------------------------------------------------------------ batches in flight
+
+SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(rollout.SampleOutput))
+
+
+@dataclasses.dataclass
+class InFlight:
+    """One rollout batch between its start and its update: host arrays of this process's rows."""
+
+    step: int  # the RL step that trains on it
+    version: int  # the policy version that sampled it
+    batch: dict  # the data stream's batch (prompt [P, Lp], prompt_length [P], answers...)
+    sample: dict  # SampleOutput's fields as numpy ([B, T]; routes [B, L, S, k]); None left out
+
+
+class PipelineQueue:
+    """The data stream with the pipeline's batches in flight (what a checkpoint saves of the
+    pipeline). Iterating yields the inner stream's batches; get_state / set_state (what
+    runtime/checkpoint.py saves for a data iterator) cover the stream and the batches in flight,
+    so a restored run continues with the same batches."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.in_flight: list[InFlight] = []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        return next(self._inner)
+
+    def get_state(self) -> dict:
+        arrays, meta = {}, []
+        for i, b in enumerate(self.in_flight):
+            meta.append({"step": b.step, "version": b.version})
+            arrays.update({f"{i}/batch/{k}": v for k, v in b.batch.items()})
+            arrays.update({f"{i}/sample/{k}": v for k, v in b.sample.items()})
+        return {
+            "inner": partial.inner_state(self._inner),
+            "pipeline": {"in_flight": meta, "arrays": partial.encode(arrays) if meta else None},
+        }
+
+    def set_state(self, state: dict) -> None:
+        partial.restore_inner(self._inner, state["inner"])
+        saved = state.get("pipeline") or {"in_flight": []}
+        arrays = partial.decode(saved["arrays"]) if saved["in_flight"] else {}
+        self.in_flight = []
+        for i, m in enumerate(saved["in_flight"]):
+            part = {"batch": {}, "sample": {}}
+            for name, v in arrays.items():
+                index, kind, field = name.split("/", 2)
+                if int(index) == i:
+                    part[kind][field] = v
+            self.in_flight.append(InFlight(m["step"], m["version"], part["batch"], part["sample"]))
+
+
+# ------------------------------------------------------------------------------ the pipeline
+
+
+class Pipeline:
+    """The asynchronous step (module docstring): a Schedule, the rollout's copy of the
+    parameters and its mesh, and the batches in flight (kept in ``queue``)."""
+
+    def __init__(self, run: Run, phases: ts.Phases, queue: PipelineQueue):
+        spec = run.step
+        self.run, self.phases, self.queue = run, phases, queue
+        self.schedule = Schedule(spec.max_staleness, spec.sync_every)
+        self.mesh = run.rollout_mesh or run.mesh
+        shared = run.rollout_mesh is None
+        # the rollout's program on its mesh (the synchronous one when it shares the mesh)
+        self.rollout = phases.rollout if shared else ts.make_rollout_fn(run, mesh=self.mesh)
+        if shared:  # a copy (not an alias) of the parameters, on the trainer's shardings
+            self._copy = jax.jit(
+                lambda p: jax.tree.map(jnp.copy, p), out_shardings=run.state_shardings
+            )
+        else:
+            self._copy = lambda p: jax.device_put(p, run.rollout_shardings)
+        self.params = None  # the rollout's copy of the parameters
+        self.version: int | None = None  # the policy version it holds
+        self.note = ""  # printed once by the trainer (a resume that re-synced off schedule)
+
+    # ---- the rollout side
+
+    def _sync(self, state: TrainState, t: int) -> float:
+        """The rollout's copy <- the trainer's parameters (version t); returns the seconds."""
+        if self.version is None and t % self.schedule.sync_every:
+            self.note = (
+                f"resumed at step {t}, between two syncs (rl.sync_every="
+                f"{self.schedule.sync_every}): the rollout's parameters are re-synced now"
+            )
+        t0 = time.time()
+        self.params = jax.block_until_ready(self._copy(state.params))
+        self.version = t
+        return time.time() - t0
+
+    def _start(self, state: TrainState, j: int) -> dict:
+        """Starts step j's rollout (asynchronously) on the data stream's next batch."""
+        batch = next(self.queue)
+        glob = lambda x: distributed.to_global(np.asarray(x, np.int32), self.mesh)  # noqa: E731
+        key = self.phases.keys(state.rng, j)["rollout"]
+        if self.run.rollout_mesh is not None:  # the key from the trainer's devices to the rollout's
+            key = jax.device_put(key, sharding.replicated(self.mesh))
+        t0 = time.time()
+        with sharding.use_mesh(self.mesh):
+            sample = self.rollout(
+                self.params, glob(batch["prompt"]), glob(batch["prompt_length"]), key
+            )
+        started = {"step": j, "version": self.version, "batch": batch, "sample": sample,
+                   "t0": t0, "t1": None}  # fmt: skip
+        # the rollout's finishing time, seen by a thread (the host goes on to the update)
+        waiter = threading.Thread(target=_mark_ready, args=(started,), daemon=True)
+        waiter.start()
+        started["waiter"] = waiter
+        return started
+
+    def _finish(self, started: dict) -> InFlight:
+        """Waits for a started rollout and keeps it as host arrays."""
+        started["waiter"].join()
+        sample = {
+            f: distributed.to_local(getattr(started["sample"], f))
+            for f in SAMPLE_FIELDS
+            if getattr(started["sample"], f) is not None
+        }
+        return InFlight(started["step"], started["version"], started["batch"], sample)
+
+    # ---- the trainer side
+
+    def _collected(self, b: InFlight, t: int) -> ts.Collected:
+        """The batch of step t on the trainer's mesh, scored and shaped (rl/step.py Collected),
+        with its staleness metrics."""
+        run, phases, mesh = self.run, self.phases, self.run.mesh
+        t0 = time.time()
+        fields = {f: distributed.to_global(v, mesh) for f, v in b.sample.items()}
+        sample = rollout.SampleOutput(**{f: fields.get(f) for f in SAMPLE_FIELDS})
+        part, (shaped, shaping, truncated, _) = ts.score_rollout(run, phases, sample, b.batch)
+        versions = np.full(b.sample["mask"].shape, b.version, np.int32)  # [B, T]
+        with sharding.use_mesh(mesh):
+            metrics = dict(
+                phases.means([part], shaping if run.step.overlong_penalty > 0 else None, None)
+            )
+            metrics.update(phases.staleness(distributed.to_global(versions, mesh), sample.mask, t))
+        metrics["version"] = float(b.version)
+        prompts = distributed.to_global(b.batch["prompt"].astype(np.int32), mesh)
+        lengths = distributed.to_global(b.batch["prompt_length"].astype(np.int32), mesh)
+        return ts.Collected(
+            sample, shaped, shaping, truncated, prompts, lengths, metrics, 0.0, time.time() - t0
+        )
+
+    def step(self, state: TrainState, ref_params=None) -> tuple[TrainState, dict[str, float]]:
+        """One asynchronous RL step (module docstring): returns (state, host metrics)."""
+        run, phases, sched = self.run, self.phases, self.schedule
+        t = int(jax.device_get(state.step))
+        t_start = time.time()
+        sync_s = self._sync(state, t) if sched.sync_due(t, self.version) else 0.0
+        pending = [b.step for b in self.queue.in_flight]
+        started = [self._start(state, j) for j in sched.to_start(t, pending)]
+        rollouts = list(started)  # timed below
+        if self.queue.in_flight and self.queue.in_flight[0].step == t:
+            batch = self.queue.in_flight.pop(0)
+        else:  # depth 0 (or a first step): this step's own rollout, waited for
+            batch = self._finish(started.pop(0))
+        sched.check(t, batch.version)
+        keys = phases.keys(state.rng, state.step)
+        with jax.transfer_guard("allow"):  # as in rl_step: a host scalar in and out
+            lr = run.schedule(t * run.updates_per_step)
+        got = self._collected(batch, t)
+        t_update = time.time()
+        state, train_m, roll_m, pass_m, times = ts.learn_on_batch(
+            run, phases, state, got, keys, ref_params
+        )
+        t_updated = time.time()
+        for s in started:  # the rollouts started this step, kept until their steps
+            self.queue.in_flight.append(self._finish(s))
+        rollout_s = sum(s["t1"] - s["t0"] for s in rollouts)
+        step_s = time.time() - t_start
+        trainer_busy = times["time/logp_s"] + times["time/update_s"]
+        return state, ts.host_metrics(
+            train_m,
+            roll_m,
+            pass_m,
+            lr=lr,
+            times={
+                "time/rollout_s": rollout_s,
+                "time/reward_s": got.reward_s,
+                **times,
+                "time/sync_s": sync_s,
+                "time/update_wall_s": t_updated - t_update,
+                "time/step_s": step_s,
+                # the share of the step each device group computed nothing (on a shared mesh
+                # and on this CPU's cores the two overlap little: docs/pipeline.md)
+                "time/trainer_idle_frac": max(0.0, 1.0 - trainer_busy / step_s),
+                "time/rollout_idle_frac": max(0.0, 1.0 - rollout_s / step_s),
+            },
+        )
+
+
+def _mark_ready(started: dict) -> None:
+    jax.block_until_ready(started["sample"].tokens)
+    started["t1"] = time.time()
+
+
+def rollout_mesh(config, devices: list) -> jax.sharding.Mesh:
+    """The rollout's own mesh over ``devices`` (config.rollout.mesh's axes), checked against the
+    batch: its rows divide over the mesh's row shards."""
+    try:
+        mesh = sharding.make_mesh(dict(config.rollout.mesh), devices=devices)
+    except ValueError as e:
+        raise ConfigError(f"config.rollout.mesh: {e}") from None
+    dp, P = sharding.row_shards(mesh), config.rl.prompts_per_step
+    if P % dp:
+        raise ConfigError(
+            f"config.rl.prompts_per_step={P} does not divide over the rollout mesh's {dp} row "
+            f"shards (config.rollout.mesh over {len(devices)} devices): use a multiple of {dp} "
+            "prompts, or change config.rollout.mesh / rollout.devices"
+        )
+    return mesh
+
+
+__all__ = [
+    "InFlight",
+    "Pipeline",
+    "PipelineQueue",
+    "Schedule",
+    "check_pipeline",
+    "rollout_device_count",
+    "rollout_mesh",
+    "split_devices",
+]
