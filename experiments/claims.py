@@ -64,6 +64,8 @@ SWEEPS = {
         Sweep("clip", "configs/arith.py", "study=clip", ("--config.rl.num_steps=150",)),
         Sweep("ratio_doses", "configs/arith.py", "study=ratio_doses"),
         Sweep("drgrpo_length", "configs/luspo_length.py", "study=drgrpo"),
+        # the staleness dose (issue 31): held-out accuracy every 20 steps, not 10 (40 arms)
+        Sweep("staleness", "configs/arith_async.py", "", ("--config.eval.every=20",)),
     )
 }
 
@@ -86,7 +88,7 @@ NOTEBOOKS = {
 }
 
 # registry claims without a notebook yet -> the sweeps their runs come from (--runs_only)
-PLANNED: dict[str, tuple[str, ...]] = {}
+PLANNED: dict[str, tuple[str, ...]] = {"staleness_dose": ("staleness",)}
 
 SEEDS = 5  # the registry's minimum for a criterion that compares two arms
 FULL_FLAGS = (

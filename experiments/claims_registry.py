@@ -24,6 +24,10 @@ a pair's own per-seed statistic, such as "pair(gspo, gspo_token_tokadv)") its va
                  difference whose sign is a coin toss)
     bootstrap    the percentile bootstrap interval of the mean over seeds (``confidence``,
                  ``resamples``, fixed generator seed 0) lies entirely on the threshold's side
+    sign_flip    the exact sign-flip permutation test of the mean of (value - threshold): over
+                 all 2^n sign assignments, the share whose mean is at least as far on the
+                 claimed side as the observed one is the one-sided p-value; it holds when
+                 p < ``alpha`` (with 5 seeds the smallest p is 1/32, so all five must agree)
 
 Plain data and pure functions over numbers: nothing here reads runs
 (notebooks/reporting/analysis.py does, and its ``claim_verdict`` prints an entry and its
@@ -41,7 +45,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 OUTCOMES = ("reproduced", "not reproduced", "inconclusive")
-TESTS = ("every_seed", "bootstrap")
+TESTS = ("every_seed", "bootstrap", "sign_flip")
 DIRECTIONS = (">", "<")
 MIN_SEEDS_DIFFERENCE = 5  # issue 20: at least 5 seeds where the criterion compares two arms
 MIN_SEEDS_LEVEL = 3
@@ -59,6 +63,7 @@ class Criterion:
     min_seeds: int
     confidence: float = 0.95  # bootstrap only
     resamples: int = 10_000  # bootstrap only
+    alpha: float = 0.05  # sign_flip only: the one-sided p-value below which it holds
 
     def __post_init__(self):
         if (
@@ -158,10 +163,28 @@ def bootstrap_interval(
     return float(np.quantile(means, a)), float(np.quantile(means, 1.0 - a))
 
 
+def sign_flip_p(x: Sequence[float], direction: str, threshold: float) -> float:
+    """The exact one-sided p-value of the sign-flip permutation test: d = x - threshold, the
+    share of the 2^n sign assignments s whose mean(s·|d|) is at least mean(d) (for ">"; at
+    most, for "<"). Exact for n up to 20 (every assignment enumerated)."""
+    d = np.asarray(x, dtype=np.float64) - threshold
+    if d.size == 0:
+        return math.nan
+    signs = 1 - 2 * ((np.arange(2**d.size)[:, None] >> np.arange(d.size)) & 1)  # [2^n, n]
+    means = (signs * np.abs(d)).mean(-1)
+    observed = d.mean()
+    tol = 1e-12 * max(1.0, float(np.abs(d).max()))  # ties count as "at least as far"
+    far = means >= observed - tol if direction == ">" else means <= observed + tol
+    return float(far.mean())
+
+
 def holds(c: Criterion, x: np.ndarray) -> tuple[bool, tuple[float, float] | None]:
     """(the criterion holds on the per-seed values ``x``, the bootstrap interval or None)."""
     if c.test == "every_seed":
         return bool(x.size and np.all(on_side(x, c.direction, c.threshold))), None
+    if c.test == "sign_flip":
+        p = sign_flip_p(x, c.direction, c.threshold)
+        return bool(x.size and on_side(x.mean(), c.direction, c.threshold) and p < c.alpha), None
     lo, hi = bootstrap_interval(x, c.confidence, c.resamples)
     return bool(on_side(lo if c.direction == ">" else hi, c.direction, c.threshold)), (lo, hi)
 
@@ -218,6 +241,12 @@ def evaluate(
             f"; mean {_g(float(x.mean()))}, {c.confidence:.0%} bootstrap interval "
             f"[{_g(interval[0])}, {_g(interval[1])}] against {c.direction} {_g(c.threshold)}"
         )
+    elif c.test == "sign_flip":
+        p = sign_flip_p(x, c.direction, c.threshold)
+        numbers += (
+            f"; mean {_g(float(x.mean()))}, exact sign-flip p = {_g(p)} (one-sided, "
+            f"{c.direction} {_g(c.threshold)}) against alpha {_g(c.alpha)}"
+        )
     else:
         numbers += f"; every seed {c.direction} {_g(c.threshold)}: {ok}"
     return Result(OUTCOMES[0] if ok else OUTCOMES[1], numbers, seeds, tuple(x.tolist()), interval)
@@ -229,6 +258,11 @@ def describe(claim: Claim) -> list[str]:
     subject = f"{c.arms[0]} - {c.arms[1]} (paired by seed)" if len(c.arms) == 2 else c.arms[0]
     if c.test == "every_seed":
         test = f"{c.direction} {c.threshold:g} in every seed"
+    elif c.test == "sign_flip":
+        test = (
+            f"mean {c.direction} {c.threshold:g} with an exact one-sided sign-flip permutation "
+            f"p < {c.alpha:g}"
+        )
     else:
         test = (
             f"the {c.confidence:.0%} bootstrap interval of the mean over seeds "
@@ -908,6 +942,66 @@ ENTRIES: tuple[Claim, ...] = (
             min_seeds=MIN_SEEDS_DIFFERENCE,
         ),
         preconditions=(RATIOS_AT_CLIP,),
+    ),
+    # --- the asynchronous pipeline's staleness dose (issue 31) -----------------------------------
+    Claim(
+        key="staleness_dose",
+        version=1,
+        claim=(
+            "GSPO's length-normalised sequence ratio tolerates stale batches better than GRPO's "
+            "token ratios: with rollouts 8 policy versions behind the update (and a bf16 "
+            "rollout), GRPO loses more held-out accuracy than GSPO, both against their own "
+            "synchronous runs"
+        ),
+        paper=(
+            "GSPO (Zheng et al. 2025): stable under off-policy data where GRPO is not; the "
+            "asynchronous RL frameworks' staleness bounds (verl, AReaL, prime-rl, SkyRL)"
+        ),
+        notebook="staleness_dose",
+        sweeps=("staleness",),
+        arms=(
+            "<objective>_k<k>_<correction>: objective in grpo, gspo, cispo, sapo (each at its "
+            "preset's eps); k = rl.max_staleness in 0, 1, 2, 4, 8; correction none (old_logp = "
+            "the sampler's, the behaviour policy) or seq_tis (old_logp recomputed, the sampler's "
+            "weighed by the truncated sequence-level importance weight); a bf16 rollout under "
+            "the float32 trainer in every arm; 60 RL steps from the default experiment's warm "
+            "start, held-out greedy accuracy on 500 problems",
+        ),
+        primary=Criterion(
+            statistic=(
+                "difference in differences of the final held-out greedy accuracy: (grpo_k0_none "
+                "- grpo_k8_none) - (gspo_k0_none - gspo_k8_none), per seed"
+            ),
+            arms=("pair(grpo_k8_none, gspo_k8_none)",),
+            direction=">",
+            threshold=0.0,
+            test="sign_flip",
+            min_seeds=MIN_SEEDS_DIFFERENCE,
+        ),
+        preconditions=(
+            Precondition(
+                name="staleness that costs GRPO accuracy (>= 0.02 from k=0 to k=8)",
+                statistic="final held-out greedy accuracy, grpo_k0_none - grpo_k8_none",
+                arm="pair(grpo_k0_none, grpo_k8_none)",
+                direction=">",
+                threshold=0.02,
+            ),
+        ),
+        secondary=(
+            "the dose-response: final held-out accuracy of every objective at every k, with and "
+            "without the correction (mean and spread over seeds), and the first k at which each "
+            "objective's mean falls 0.02 below its k=0",
+            "the correction's effect at k=8 per objective (seq_tis - none, paired by seed)",
+            "training stability: diverged (non-finite) runs per arm, counted as failures",
+            "the measured staleness (rollout/staleness_max never above k) and the clip fraction",
+        ),
+        doses="rl.max_staleness 0, 1, 2, 4, 8",
+        negative_control="k=0: the synchronous step (rl/pipeline.py depth 0 equals it bit for bit)",
+        confounds=(
+            "k=0 arms run the synchronous step and k>0 the pipeline, which is the synchronous "
+            "step with older batches (the same data, keys and arithmetic at depth 0); the bf16 "
+            "mismatch is the same in every arm"
+        ),
     ),
 )
 

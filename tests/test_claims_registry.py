@@ -70,7 +70,10 @@ def test_registry_is_consistent_and_its_arms_are_in_its_sweeps():
         for s in e.sweeps:
             names |= {r["name"].rsplit("_s", 1)[0] for r in claims.sweep_runs(claims.SWEEPS[s], 1)}
         wanted = [a for a in e.primary.arms if not a.startswith("pair(")]
-        wanted += [p.arm for p in e.preconditions]
+        wanted += [p.arm for p in e.preconditions if not p.arm.startswith("pair(")]
+        # a pair's arms are the sweep's too
+        pairs = [a for a in (*e.primary.arms, *(p.arm for p in e.preconditions)) if "pair(" in a]
+        wanted += [x.strip() for a in pairs for x in a[5:-1].split(",")]
         assert set(wanted) <= names, (e.name, set(wanted) - names)
     planned = {s for sweeps in claims.PLANNED.values() for s in sweeps}
     assert planned <= set(claims.SWEEPS)
@@ -92,6 +95,25 @@ def test_pairs_by_seed_and_drops_non_finite_seeds():
     r = reg.evaluate(c, {"a": a, "b": b})
     assert r.seeds == (0, 1, 3) and r.values == (1.0, 1.0, 1.0)
     assert r.outcome == "reproduced"
+
+
+def test_sign_flip_p_value_is_exact():
+    # five positive differences: only the all-positive assignment reaches the mean, p = 1/32
+    assert reg.sign_flip_p([0.1, 0.2, 0.3, 0.4, 0.5], ">", 0.0) == 1 / 32
+    # one negative of the smallest size: the assignments at least as large are those that flip
+    # nothing or flip only that one
+    assert reg.sign_flip_p([-0.1, 0.2, 0.3, 0.4, 0.5], ">", 0.0) == 2 / 32
+    assert reg.sign_flip_p([0.1, 0.2, 0.3, 0.4, 0.5], "<", 0.0) == 1.0
+    # the threshold shifts the differences
+    assert reg.sign_flip_p([0.1, 0.2, 0.3], ">", 0.15) > 1 / 8
+    c = _claim(test="sign_flip")
+    b = {s: 0.0 for s in FIVE}
+    assert reg.evaluate(c, {"a": {s: 0.1 + 0.01 * s for s in FIVE}, "b": b}).outcome == (
+        "reproduced"
+    )
+    mixed = {0: 0.3, 1: -0.2, 2: 0.1, 3: -0.1, 4: 0.05}
+    r = reg.evaluate(c, {"a": mixed, "b": b})
+    assert r.outcome == "not reproduced" and "sign-flip p" in r.numbers
 
 
 def test_bootstrap_interval_excludes_the_threshold_or_not():
