@@ -2,7 +2,7 @@
 
 The runs are the notebooks' own sweeps (experiments/claims.py SWEEPS) at runlocal size with one
 seed and 2 RL steps, trained once per session in this process (sharing the session's warm-start
-cache, data and compilation cache) and read by all 13 notebooks: a notebook that no longer
+cache, data and compilation cache) and read by all 14 notebooks: a notebook that no longer
 runs against what the trainer writes fails here. The verdicts of tiny runs mean nothing (one seed:
 every primary criterion that needs paired seeds is inconclusive); that the registry's verdict is
 computed, and is one of its three outcomes, is what is checked.
@@ -46,6 +46,8 @@ TINY_ARMS = {
         "gspo_recompute_tis",
         "gspo_sampler_noise0.1",
     },
+    # the primary criterion's and the precondition's arms: synchronous and 8 versions stale
+    "staleness": {"grpo_k0_none", "grpo_k8_none", "gspo_k0_none", "gspo_k8_none"},
 }
 
 
