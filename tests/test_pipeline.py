@@ -232,8 +232,8 @@ def _same_metrics(a: dict, b: dict, **tol):
 @pytest.mark.parametrize("devices", [1, 8])
 def test_depth_zero_pipeline_is_the_synchronous_step_bit_for_bit(shared, devices):
     run, params = _run_and_state(shared, num_devices=devices)
-    sync_state, sync_ms, phases = _sync_steps(run, params, 3)
-    pipe_state, pipe_ms, _ = _pipeline_steps(run, params, 3, phases)
+    sync_state, sync_ms, phases = _sync_steps(run, params, 2)
+    pipe_state, pipe_ms, _ = _pipeline_steps(run, params, 2, phases)
     for a, b in zip(pipe_ms, sync_ms, strict=True):
         _same_metrics(a, b)
         assert a["rollout/staleness_max"] == 0 and a["rollout/fresh_tokens_frac"] == 1
@@ -302,3 +302,28 @@ def test_a_stale_run_on_a_rollout_device_group_keeps_the_bound(shared):
     assert all(np.isfinite(r["train/loss"]) for r in steps)
     assert all(0 <= r["time/rollout_idle_frac"] <= 1 for r in steps)
     assert summary is not None
+
+
+@pytest.mark.long
+def test_a_stale_pod_run_equals_one_process(shared):
+    """k = 2 as 2 processes x 4 simulated devices equals k = 2 on 8 devices of one process: each
+    process keeps its own rows of the batches in flight (and saves them in its data-stream
+    file)."""
+    from trainer_runs import (
+        assert_records,
+        assert_trees,
+        final_params,
+        launch_pod,
+        make_config,
+        records,
+    )
+
+    from gspo_jax.rl import trainer
+
+    one = os.path.join(shared["root"], "stale_one_process")
+    trainer.train(make_config(shared, num_devices=8, **{"rl.max_staleness": 2}), one)
+    pod = os.path.join(shared["root"], "stale_pod")
+    outs, codes = launch_pod(shared, pod, timeout=600, **{"rl.max_staleness": 2})
+    assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    assert_trees(final_params(pod), final_params(one), rtol=2e-5, atol=2e-6)
+    assert_records(records(pod), records(one), rtol=1e-4, atol=1e-5)

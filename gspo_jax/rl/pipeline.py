@@ -119,7 +119,11 @@ def check_pipeline(config) -> tuple[int, int, bool]:
         (rl.dynamic_sampling, "rl.dynamic_sampling draws a data-dependent number of batches"),
         (rl.partial_rollout, "rl.partial_rollout carries rows between steps (not yet pipelined)"),
         (bool(config.population.seeds), "a population (config.population.seeds)"),
-        (jax.process_count() > 1, "a multi-process run (the pipeline is built for one process)"),
+        (
+            jax.process_count() > 1 and float(config.rollout.devices) != 0,
+            "a rollout device group in a multi-process run (each process would need rollout "
+            "devices of its own; rollout.devices=0 pipelines a pod run on its one mesh)",
+        ),
     ):
         if refused:
             raise ConfigError(f"the asynchronous pipeline does not run with {why}; {fix}")
