@@ -95,7 +95,7 @@ def main(argv=None):
             print(f"{name:>13}: " + ", ".join(f"{k} {v:.3f}" for k, v in row.items()), flush=True)
     base = report["arms"].get("sync", {}).get("step_s")
     if base:
-        for name, row in report["arms"].items():
+        for row in report["arms"].values():
             row["step_time_vs_sync"] = row["step_s"] / base
     report["machine"]["load_after"] = os.getloadavg()
     print(json.dumps(report, indent=1))
