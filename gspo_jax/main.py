@@ -128,12 +128,16 @@ def _dry_run(config) -> None:
         os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
     )
     from gspo_jax.config import population as population_cfg
+    from gspo_jax.planning import pipeline_plan
 
     if population_cfg.is_population(config):  # the members' stacked programs
         from gspo_jax.planning import population_plan
 
         plan = population_plan.plan(config)
         print(population_plan.format_plan(plan), flush=True)
+    elif pipeline_plan.is_pipelined(config):  # both device groups, sync vs pipelined step
+        plan = pipeline_plan.plan(config)
+        print(pipeline_plan.format_plan(plan), flush=True)
     else:
         plan = memory_plan.plan(config)
         print(memory_plan.format_plan(plan), flush=True)

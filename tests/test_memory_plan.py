@@ -213,3 +213,68 @@ def test_the_dry_run_plans_the_batch_the_run_makes(shared, extra):
     assert ("kl_ref" in train_m) == (batch.ref_logp is not None)
     if extra.get("rl.log_kl_ref"):  # gmpo's kl_coef is 0: the reference is there for the log
         assert run.objective.kl_coef == 0 and batch.ref_logp is not None
+
+
+# ------------------------------------------------------------------- the pipeline's plan
+
+
+def test_pipeline_sync_time_is_the_shard_over_one_direction_of_ici():
+    """A sync's roofline: each rollout device receives its shard over half the chip's
+    bidirectional ICI bandwidth, or the trainer devices' share of sending is longer."""
+    from gspo_jax.planning import pipeline_plan
+
+    v5p = memory_plan.CHIPS["v5p"]  # 1,200 GB/s bidirectional: 600 GB/s one way
+    assert pipeline_plan.sync_seconds(6e9, 2, 2, v5p) == pytest.approx(0.01)
+    # 6 rollout devices each receiving 6 GB from 2 trainer devices: 18 GB sent by each
+    assert pipeline_plan.sync_seconds(6e9, 6, 2, v5p) == pytest.approx(0.03)
+    assert pipeline_plan.sync_seconds(6e9, 2, 2, memory_plan.CHIPS["v4"]) is None
+
+
+def test_pipeline_split_suggestion_balances_the_two_programs():
+    """With the rollout three times the update's work, the split that gives the rollout three
+    quarters of the devices balances them; a split whose trainer group cannot hold the update,
+    or whose rows do not divide, is never suggested."""
+    from gspo_jax.planning import pipeline_plan
+
+    v5p = memory_plan.CHIPS["v5p"]
+    sync = dict(devices=8, chip=v5p, times={"rollout": 3.0, "update": 1.0}, hbm=100 * 2**30,
+                update_peak=10 * 2**30, reference=0)  # fmt: skip
+    best, steps = pipeline_plan.suggest_split(sync, 0, lambda r: True, 1)
+    assert best == 6 and steps[6] == pytest.approx(4.0)  # max(24 / 6, 8 / 2)
+    assert steps[best] < sync["times"]["rollout"] + sync["times"]["update"] + 1e-9
+    best, steps = pipeline_plan.suggest_split(sync, 0, lambda r: r % 4 == 0, 1)
+    assert best == 4 and set(steps) == {4}
+    tight = dict(sync, update_peak=40 * 2**30)  # 8 / (8 - R) x 40 GiB <= 90 GiB: R <= 4
+    assert max(pipeline_plan.suggest_split(tight, 0, lambda r: True, 1)[1]) == 4
+
+
+def test_the_synchronous_baseline_widens_the_trainers_mesh():
+    from gspo_jax.planning import pipeline_plan
+
+    cfg = config_lib.load_config_file(QWEN + ":model=qwen3_1_7b,slice=v5p-8,fsdp=2")
+    with cfg.unlocked():
+        cfg.rollout.devices, cfg.rl.max_staleness = 2.0, 1
+    base = pipeline_plan.synchronous_config(cfg, 2)
+    assert base.mesh.fsdp == 4 and base.rollout.devices == 0 and base.rl.max_staleness == 0
+    assert cfg.mesh.fsdp == 2  # the config itself is left as it was
+    with pytest.raises(config_lib.ConfigError, match="does not divide"):
+        pipeline_plan.synchronous_config(cfg, 3)
+
+
+@pytest.mark.long
+def test_the_dry_run_plans_a_rollout_device_group():
+    """The tiny preset on v6e-8: trainer 4 + rollout 4 devices compiled on their own meshes; the
+    rollout group holds no optimizer state and the plan prints both groups and the step times."""
+    from gspo_jax.planning import pipeline_plan
+
+    cfg = config_lib.load_config_file(QWEN + ":runlocal")
+    with cfg.unlocked():
+        cfg.rollout.devices, cfg.mesh.data, cfg.rl.max_staleness = 4.0, 1, 1
+    p = pipeline_plan.plan(cfg)
+    tr, ro = p["groups"]["trainer"], p["groups"]["rollout"]
+    assert (tr["devices"], ro["devices"]) == (4, 4) and tr["mesh"]["fsdp"] == 4
+    assert ro["rollout_peak"] < tr["update_peak"]
+    assert p["sync_bytes"] == 4 * ro["copy"] and ro["copy"] == p["params_total"]  # replicated
+    assert p["step_s"]["pipelined"] >= max(ro["time"], tr["time"])
+    text = pipeline_plan.format_plan(p)
+    assert "trainer 4 + rollout 4 devices" in text and "pipelined step" in text

@@ -75,14 +75,16 @@ class Chip:
     bf16_tflops: float  # peak dense bf16 matmul throughput per chip, 1e12 FLOP/s
     hbm_gbps: float  # HBM bandwidth per chip, 1e9 bytes/s
     cores: int  # TensorCores per chip (what a v4-N / v5p-N slice name counts)
+    ici_gbps: float | None = None  # bidirectional inter-chip interconnect, 1e9 bytes/s per chip
 
 
-# Google's published per-chip figures (Cloud TPU documentation, system architecture pages).
+# Google's published per-chip figures (Cloud TPU documentation, system architecture pages; v4's
+# page gives no per-chip ICI figure).
 CHIPS = {
     "v4": Chip(hbm_gib=32.0, bf16_tflops=275.0, hbm_gbps=1200.0, cores=2),
-    "v5e": Chip(hbm_gib=16.0, bf16_tflops=197.0, hbm_gbps=819.0, cores=1),
-    "v5p": Chip(hbm_gib=95.0, bf16_tflops=459.0, hbm_gbps=2765.0, cores=2),
-    "v6e": Chip(hbm_gib=32.0, bf16_tflops=918.0, hbm_gbps=1640.0, cores=1),
+    "v5e": Chip(hbm_gib=16.0, bf16_tflops=197.0, hbm_gbps=819.0, cores=1, ici_gbps=400.0),
+    "v5p": Chip(hbm_gib=95.0, bf16_tflops=459.0, hbm_gbps=2765.0, cores=2, ici_gbps=1200.0),
+    "v6e": Chip(hbm_gib=32.0, bf16_tflops=918.0, hbm_gbps=1640.0, cores=1, ici_gbps=800.0),
 }
 
 
@@ -150,34 +152,102 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     abs_state = exp.abstract_state(run, run.abs_params)
     phases = ts.make_phases(run, abs_state, with_ref=rl_batch.uses_reference(run))
     spec, mesh = run.step, run.mesh
-    key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
     P, Lp, T = spec.prompts, spec.prompt_len, spec.response_len
-    continuous = spec.rollout_engine == "continuous"
-    clock = lambda: (time.time(), time.process_time())  # noqa: E731 (CPU s: fair under load)
+    upd = update_part(run, phases.update, abs_state, mesh, slc)
+    roll = rollout_part(run, phases.rollout, abs_state.params, mesh, slc)
+    costs = {**roll["costs"], "update": upd["cost"]}
+    times = {**roll["times"], "update": upd["time"]}
+    rollout_peak, steps, engine = roll["peak"], roll["decode_steps"], roll["engine"]
+    (t_roll, t_step), t_upd = roll["compile_s"], upd["compile_s"]
+    params = shard_bytes(abs_state.params)
+    opt = shard_bytes(abs_state.opt_state)
+    # LoRA: the reference is the policy's own base weights with the adapters off (no copy)
+    ref = params if rl_batch.uses_reference(run) and not spec.lora_adapters else 0
+    update_peak = upd["peak"]
+    needed = max(update_peak, rollout_peak + opt) + ref
+    hbm = int(slc.hbm_gib * GIB)
+    return {
+        "slice": config.slice,
+        "devices": slc.devices,
+        "mesh": dict(mesh.shape),
+        "model": run.model_cfg.name
+        + (f" + LoRA rank {config.lora.rank}" if spec.lora_adapters else ""),
+        "shapes": f"P={P} G={spec.group_size} Lp={Lp} T={T} K={spec.num_minibatches}",
+        "params": params,
+        "optimizer": opt,
+        "reference": ref,
+        "update_peak": update_peak,
+        "rollout_peak": rollout_peak + opt,
+        "needed": needed,
+        "hbm": hbm,
+        "fits": needed <= HEADROOM * hbm,
+        "compile_rollout_s": t_roll[0],
+        "compile_update_s": t_upd[0],
+        "compile_decode_step_s": t_step[0],
+        "compile_cpu_s": {"rollout": t_roll[1], "update": t_upd[1]},
+        "chip": slc.chip,
+        "decode_steps": steps,
+        "costs": costs,
+        "times": times,
+        "engine": engine,
+    }
+
+
+def _clock() -> tuple[float, float]:
+    """(wall, CPU) seconds: CPU seconds are fair to compare under load."""
+    return time.time(), time.process_time()
+
+
+def _key(mesh):
+    return jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=sharding.replicated(mesh))
+
+
+def update_part(run, update_fn, abs_state, mesh, slc: Slice) -> dict:
+    """Compiles the update (``update_fn``: phases.update) on ``mesh`` at the run's batch and
+    returns per device: peak (bytes), cost, time (the roofline) and compile_s (wall, CPU)."""
     with sharding.use_mesh(mesh):
-        t0 = clock()
-        rollout_traced = phases.rollout.trace(*_rollout_args(run, abs_state, key))
-        rollout = rollout_traced.lower().compile()
-        t1 = clock()
-        update_traced = phases.update.trace(abs_state, RLBatch.abstract(run), key)
-        update = update_traced.lower().compile()
-        t2 = clock()
+        t0 = _clock()
+        traced = update_fn.trace(abs_state, RLBatch.abstract(run), _key(mesh))
+        compiled = traced.lower().compile()
+        t1 = _clock()
+    cost = hlo_cost.program_cost(compiled, 1, traced.jaxpr, mesh.size)
+    return {
+        "peak": peak_bytes(compiled),
+        "cost": cost,
+        "time": slc.roofline_s(cost),
+        "compile_s": (t1[0] - t0[0], t1[1] - t0[1]),
+    }
+
+
+def rollout_part(run, rollout_fn, params, mesh, slc: Slice) -> dict:
+    """Compiles the rollout (``rollout_fn``, jitted: phases.rollout, or the pipeline's program on
+    the rollout's own mesh) and one decode step on ``mesh`` with the abstract ``params`` sharded
+    for it, and returns per device of ``mesh``: peak (bytes), costs and times of "decode_step" and
+    "rollout" (the roofline, module docstring), decode_steps, the engine's sizes (continuous) and
+    compile_s ((wall, CPU) of the rollout, (wall, CPU) of the decode step)."""
+    spec = run.step
+    T = spec.response_len
+    continuous = spec.rollout_engine == "continuous"
+    with sharding.use_mesh(mesh):
+        t0 = _clock()
+        rollout_traced = rollout_fn.trace(*_rollout_args(run, params, mesh, _key(mesh)))
+        compiled = rollout_traced.lower().compile()
+        t1 = _clock()
         if continuous:
-            step_fn, step_args = _engine_decode_step(run, abs_state)
+            step_fn, step_args = _engine_decode_step(run, params)
         else:
-            step_fn, step_args = _decode_step_fn(run), _decode_step_args(run, abs_state)
+            step_fn, step_args = _decode_step_fn(run), _decode_step_args(run, params, mesh)
         step_traced = step_fn.trace(*step_args)
         step = step_traced.lower().compile()
-        t3 = clock()
-    n = slc.devices
+        t2 = _clock()
+    n = mesh.size
     # Loops counted at their trip counts: the static engine's decode phases run at most
     # decode_block steps each; the continuous engine's loop (data-dependent) once, its decode
     # steps added below.
     trips = 1 if continuous else max(min(T - 1, run.model_cfg.decode_block), 1)
     costs = {
         "decode_step": hlo_cost.program_cost(step, 1, step_traced.jaxpr, n),
-        "rollout": hlo_cost.program_cost(rollout, trips, rollout_traced.jaxpr, n),
-        "update": hlo_cost.program_cost(update, 1, update_traced.jaxpr, n),
+        "rollout": hlo_cost.program_cost(compiled, trips, rollout_traced.jaxpr, n),
     }
     steps = max(T - 1, 0)  # decode steps of the longest rollout (the first token is prefill's)
     engine = {}
@@ -196,52 +266,27 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     times = {
         "decode_step": slc.roofline_s(costs["decode_step"]),
         "rollout": slc.roofline_s(rest) + steps * slc.roofline_s(costs["decode_step"]),
-        "update": slc.roofline_s(costs["update"]),
     }
-    params = shard_bytes(abs_state.params)
-    opt = shard_bytes(abs_state.opt_state)
-    # LoRA: the reference is the policy's own base weights with the adapters off (no copy)
-    ref = params if rl_batch.uses_reference(run) and not spec.lora_adapters else 0
-    update_peak, rollout_peak = peak_bytes(update), peak_bytes(rollout)
-    needed = max(update_peak, rollout_peak + opt) + ref
-    hbm = int(slc.hbm_gib * GIB)
     return {
-        "slice": config.slice,
-        "devices": slc.devices,
-        "mesh": dict(mesh.shape),
-        "model": run.model_cfg.name
-        + (f" + LoRA rank {config.lora.rank}" if spec.lora_adapters else ""),
-        "shapes": f"P={P} G={spec.group_size} Lp={Lp} T={T} K={spec.num_minibatches}",
-        "params": params,
-        "optimizer": opt,
-        "reference": ref,
-        "update_peak": update_peak,
-        "rollout_peak": rollout_peak + opt,
-        "needed": needed,
-        "hbm": hbm,
-        "fits": needed <= HEADROOM * hbm,
-        "compile_rollout_s": t1[0] - t0[0],
-        "compile_update_s": t2[0] - t1[0],
-        "compile_decode_step_s": t3[0] - t2[0],
-        "compile_cpu_s": {"rollout": t1[1] - t0[1], "update": t2[1] - t1[1]},
-        "chip": slc.chip,
-        "decode_steps": steps,
+        "peak": peak_bytes(compiled),
         "costs": costs,
         "times": times,
+        "decode_steps": steps,
         "engine": engine,
+        "compile_s": ((t1[0] - t0[0], t1[1] - t0[1]), (t2[0] - t1[0], t2[1] - t1[1])),
     }
 
 
-def _rollout_args(run, abs_state, key) -> tuple:
+def _rollout_args(run, params, mesh, key) -> tuple:
     """Abstract arguments of phases.rollout: (params, prompts [Q, Lp], lengths [Q], key), and
     with partial rollouts the queue's carried rows [Q·G, T] and the policy version; Q = P, or
     (1 + k)·P groups with partial rollouts."""
-    spec, mesh = run.step, run.mesh
+    spec = run.step
     Q, Lp, T = spec.prompts * (1 + spec.partial_rollout), spec.prompt_len, spec.response_len
     rows = lambda shape, dtype: jax.ShapeDtypeStruct(  # noqa: E731
         shape, dtype, sharding=sharding.rows_sharding(mesh, len(shape))
     )
-    args = (abs_state.params, rows((Q, Lp), jnp.int32), rows((Q,), jnp.int32), key)
+    args = (params, rows((Q, Lp), jnp.int32), rows((Q,), jnp.int32), key)
     if not spec.partial_rollout:
         return args
     R = Q * spec.group_size
@@ -293,11 +338,11 @@ def _engine_plan(run) -> dict:
     }
 
 
-def _engine_decode_step(run, abs_state):
+def _engine_decode_step(run, params):
     """(jitted function, abstract arguments) of one N-slot decode step of the continuous engine
     (rollout.decode_step_for_plan) on the rollout's model, nothing allocated."""
     spec = run.step
-    model = nnx.merge(run.rollout_graphdef, abs_state.params, run.rest)
+    model = nnx.merge(run.rollout_graphdef, params, run.rest)
     Q = spec.prompts * (1 + spec.partial_rollout)
     return rollout.decode_step_for_plan(
         model, num_prompts=Q, prompt_len=spec.prompt_len, **_engine_config(run)
@@ -326,11 +371,11 @@ def decode_chunks(model_cfg, max_new_tokens: int) -> int:
     return (phases + 1) // 2
 
 
-def _decode_step_args(run, abs_state):
+def _decode_step_args(run, params, mesh):
     """Abstract arguments of _decode_step_fn at the rollout's shapes: B = P * G rows and the
     sampler's shared-prefix cache (prompt KV [L, P, ...], generated chunks [L, B, ...]) holding
     decode_chunks of its chunks, with its rows sharded like the rollout's."""
-    spec, mesh = run.step, run.mesh
+    spec = run.step
     P, G, Lp, T = spec.prompts, spec.group_size, spec.prompt_len, spec.response_len
     B = spec.rows
 
@@ -341,7 +386,7 @@ def _decode_step_args(run, abs_state):
             cache = models.add_chunk(cache)
         return cache
 
-    cache = jax.eval_shape(decode_cache, abs_state.params)
+    cache = jax.eval_shape(decode_cache, params)
     rows = sharding.row_spec(mesh)
 
     def leaf(c):  # [L, B, ...]: rows over the batch axes
@@ -350,7 +395,7 @@ def _decode_step_args(run, abs_state):
 
     vec = lambda dtype: jax.ShapeDtypeStruct((B,), dtype, sharding=sharding.rows_sharding(mesh, 1))  # noqa: E731
     t = jax.ShapeDtypeStruct((), jnp.int32, sharding=sharding.replicated(mesh))
-    return abs_state.params, jax.tree.map(leaf, cache), vec(jnp.int32), vec(jnp.int32), t
+    return params, jax.tree.map(leaf, cache), vec(jnp.int32), vec(jnp.int32), t
 
 
 def format_plan(p: dict[str, Any]) -> str:

@@ -1,0 +1,288 @@
+"""The dry run of the asynchronous pipeline (rl/pipeline.py): both device groups' memory, the
+roofline time of the rollout and the update on their groups, the step time of the synchronous and
+the pipelined schedule, the resharding's bytes and time, and a suggested split of the slice.
+
+    plan = pipeline_plan.plan(config)        # config.slice; rollout.devices and/or max_staleness
+    print(pipeline_plan.format_plan(plan))
+    python -m gspo_jax.main --config configs/qwen3_gsm8k.py:model=qwen3_1_7b,slice=v5p-8,fsdp=2 \
+        --config.rollout.devices=2 --config.rl.max_staleness=1 --workdir /tmp/plan --dry_run
+
+Dimension legend: D devices of the slice, R of them the rollout's (config.rollout.devices), D − R
+the trainer's; s = rl.sync_every.
+
+What it compiles (memory_plan's module docstring says what the figures are and how far a CPU
+compile tells a TPU's):
+  the synchronous baseline   memory_plan.plan of the same run with rollout.devices = 0 and
+                             max_staleness = 0 on the whole slice: the trainer's mesh layout
+                             with its filled axis (-1), or else its fsdp axis, widened to D
+  with a rollout group       the update on the trainer's group (config.mesh over the first D − R
+                             devices) and the rollout with one decode step on the rollout's
+                             (config.rollout.mesh over the last R), its parameters on the
+                             rollout's shardings, in the trainer's dtype, as Pipeline's sync
+                             puts them
+
+Memory per device: the trainer group holds the parameters, the optimizer state, the reference and
+the update's peak; the rollout group the rollout's peak (its parameter copy, the KV cache, the
+logits) and no optimizer state. On a shared mesh (rollout.devices = 0, max_staleness > 0) the
+rollout's copy is a second copy of the parameters on every device, added to the baseline's need.
+
+Step time (roofline seconds, an estimate):
+  synchronous                 t_rollout(D) + t_update(D)
+  pipelined on its own group  max(t_rollout(R) + t_sync / s, t_update(D − R))
+  pipelined on a shared mesh  t_rollout(D) + t_update(D): the same devices do both; pipelining
+                              hides the host's work (scoring, dispatch), which a roofline does
+                              not count
+The sync sends each rollout device its shard of the parameters (jax.device_put to the rollout
+shardings): t_sync = max(bytes received per rollout device, bytes sent per trainer device) over
+one direction of the chip's ICI bandwidth (half its published bidirectional figure). An estimate:
+no contention, one slice (no DCN).
+
+The suggested split (an estimate from the baseline, printed as such): each program's work W =
+t(D) · D spread perfectly over its group, R* minimises max(W_rollout / R + t_sync(R) / s,
+W_update / (D − R)) over the R whose rows divide over R devices and whose trainer group holds the
+update (the baseline's update peak scaled by D / (D − R), under memory_plan.HEADROOM), the
+rollout's parameters replicated on its group (config.rollout.mesh's default).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jax
+import ml_collections
+
+from gspo_jax import config as config_lib
+from gspo_jax import sharding
+from gspo_jax.planning import memory_plan
+from gspo_jax.planning.memory_plan import GIB, HEADROOM
+from gspo_jax.rl import batch as rl_batch
+from gspo_jax.rl import build, pipeline
+from gspo_jax.rl import step as ts
+
+
+def is_pipelined(config) -> bool:
+    """Whether ``config`` runs the asynchronous pipeline (and its dry run is this module's)."""
+    return pipeline.check_pipeline(config)[2]
+
+
+def synchronous_config(config, trainer_devices: int) -> ml_collections.ConfigDict:
+    """``config`` as today's synchronous step on the whole slice: rollout.devices = 0,
+    max_staleness = 0, and the trainer's mesh widened from ``trainer_devices`` to every device
+    (its -1 axis fills them; else its fsdp axis grows by D / (D − R))."""
+    c = copy.deepcopy(config)
+    n = memory_plan.get_slice(config.slice).devices
+    c.rollout.devices, c.rl.max_staleness, c.rl.sync_every = 0.0, 0, 1
+    axes = dict(config.mesh)
+    if -1 not in axes.values() and trainer_devices != n:
+        if n % trainer_devices:
+            raise config_lib.ConfigError(
+                f"the synchronous baseline widens config.mesh from {trainer_devices} to {n} "
+                f"devices, which {trainer_devices} does not divide: give config.rollout.devices "
+                f"so that the trainer keeps a divisor of {n} devices"
+            )
+        c.mesh.fsdp = int(axes.get("fsdp", 1)) * (n // trainer_devices)
+    return c
+
+
+def sync_seconds(
+    param_bytes_per_rollout_device: float,
+    rollout_devices: int,
+    trainer_devices: int,
+    chip: memory_plan.Chip,
+) -> float | None:
+    """Roofline seconds of one sync (module docstring): every rollout device receives its shard,
+    the trainer devices send them all between them; None when the chip has no ICI figure."""
+    if chip.ici_gbps is None:
+        return None
+    sent_per_trainer_device = param_bytes_per_rollout_device * rollout_devices / trainer_devices
+    one_way = chip.ici_gbps * 1e9 / 2
+    return max(param_bytes_per_rollout_device, sent_per_trainer_device) / one_way
+
+
+def suggest_split(sync: dict[str, Any], param_bytes: int, row_shards_ok, sync_every: int):
+    """The estimated best rollout group size R* and the async step time at each valid R (module
+    docstring), from the synchronous plan ``sync`` (per-device times and peaks on D devices).
+    ``param_bytes``: the whole model's parameter bytes (replicated on the rollout group);
+    ``row_shards_ok(R)``: the batch's rows divide over R devices. Returns (R*, {R: seconds})."""
+    D, chip = sync["devices"], sync["chip"]
+    w_roll, w_upd = sync["times"]["rollout"] * D, sync["times"]["update"] * D
+    limit = HEADROOM * sync["hbm"]
+    steps = {}
+    for R in range(1, D):
+        trainer_peak = (sync["update_peak"] + sync["reference"]) * D / (D - R)
+        if not row_shards_ok(R) or trainer_peak > limit:
+            continue
+        t_sync = sync_seconds(param_bytes, R, D - R, chip) or 0.0
+        steps[R] = max(w_roll / R + t_sync / sync_every, w_upd / (D - R))
+    best = min(steps, key=steps.get) if steps else None
+    return best, steps
+
+
+def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """Compiles the synchronous baseline and, with a rollout group, the update and the rollout on
+    their groups; returns the plan: "sync" (memory_plan.plan's dict), "groups" ({"trainer",
+    "rollout"}: devices, mesh, memory and time per device), "step_s" ({"synchronous",
+    "pipelined"}), "sync_bytes", "sync_s", "suggested" (R*, {R: step seconds}), and the keys
+    memory_plan.check_fits reads (the tighter group's)."""
+    slc = memory_plan.get_slice(config.slice)
+    k, s, _ = pipeline.check_pipeline(config)
+    D = slc.devices
+    R = pipeline.rollout_device_count(config, D)
+    sync = memory_plan.plan(synchronous_config(config, D - R))
+    run = build.build_run(config)
+    abs_state = build.abstract_state(run, run.abs_params)
+    params_total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(run.abs_params))
+    P = run.step.prompts
+    rows_ok = lambda r: P % r == 0  # noqa: E731 (the default rollout mesh: data over r devices)
+    suggested = suggest_split(sync, params_total, rows_ok, s)
+    out = {
+        "slice": config.slice,
+        "devices": D,
+        "model": sync["model"],
+        "shapes": sync["shapes"],
+        "chip": slc.chip,
+        "hbm": sync["hbm"],
+        "max_staleness": k,
+        "sync_every": s,
+        "sync": sync,
+        "suggested": suggested,
+        "params_total": params_total,
+    }
+    t_sync_step = sync["times"]["rollout"] + sync["times"]["update"]
+    if R == 0:  # a shared mesh: a second copy of the parameters, the same devices' time
+        needed = sync["needed"] + sync["params"]
+        trainer = dict(
+            devices=D,
+            mesh=sync["mesh"],
+            params=sync["params"],
+            optimizer=sync["optimizer"],
+            reference=sync["reference"],
+            update_peak=sync["update_peak"],
+            needed=needed,
+            time=sync["times"]["update"],
+        )
+        rollout_group = dict(
+            devices=D,
+            mesh=sync["mesh"],
+            rollout_peak=sync["rollout_peak"],
+            copy=sync["params"],
+            needed=needed,
+            time=sync["times"]["rollout"],
+        )
+        out.update(
+            sync_bytes=0, sync_s=0.0, step_s={"synchronous": t_sync_step, "pipelined": t_sync_step}
+        )
+    else:
+        phases = ts.make_phases(run, abs_state, with_ref=rl_batch.uses_reference(run))
+        upd = memory_plan.update_part(run, phases.update, abs_state, run.mesh, slc)
+        r_params = sharding.with_shardings(run.abs_params, run.rollout_shardings)
+        r_fn = ts.make_rollout_fn(run, mesh=run.rollout_mesh)
+        roll = memory_plan.rollout_part(run, r_fn, r_params, run.rollout_mesh, slc)
+        params = memory_plan.shard_bytes(abs_state.params)
+        opt = memory_plan.shard_bytes(abs_state.opt_state)
+        ref = params if rl_batch.uses_reference(run) and not run.step.lora_adapters else 0
+        copy_bytes = memory_plan.shard_bytes(r_params)  # what each rollout device receives
+        trainer = dict(
+            devices=D - R,
+            mesh=dict(run.mesh.shape),
+            params=params,
+            optimizer=opt,
+            reference=ref,
+            update_peak=upd["peak"],
+            needed=upd["peak"] + ref,
+            time=upd["time"],
+            cost=upd["cost"],
+        )
+        rollout_group = dict(
+            devices=R,
+            mesh=dict(run.rollout_mesh.shape),
+            rollout_peak=roll["peak"],
+            copy=copy_bytes,
+            needed=roll["peak"],
+            time=roll["times"]["rollout"],
+            cost=roll["costs"]["rollout"],
+            decode_step=roll["times"]["decode_step"],
+            decode_steps=roll["decode_steps"],
+        )
+        t_sync = sync_seconds(copy_bytes, R, D - R, slc.chip)
+        pipelined = max(rollout_group["time"] + (t_sync or 0.0) / s, trainer["time"])
+        out.update(
+            sync_bytes=copy_bytes * R,
+            sync_s=t_sync,
+            step_s={"synchronous": t_sync_step, "pipelined": pipelined},
+        )
+    out["groups"] = {"trainer": trainer, "rollout": rollout_group}
+    # what memory_plan.check_fits reads: the tighter of the two groups
+    tight = max((trainer, rollout_group), key=lambda g: g["needed"])
+    out.update(
+        params=trainer["params"],
+        optimizer=trainer["optimizer"],
+        reference=trainer["reference"],
+        update_peak=trainer["update_peak"],
+        rollout_peak=rollout_group["rollout_peak"],
+        needed=tight["needed"],
+        fits=tight["needed"] <= HEADROOM * out["hbm"],
+    )
+    return out
+
+
+def format_plan(p: dict[str, Any]) -> str:
+    """The synchronous baseline's table, then both groups, the step times and the suggestion."""
+    g = lambda b: f"{b / GIB:8.3f}"  # noqa: E731
+    sec = memory_plan.format_seconds
+    mesh = lambda m: " x ".join(f"{a}={v}" for a, v in m.items() if v != 1) or "1"  # noqa: E731
+    tr, ro = p["groups"]["trainer"], p["groups"]["rollout"]
+    k, s, D = p["max_staleness"], p["sync_every"], p["devices"]
+    shared = ro["devices"] == D
+    lines = [
+        "the synchronous baseline (rollout.devices=0, max_staleness=0, the whole slice):",
+        memory_plan.format_plan(p["sync"]),
+        "",
+        f"pipeline plan: {p['model']} on {p['slice']} (max_staleness={k}, sync_every={s}; "
+        + (
+            "the rollout shares the mesh"
+            if shared
+            else f"trainer {tr['devices']} + rollout {ro['devices']} devices"
+        )
+        + ")",
+        f"  trainer group ({tr['devices']} devices, mesh {mesh(tr['mesh'])}), per device:",
+        f"    parameters + optimizer    {g(tr['params'] + tr['optimizer'])} GiB",
+        f"    update peak (compiled)    {g(tr['update_peak'])} GiB",
+        f"    needed                    {g(tr['needed'])} GiB of {p['hbm'] / GIB:.0f} GiB",
+        f"  rollout group ({ro['devices']} devices, mesh {mesh(ro['mesh'])}), per device:",
+        f"    parameter copy (trainer dtype) {g(ro['copy'])} GiB",
+        f"    rollout peak (compiled)   {g(ro['rollout_peak'])} GiB",
+        f"    needed                    {g(ro['needed'])} GiB "
+        f"({'fits' if p['fits'] else 'DOES NOT FIT'}: limit {HEADROOM:.0%})",
+        "  step time (roofline ESTIMATE, module docstring of planning/pipeline_plan.py):",
+        f"    rollout on its group      {sec(ro['time']):>10}",
+        f"    update on its group       {sec(tr['time']):>10}",
+    ]
+    if not shared:
+        t = p["sync_s"]
+        lines.append(
+            f"    sync (resharding)         {sec(t) if t is not None else 'n/a':>10}  "
+            f"({p['sync_bytes'] / 1e9:.2f} GB to the rollout group, {ro['copy'] / 1e9:.2f} GB "
+            "per rollout device, over ICI)"
+        )
+    st = p["step_s"]
+    lines += [
+        f"    synchronous step          {sec(st['synchronous']):>10}  (rollout + update on all "
+        f"{D} devices)",
+        f"    pipelined step            {sec(st['pipelined']):>10}  "
+        f"({st['synchronous'] / st['pipelined']:.2f}x the synchronous step's rate)",
+    ]
+    best, steps = p["suggested"]
+    if best is not None:
+        lines.append(
+            f"  suggested split (ESTIMATE, perfect scaling from the baseline): rollout.devices="
+            f"{best} of {D}: {sec(steps[best])} a step, "
+            f"{st['synchronous'] / steps[best]:.2f}x the synchronous step's rate"
+        )
+    else:
+        lines.append(
+            "  suggested split: none fits (the trainer's update needs every device of this "
+            "slice): use a larger slice for a rollout group"
+        )
+    return "\n".join(lines)
