@@ -37,11 +37,12 @@ shardings): t_sync = max(bytes received per rollout device, bytes sent per train
 one direction of the chip's ICI bandwidth (half its published bidirectional figure). An estimate:
 no contention, one slice (no DCN).
 
-The suggested split (an estimate from the baseline, printed as such): each program's work W =
-t(D) · D spread perfectly over its group, R* minimises max(W_rollout / R + t_sync(R) / s,
-W_update / (D − R)) over the R whose rows divide over R devices and whose trainer group holds the
-update (the baseline's update peak scaled by D / (D − R), under memory_plan.HEADROOM), the
-rollout's parameters replicated on its group (config.rollout.mesh's default).
+The suggested split (an estimate, printed as such): each program's work W = t(n) · n, from the
+compiled split (the baseline's on a shared mesh), spread perfectly over a group of any size; R*
+minimises max(W_rollout / R + t_sync(R) / s, W_update / (D − R)) over the R whose rows divide
+over R devices and whose trainer group holds the update (its compiled peak scaled by n / (D −
+R), under memory_plan.HEADROOM), the rollout's parameters replicated on its group
+(config.rollout.mesh's default).
 """
 
 from __future__ import annotations
@@ -100,18 +101,27 @@ def sync_seconds(
     return max(param_bytes_per_rollout_device, sent_per_trainer_device) / one_way
 
 
-def suggest_split(sync: dict[str, Any], param_bytes: int, row_shards_ok, sync_every: int):
-    """The estimated best rollout group size R* and the async step time at each valid R (module
-    docstring), from the synchronous plan ``sync`` (per-device times and peaks on D devices).
-    ``param_bytes``: the whole model's parameter bytes (replicated on the rollout group);
-    ``row_shards_ok(R)``: the batch's rows divide over R devices. Returns (R*, {R: seconds})."""
-    D, chip = sync["devices"], sync["chip"]
-    w_roll, w_upd = sync["times"]["rollout"] * D, sync["times"]["update"] * D
-    limit = HEADROOM * sync["hbm"]
+def suggest_split(
+    D: int,
+    chip: memory_plan.Chip,
+    hbm: int,
+    rollout: tuple[float, int],
+    update: tuple[float, int, int],
+    param_bytes: int,
+    rows_ok,
+    sync_every: int,
+):
+    """The estimated best rollout group size R* and the pipelined step time at each valid R
+    (module docstring) on D devices. ``rollout``: (its roofline seconds, on n devices);
+    ``update``: (seconds, on n devices, peak bytes per device + the reference's), from the
+    compiled split when there is one, else from the synchronous baseline; ``param_bytes``: the
+    whole model's parameter bytes (replicated on the rollout group); ``rows_ok(R)``: the batch's
+    rows divide over R devices. Returns (R*, {R: seconds}); R* is None when no split fits."""
+    w_roll, w_upd = rollout[0] * rollout[1], update[0] * update[1]
     steps = {}
     for R in range(1, D):
-        trainer_peak = (sync["update_peak"] + sync["reference"]) * D / (D - R)
-        if not row_shards_ok(R) or trainer_peak > limit:
+        trainer_peak = update[2] * update[1] / (D - R)  # its shards spread over D - R devices
+        if not rows_ok(R) or trainer_peak > HEADROOM * hbm:
             continue
         t_sync = sync_seconds(param_bytes, R, D - R, chip) or 0.0
         steps[R] = max(w_roll / R + t_sync / sync_every, w_upd / (D - R))
@@ -135,7 +145,6 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     params_total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(run.abs_params))
     P = run.step.prompts
     rows_ok = lambda r: P % r == 0  # noqa: E731 (the default rollout mesh: data over r devices)
-    suggested = suggest_split(sync, params_total, rows_ok, s)
     out = {
         "slice": config.slice,
         "devices": D,
@@ -146,7 +155,6 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
         "max_staleness": k,
         "sync_every": s,
         "sync": sync,
-        "suggested": suggested,
         "params_total": params_total,
     }
     t_sync_step = sync["times"]["rollout"] + sync["times"]["update"]
@@ -213,6 +221,12 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
             step_s={"synchronous": t_sync_step, "pipelined": pipelined},
         )
     out["groups"] = {"trainer": trainer, "rollout": rollout_group}
+    # the suggestion scales the compiled split's per-device work (the shared mesh: the baseline's)
+    n_r, n_t = (D, D) if R == 0 else (R, D - R)
+    update = (trainer["time"], n_t, trainer["update_peak"] + trainer["reference"])
+    out["suggested"] = suggest_split(
+        D, slc.chip, out["hbm"], (rollout_group["time"], n_r), update, params_total, rows_ok, s
+    )
     # what memory_plan.check_fits reads: the tighter of the two groups
     tight = max((trainer, rollout_group), key=lambda g: g["needed"])
     out.update(
