@@ -279,32 +279,6 @@ def test_members_spread_over_a_mesh_axis(shared, first_steps):
     assert not off, off
 
 
-def test_sweep_runs_an_arms_seeds_as_one_population(tmp_path):
-    """sweep.py --population: runs differing only in their seed merge into one population run,
-    whose member folders become the runs' folders; --population=false keeps a process per run."""
-    sweep = runs.load_repo_module("experiments/sweep.py")
-    arith = os.path.join(runs.REPO, "configs", "arith.py")
-    all_runs = sweep.load_sweep(arith, "seeds=2")
-    merged = sweep.population_runs(all_runs)
-    assert len(merged) == len(all_runs) // 2
-    gspo = next(r for r in merged if r["name"] == "population/gspo")
-    assert gspo["overrides"]["population.seeds"] == (0, 1)
-    assert "seed" not in gspo["overrides"]
-    assert sorted(gspo["members"].values()) == ["gspo_s0", "gspo_s1"]
-    cmd = sweep.run_command(arith, gspo, str(tmp_path / gspo["name"]))
-    assert "--config.population.seeds=(0,1)" in cmd
-    # a finished member folder is linked where the single run would have written
-    member = tmp_path / "population" / "gspo" / "members" / "seed1"
-    member.mkdir(parents=True)
-    (member / "summary.json").write_text("{}")
-    sweep.link_members(str(tmp_path), [gspo])
-    assert (tmp_path / "gspo_s1" / "summary.json").exists()
-    assert sweep._is_done(str(tmp_path), {"name": "gspo_s1"})
-    assert sweep.population_runs(sweep.load_sweep(arith, "seeds=1")) == sweep.load_sweep(
-        arith, "seeds=1"
-    )
-
-
 def test_dry_run_plans_each_member_and_all(shared):
     """The population's dry run (planning/population_plan.py) on 8 simulated devices in 2 member
     groups: 4 members (2 a group) against 2 (1 a group) double a device's parameters, optimizer
