@@ -25,12 +25,18 @@ When every run has ended, the table of final figures is written to <root>/result
 mean response length, the last step's reward and policy entropy, and the mean clip fraction and
 entropy over the run; <root>/results_by_arm.md averages them per arm over its seeds.
 
-With ``--population`` (the default; ``--population=false`` keeps one process per run) the runs
-of an arm that differ only in their seed run as one population (config.population.seeds,
-gspo_jax/rl/population.py: one process, one program, the members stacked): its workdir is
-<root>/population/<arm>, and each run's folder <root>/<run> is a link to its member's folder
-(<root>/population/<arm>/members/seed<s>), which holds what a single run writes, so the table,
-the analysis and the notebooks read it unchanged. An arm with one seed stays a single run.
+With ``--population`` (the default; ``--population=false`` keeps one process per run) runs that
+differ only in their seed, and arms that differ only in fields a population varies
+(config.schema.POPULATION_FIELDS: ε, kl_coef, delta, the learning rate, the temperature; each run
+setting them), run as one population (gspo_jax/rl/population.py: one process, one program, the
+members stacked): an arm's seeds as population.seeds, several arms as population.vary with
+population.mode="zip" (member i is run i). Its workdir is <root>/population/<arm>[+<arm>...],
+and each run's folder <root>/<run> is a link to its member's folder
+(<root>/population/<arm>/members/seed<s>, or eps_low=0.2-seed<s>), which holds what a single run
+writes, so the table, the analysis and the notebooks read it unchanged. Before merging, the
+launcher asks the library (rl/population.py refusal, in a CPU-only child process) which
+populations it runs: a group it refuses falls back to each arm's seeds, and an arm it refuses (a
+pipelined run, rl.max_staleness > 0) runs one process per run, as does an arm with one seed.
 
 This file holds launcher logic only; no library code (docs/design.md "Layout").
 """
@@ -397,8 +403,9 @@ def launch(
 ) -> dict[str, int]:
     """Runs every run (at most ``parallel`` at once); returns name -> exit code (0 = skipped/done).
 
-    ``population``: each arm's seeds run as one population (population_runs); the codes are then
-    the runs' own names' (each member takes its population's code).
+    ``population``: the pending runs run as populations where the library runs them
+    (population_runs, refusals); the codes are then the runs' own names' (each member takes its
+    population's code).
 
     With parallel > 1 the pending runs' datasets and warm starts are prepared once first
     (prepare_once). Run one at a time, the first run prepares them and the others find them
@@ -591,7 +598,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--population",
         default="true",
-        help="true: run each arm's seeds as one population (one process); false: a process per run",
+        help="true: an arm's seeds, and arms differing only in fields a population varies, run as "
+        "one population where the library runs one; false: a process per run",
     )
     p.add_argument("--collect_only", action="store_true", help="only rebuild the results table")
     p.add_argument(
