@@ -283,7 +283,7 @@ def population_runs(runs: list[dict], check=None) -> list[dict]:
         cands = [(g, population_run(g)) for g in groups]
         cands = [(g, c) for g, c in cands if c is not None]
         refused = check([c for _, c in cands]) if check and cands else {}
-        retry = []
+        retry, notes = [], {}
         for g, c in cands:
             why = refused.get(c["name"])
             if why is None:
@@ -291,9 +291,14 @@ def population_runs(runs: list[dict], check=None) -> list[dict]:
                 continue
             arms = arm_groups(g)
             fallback = "each arm's seeds as a population" if len(arms) > 1 else "a process per run"
-            print(f"[sweep] {c['name']}: {fallback}, as a population refuses it: {why}", flush=True)
+            notes.setdefault((fallback, why), []).append(c["name"])
             if len(arms) > 1:
                 retry += arms
+        for (fallback, why), names in notes.items():  # one line per reason
+            print(
+                f"[sweep] {fallback} for {', '.join(names)}: the library refuses: {why}",
+                flush=True,
+            )
         return retry
 
     groups = population_groups(runs)
