@@ -6,7 +6,10 @@ An experiment is one file ``configs/<name>.py`` with ``get_config(arg=None)`` re
 ``--config=configs/arith.py:runlocal=True,seed=3`` and is parsed here against typed defaults:
 an unknown key or a value that does not parse as the default's type is a ValueError naming the
 valid keys. Nested fields are then overridden with ``--config.objective.eps_low=3e-4`` (handled by
-ml_collections.config_flags on the locked ConfigDict, which rejects unknown keys and wrong types).
+ml_collections.config_flags on the locked ConfigDict, which rejects unknown keys and wrong types);
+``population.vary``, a dict, is one flag holding the whole dict
+(``--config.population.vary='{"objective": {"eps_low": [1e-4, 3e-4]}}'``, check_vary_flag).
+config_from_flags builds the config a command line gives, as main.py does.
 
 No array dimensions here.
 """
@@ -185,9 +188,12 @@ def check_override_keys(cfg: ml_collections.ConfigDict, argv: list[str]) -> None
     for a in argv:
         if not a.startswith("--config."):
             continue
-        path, _, text = a[len("--config.") :].partition("=")
-        if path == VARY or path.startswith(VARY + "."):
-            check_vary_flag(a, text if path == VARY else None)
+        path, sep, text = a[len("--config.") :].partition("=")
+        if path.startswith(VARY + "."):
+            check_vary_flag(a, None)
+        if path == VARY:
+            if sep:  # (a value in the next argument is left to ml_collections' parser)
+                check_vary_flag(a, text)
             continue
         node, walked = cfg, []
         for part in path.split("."):
