@@ -203,12 +203,17 @@ def _library():
     return schema, population_cfg
 
 
-def population_groups(runs: list[dict]) -> list[list[dict]]:
+def varied_fields(extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """The fields a population may vary (POPULATION_FIELDS) that no flag of ``extra`` sets (such
+    a flag overrides every run's value after its own, so it is no arm's)."""
+    fixed = {f[len("--config.") :].split("=", 1)[0] for f in extra if f.startswith("--config.")}
+    return tuple(f for f in _library()[0].POPULATION_FIELDS if f not in fixed)
+
+
+def population_groups(runs: list[dict], fields: Sequence[str] = ()) -> list[list[dict]]:
     """The runs grouped into would-be populations, in the order of their first runs: runs whose
-    overrides agree except in "seed" and in fields a population may vary (POPULATION_FIELDS),
-    which every run of a group sets (a field left at its preset is not a number the launcher
-    knows)."""
-    fields = set(_library()[0].POPULATION_FIELDS)
+    overrides agree except in "seed" and in ``fields`` (varied_fields), which every run of a
+    group sets (a field left at its preset is not a number the launcher knows)."""
     groups: dict[tuple, list[dict]] = {}
     for run in runs:
         o = run["overrides"]
@@ -232,8 +237,9 @@ def _arm(run: dict) -> str:
     return re.sub(r"_s\d+$", "", run["name"])
 
 
-def population_run(group: list[dict]) -> dict | None:
-    """The population run that stands for ``group`` (population_groups), or None when it is one
+def population_run(group: list[dict], fields: Sequence[str] = ()) -> dict | None:
+    """The population run that stands for ``group`` (population_groups over ``fields``), or None
+    when it is one
     run, a run without its own "seed", or two runs with the same seed and values.
 
     Its overrides are the group's common ones plus population.seeds; runs that differ in varied
@@ -241,10 +247,10 @@ def population_run(group: list[dict]) -> dict | None:
     is run i). "members" maps each member folder (config/population.py member_name: ``seed1``,
     ``eps_high=0.2-eps_low=0.2-seed1``) to the run it stands for. Its name is
     population/<arm>, or population/<arm>+<arm>... for several arms."""
-    schema, population_cfg = _library()
+    population_cfg = _library()[1]
     if len(group) < 2 or any("seed" not in r["overrides"] for r in group):
         return None
-    fields = [k for k in group[0]["overrides"] if k in schema.POPULATION_FIELDS]
+    fields = [k for k in group[0]["overrides"] if k in fields]
     # the fields whose values differ are varied; the others are common overrides
     varied = sorted(f for f in fields if len({_flag_value(r["overrides"][f]) for r in group}) > 1)
     seeds = [r["overrides"]["seed"] for r in group]
@@ -270,17 +276,19 @@ def population_run(group: list[dict]) -> dict | None:
     return {"name": f"population/{name}", "overrides": overrides, "members": members}
 
 
-def population_runs(runs: list[dict], check=None) -> list[dict]:
+def population_runs(runs: list[dict], check=None, extra: Sequence[str] = ()) -> list[dict]:
     """The runs with each population_groups group that can be one merged into its population run
     (population_run), in the order of the runs; the others stay as they are.
 
     ``check(population runs) -> {name: why a population refuses it}`` (refusals: the library's
     own check) decides which merge: a refused group of several arms falls back to each arm's
-    seeds as a population (checked too), and a refused arm runs one process per run."""
+    seeds as a population (checked too), and a refused arm runs one process per run.
+    ``extra``: the flags every run gets after its own; a field they set varies in no population
+    (varied_fields)."""
     units: dict[str, dict] = {}  # the first run's name -> its population run
 
     def merge(groups: list[list[dict]]) -> list[list[dict]]:
-        cands = [(g, population_run(g)) for g in groups]
+        cands = [(g, population_run(g, fields)) for g in groups]
         cands = [(g, c) for g, c in cands if c is not None]
         refused = check([c for _, c in cands]) if check and cands else {}
         retry, notes = [], {}
@@ -301,7 +309,8 @@ def population_runs(runs: list[dict], check=None) -> list[dict]:
             )
         return retry
 
-    groups = population_groups(runs)
+    fields = varied_fields(extra)
+    groups = population_groups(runs, fields)
     while groups:  # at most twice: an arm's seeds are one group
         groups = merge(groups)
     out, merged = [], set()
@@ -423,7 +432,7 @@ def launch(
         def check(candidates: list[dict]) -> dict[str, str]:
             return refusals(config_spec, candidates, extra, env)
 
-        merged = population_runs(todo, check)
+        merged = population_runs(todo, check, extra)
         if len(merged) < len(todo):
             codes = launch(config_spec, merged, root, parallel, extra, env)
             link_members(root, merged)
@@ -615,7 +624,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     population = _parse_bool(args.population)
     if args.dry_run:
         if population:
-            runs = population_runs(runs, lambda c: refusals(args.config, c, extra))
+            runs = population_runs(runs, lambda c: refusals(args.config, c, extra), extra)
         if args.parallel > 1:
             for group in preparation_groups(runs):
                 wd = os.path.join(args.workdir, group[0]["name"])

@@ -90,6 +90,15 @@ def test_numeric_arms_merge_into_one_population(sweep):
     assert [m.name for m in members] == list(pop["members"])
     assert [m.config.objective.eps_low for m in members] == [0.2, 0.2, 3e-4, 3e-4]
     assert [m.seed for m in members] == [0, 1, 0, 1]
+    # a flag every run gets after its own sets ε for all of them: no population varies it
+    merged = sweep.population_runs(sweep_runs, lambda c: {}, ["--config.objective.eps_low=0.1"])
+    assert [r["name"] for r in merged] == [
+        "population/gspo",
+        "population/gspo_eps0.2",  # each arm's seeds
+        "population/gspo_eps0.0003",
+        "grpo_eps0.2_s0",
+    ]
+    assert not any("population.vary" in r["overrides"] for r in merged)
 
 
 def test_refused_arms_stay_one_process_per_run(sweep, capsys):
