@@ -140,7 +140,8 @@ def run_sweeps(
     """Launches every run of ``sweeps`` that has not finished (``only``: those whose names match
     one of its comma-separated patterns, in every sweep that has any), with FULL_FLAGS, the
     sweep's own flags and then ``extra`` (the later flag wins); returns the failed run names.
-    ``population``: each arm's seeds run as one population (experiments/sweep.py --population)."""
+    ``population``: each arm's seeds (and arms a population varies) run as one population where
+    the library runs one; other arms one process per run (experiments/sweep.py --population)."""
     sw = _sweep_module()
     failed = []
     for s in sweeps:
@@ -211,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--population",
         default="true",
-        help="true: each arm's seeds run as one population (one process); false: a process per run",
+        help="true: each arm's seeds run as one population where the library runs one (a "
+        "pipelined arm stays a process per run); false: a process per run",
     )
     args, extra = p.parse_known_args(argv)  # extra --config.x=y flags go to every run
     names = list(NOTEBOOKS) if args.notebooks in ([], ["all"]) else args.notebooks

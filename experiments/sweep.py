@@ -25,12 +25,18 @@ When every run has ended, the table of final figures is written to <root>/result
 mean response length, the last step's reward and policy entropy, and the mean clip fraction and
 entropy over the run; <root>/results_by_arm.md averages them per arm over its seeds.
 
-With ``--population`` (the default; ``--population=false`` keeps one process per run) the runs
-of an arm that differ only in their seed run as one population (config.population.seeds,
-gspo_jax/rl/population.py: one process, one program, the members stacked): its workdir is
-<root>/population/<arm>, and each run's folder <root>/<run> is a link to its member's folder
-(<root>/population/<arm>/members/seed<s>), which holds what a single run writes, so the table,
-the analysis and the notebooks read it unchanged. An arm with one seed stays a single run.
+With ``--population`` (the default; ``--population=false`` keeps one process per run) runs that
+differ only in their seed, and arms that differ only in fields a population varies
+(config.schema.POPULATION_FIELDS: ε, kl_coef, delta, the learning rate, the temperature; each run
+setting them), run as one population (gspo_jax/rl/population.py: one process, one program, the
+members stacked): an arm's seeds as population.seeds, several arms as population.vary with
+population.mode="zip" (member i is run i). Its workdir is <root>/population/<arm>[+<arm>...],
+and each run's folder <root>/<run> is a link to its member's folder
+(<root>/population/<arm>/members/seed<s>, or eps_low=0.2-seed<s>), which holds what a single run
+writes, so the table, the analysis and the notebooks read it unchanged. Before merging, the
+launcher asks the library (rl/population.py refusal, in a CPU-only child process) which
+populations it runs: a group it refuses falls back to each arm's seeds, and an arm it refuses (a
+pipelined run, rl.max_staleness > 0) runs one process per run, as does an arm with one seed.
 
 This file holds launcher logic only; no library code (docs/design.md "Layout").
 """
@@ -40,11 +46,13 @@ from __future__ import annotations
 import argparse
 import csv
 import fnmatch
+import hashlib
 import importlib.util
 import json
 import math
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -95,6 +103,8 @@ def load_sweep(config_spec: str, sweep_arg: str | None) -> list[dict]:
 def _flag_value(v) -> str:
     if isinstance(v, bool):
         return str(v)
+    if isinstance(v, dict):  # population.vary: one JSON dict (gspo_jax/config/args.py)
+        return json.dumps(v, sort_keys=True)
     if isinstance(v, tuple | list):
         return "(" + ",".join(_flag_value(x) for x in v) + ("," if len(v) == 1 else "") + ")"
     return str(v)
@@ -182,26 +192,203 @@ def _last_line(path: str, start: int) -> str:
     return lines[-1] if lines else "no output"
 
 
-def population_runs(runs: list[dict]) -> list[dict]:
-    """The runs with each arm's seeds (runs whose overrides differ only in "seed") merged into one
-    population run: its overrides are the arm's plus population.seeds, its "members" map each
-    member folder (seed<s>) to the run it stands for. An arm with one run is left as it is."""
+def _library():
+    """gspo_jax of this checkout (the launcher's children get it through PYTHONPATH): importing
+    it imports JAX but starts no backend."""
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    from gspo_jax.config import population as population_cfg
+    from gspo_jax.config import schema
+
+    return schema, population_cfg
+
+
+def varied_fields(extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """The fields a population may vary (POPULATION_FIELDS) that no flag of ``extra`` sets (such
+    a flag overrides every run's value after its own, so it is no arm's)."""
+    fixed = {f[len("--config.") :].split("=", 1)[0] for f in extra if f.startswith("--config.")}
+    return tuple(f for f in _library()[0].POPULATION_FIELDS if f not in fixed)
+
+
+def population_groups(runs: list[dict], fields: Sequence[str] = ()) -> list[list[dict]]:
+    """The runs grouped into would-be populations, in the order of their first runs: runs whose
+    overrides agree except in "seed" and in ``fields`` (varied_fields), which every run of a
+    group sets (a field left at its preset is not a number the launcher knows)."""
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        o = run["overrides"]
+        fixed = tuple(
+            sorted((k, _flag_value(v)) for k, v in o.items() if k != "seed" and k not in fields)
+        )
+        groups.setdefault((fixed, tuple(sorted(k for k in o if k in fields))), []).append(run)
+    return list(groups.values())
+
+
+def arm_groups(runs: list[dict]) -> list[list[dict]]:
+    """The runs grouped by arm (overrides equal except "seed"), in the order of their first runs."""
     arms: dict[tuple, list[dict]] = {}
     for run in runs:
         key = tuple(sorted((k, _flag_value(v)) for k, v in run["overrides"].items() if k != "seed"))
         arms.setdefault(key, []).append(run)
-    out = []
-    for group in arms.values():
-        seeds = [r["overrides"].get("seed", 0) for r in group]
-        if len(group) == 1 or len(set(seeds)) < len(seeds):
-            out += group
-            continue
-        overrides = {k: v for k, v in group[0]["overrides"].items() if k != "seed"}
-        overrides["population.seeds"] = tuple(seeds)
-        arm = re.sub(r"_s\d+$", "", group[0]["name"])
-        members = {f"seed{s}": r["name"] for s, r in zip(seeds, group, strict=True)}
-        out.append({"name": f"population/{arm}", "overrides": overrides, "members": members})
+    return list(arms.values())
+
+
+def _arm(run: dict) -> str:
+    return re.sub(r"_s\d+$", "", run["name"])
+
+
+def population_run(group: list[dict], fields: Sequence[str] = ()) -> dict | None:
+    """The population run that stands for ``group`` (population_groups over ``fields``), or None
+    when it is one
+    run, a run without its own "seed", or two runs with the same seed and values.
+
+    Its overrides are the group's common ones plus population.seeds; runs that differ in varied
+    fields add population.vary (nested, one value per run) and population.mode="zip" (member i
+    is run i). "members" maps each member folder (config/population.py member_name: ``seed1``,
+    ``eps_high=0.2-eps_low=0.2-seed1``) to the run it stands for. Its name is
+    population/<arm>, or population/<arm>+<arm>... for several arms."""
+    population_cfg = _library()[1]
+    if len(group) < 2 or any("seed" not in r["overrides"] for r in group):
+        return None
+    fields = [k for k in group[0]["overrides"] if k in fields]
+    # the fields whose values differ are varied; the others are common overrides
+    varied = sorted(f for f in fields if len({_flag_value(r["overrides"][f]) for r in group}) > 1)
+    seeds = [r["overrides"]["seed"] for r in group]
+    values = [{f: r["overrides"][f] for f in varied} for r in group]
+    folders = [population_cfg.member_name(s, v) for s, v in zip(seeds, values, strict=True)]
+    if len(set(folders)) < len(folders):
+        return None
+    overrides = {k: v for k, v in group[0]["overrides"].items() if k != "seed" and k not in varied}
+    overrides["population.seeds"] = tuple(seeds)
+    if varied:
+        vary: dict = {}
+        for f in varied:
+            section, name = f.split(".", 1)
+            vary.setdefault(section, {})[name] = tuple(v[f] for v in values)
+        overrides["population.vary"] = vary
+        overrides["population.mode"] = "zip"
+    arms = list(dict.fromkeys(_arm(r) for r in group))
+    name = "+".join(arms)
+    if len(name) > 120:  # a folder name stays short, and the same for the same arms
+        digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+        name = f"{arms[0]}+{len(arms) - 1}_more_{digest}"
+    members = {f: r["name"] for f, r in zip(folders, group, strict=True)}
+    return {"name": f"population/{name}", "overrides": overrides, "members": members}
+
+
+def population_runs(runs: list[dict], check=None, extra: Sequence[str] = ()) -> list[dict]:
+    """The runs with each population_groups group that can be one merged into its population run
+    (population_run), in the order of the runs; the others stay as they are.
+
+    ``check(population runs) -> {name: why a population refuses it}`` (refusals: the library's
+    own check) decides which merge: a refused group of several arms falls back to each arm's
+    seeds as a population (checked too), and a refused arm runs one process per run.
+    ``extra``: the flags every run gets after its own; a field they set varies in no population
+    (varied_fields)."""
+    units: dict[str, dict] = {}  # the first run's name -> its population run
+
+    def merge(groups: list[list[dict]]) -> list[list[dict]]:
+        cands = [(g, population_run(g, fields)) for g in groups]
+        cands = [(g, c) for g, c in cands if c is not None]
+        refused = check([c for _, c in cands]) if check and cands else {}
+        retry, notes = [], {}
+        for g, c in cands:
+            why = refused.get(c["name"])
+            if why is None:
+                units[g[0]["name"]] = c
+                continue
+            arms = arm_groups(g)
+            fallback = "each arm's seeds as a population" if len(arms) > 1 else "a process per run"
+            notes.setdefault((fallback, why), []).append(c["name"])
+            if len(arms) > 1:
+                retry += arms
+        for (fallback, why), names in notes.items():  # one line per reason
+            print(
+                f"[sweep] {fallback} for {', '.join(names)}: the library refuses: {why}",
+                flush=True,
+            )
+        return retry
+
+    fields = varied_fields(extra)
+    groups = population_groups(runs, fields)
+    while groups:  # at most twice: an arm's seeds are one group
+        groups = merge(groups)
+    out, merged = [], set()
+    for run in runs:
+        if run["name"] in units:
+            unit = units[run["name"]]
+            out.append(unit)
+            merged |= set(unit["members"].values())
+        elif run["name"] not in merged:
+            out.append(run)
     return out
+
+
+def check_populations(
+    config_spec: str, candidates: list[dict], extra: Sequence[str] = ()
+) -> dict[str, str]:
+    """{population run name: why a population refuses it} for those of ``candidates``
+    (population_run's) whose config, as gspo_jax.main would build it from the run's flags and
+    ``extra``, the library refuses (gspo_jax/rl/population.py refusal: build_population's own
+    checks) or whose member folders would be named otherwise than its "members". Builds the
+    abstract Runs, so it starts a JAX backend: launch asks it in a CPU-only process (refusals)."""
+    _library()
+    from gspo_jax import config as config_lib
+    from gspo_jax.config import population as population_cfg
+    from gspo_jax.rl import population
+
+    out = {}
+    for cand in candidates:
+        flags = run_command(config_spec, cand, "")[5:] + list(extra)
+        try:
+            config = config_lib.config_from_flags(config_spec, flags)
+            folders = [m.name for m in population_cfg.members(config)]
+            why = population.refusal(config)
+            if why is None and folders != list(cand["members"]):
+                why = f"its member folders would be {folders}, not {list(cand['members'])}"
+        except Exception as e:  # whatever stops the check stops the merge, not the sweep
+            why = f"{type(e).__name__}: {' '.join(str(e).split())}"
+        if why:
+            out[cand["name"]] = why
+    return out
+
+
+CHECK_FLAG = "--check_populations"  # sweep.py's own CPU-only child: check_populations on stdin
+
+
+def refusals(
+    config_spec: str, candidates: list[dict], extra: Sequence[str] = (), env: dict | None = None
+) -> dict[str, str]:
+    """check_populations in a child process on the CPU (JAX_PLATFORMS=cpu), so the launcher never
+    holds the accelerator its runs need; if the child fails, every candidate is refused (its
+    runs then run one process each) with its last line as the reason."""
+    env = dict(os.environ if env is None else env)
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    payload = json.dumps({"config": config_spec, "extra": list(extra), "candidates": candidates})
+    print(f"[sweep] asking the library which of {len(candidates)} populations it runs", flush=True)
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), CHECK_FLAG],
+        input=payload,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return {
+        c["name"]: f"the population check failed (rc={proc.returncode}): {last}" for c in candidates
+    }
+
+
+def _check_main() -> int:
+    """The child of refusals: reads its JSON from stdin, prints check_populations' as one line."""
+    job = json.load(sys.stdin)
+    print(json.dumps(check_populations(job["config"], job["candidates"], job["extra"])))
+    return 0
 
 
 def link_members(root: str, runs: list[dict]) -> None:
@@ -230,8 +417,9 @@ def launch(
 ) -> dict[str, int]:
     """Runs every run (at most ``parallel`` at once); returns name -> exit code (0 = skipped/done).
 
-    ``population``: each arm's seeds run as one population (population_runs); the codes are then
-    the runs' own names' (each member takes its population's code).
+    ``population``: the pending runs run as populations where the library runs them
+    (population_runs, refusals); the codes are then the runs' own names' (each member takes its
+    population's code).
 
     With parallel > 1 the pending runs' datasets and warm starts are prepared once first
     (prepare_once). Run one at a time, the first run prepares them and the others find them
@@ -239,11 +427,16 @@ def launch(
     """
     os.makedirs(root, exist_ok=True)
     if population:
-        merged = population_runs(runs)
-        if len(merged) < len(runs):
+        todo = [r for r in runs if not _is_done(root, r)]  # a finished run stays as it is
+
+        def check(candidates: list[dict]) -> dict[str, str]:
+            return refusals(config_spec, candidates, extra, env)
+
+        merged = population_runs(todo, check, extra)
+        if len(merged) < len(todo):
             codes = launch(config_spec, merged, root, parallel, extra, env)
             link_members(root, merged)
-            by_run = {}
+            by_run = {r["name"]: 0 for r in runs if r not in todo}
             for run in merged:
                 for name in run.get("members", {}).values():
                     by_run[name] = codes.get(run["name"], 1)
@@ -419,7 +612,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--population",
         default="true",
-        help="true: run each arm's seeds as one population (one process); false: a process per run",
+        help="true: an arm's seeds, and arms differing only in fields a population varies, run as "
+        "one population where the library runs one; false: a process per run",
     )
     p.add_argument("--collect_only", action="store_true", help="only rebuild the results table")
     p.add_argument(
@@ -430,14 +624,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     population = _parse_bool(args.population)
     if args.dry_run:
         if population:
-            runs = population_runs(runs)
+            runs = population_runs(runs, lambda c: refusals(args.config, c, extra), extra)
         if args.parallel > 1:
             for group in preparation_groups(runs):
                 wd = os.path.join(args.workdir, group[0]["name"])
-                print(" ".join(prepare_command(args.config, group[0], wd, extra)))
-        for run in runs:
+                print(shlex.join(prepare_command(args.config, group[0], wd, extra)))
+        for run in runs:  # quoted as a shell takes them
             wd = os.path.join(args.workdir, run["name"])
-            print(" ".join(run_command(args.config, run, wd, extra)))
+            print(shlex.join(run_command(args.config, run, wd, extra)))
         return 0
     codes = {}
     if not args.collect_only:
@@ -451,4 +645,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_check_main() if sys.argv[1:] == [CHECK_FLAG] else main())

@@ -217,6 +217,7 @@ def test_sweep_expands_to_commands_and_collects_tables(tmp_path, capsys):
                 "--workdir",
                 str(tmp_path),
                 "--dry_run",
+                "--population=false",  # a process per run (tests/test_sweep_population.py)
                 "--config.rl.num_steps=2",
             ]
         )

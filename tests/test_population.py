@@ -26,6 +26,7 @@ from gspo_jax.rl import step as ts
 pytestmark = pytest.mark.long
 
 STEPS = 3
+ARITH_LOCAL = runs.ARITH + ":runlocal"
 # float32 rounding: vmapped matmuls and reductions, traced hyperparameters (rl/population.py)
 RTOL, ATOL = 1e-5, 1e-6
 # the sampler-vs-trainer log-prob difference is float32 rounding itself (~1e-6): absolute
@@ -279,32 +280,6 @@ def test_members_spread_over_a_mesh_axis(shared, first_steps):
     assert not off, off
 
 
-def test_sweep_runs_an_arms_seeds_as_one_population(tmp_path):
-    """sweep.py --population: runs differing only in their seed merge into one population run,
-    whose member folders become the runs' folders; --population=false keeps a process per run."""
-    sweep = runs.load_repo_module("experiments/sweep.py")
-    arith = os.path.join(runs.REPO, "configs", "arith.py")
-    all_runs = sweep.load_sweep(arith, "seeds=2")
-    merged = sweep.population_runs(all_runs)
-    assert len(merged) == len(all_runs) // 2
-    gspo = next(r for r in merged if r["name"] == "population/gspo")
-    assert gspo["overrides"]["population.seeds"] == (0, 1)
-    assert "seed" not in gspo["overrides"]
-    assert sorted(gspo["members"].values()) == ["gspo_s0", "gspo_s1"]
-    cmd = sweep.run_command(arith, gspo, str(tmp_path / gspo["name"]))
-    assert "--config.population.seeds=(0,1)" in cmd
-    # a finished member folder is linked where the single run would have written
-    member = tmp_path / "population" / "gspo" / "members" / "seed1"
-    member.mkdir(parents=True)
-    (member / "summary.json").write_text("{}")
-    sweep.link_members(str(tmp_path), [gspo])
-    assert (tmp_path / "gspo_s1" / "summary.json").exists()
-    assert sweep._is_done(str(tmp_path), {"name": "gspo_s1"})
-    assert sweep.population_runs(sweep.load_sweep(arith, "seeds=1")) == sweep.load_sweep(
-        arith, "seeds=1"
-    )
-
-
 def test_dry_run_plans_each_member_and_all(shared):
     """The population's dry run (planning/population_plan.py) on 8 simulated devices in 2 member
     groups: 4 members (2 a group) against 2 (1 a group) double a device's parameters, optimizer
@@ -330,3 +305,32 @@ def test_dry_run_plans_each_member_and_all(shared):
         assert 1.5 < four[key] / two[key] < 2.1, (key, two[key], four[key])
         assert 0.75 < four["per_member"][key] / two["per_member"][key] < 1.05, key
     assert four["fits"] and "4 members of tiny on v6e-8" in population_plan.format_plan(four)
+
+
+def test_sweep_runs_eps_arms_as_one_population(shared, tmp_path):
+    """experiments/sweep.py end to end: two ε arms x 2 seeds run as one population process (the
+    library accepted it), each run's folder a link to its member with that run's config and
+    summary, read by the results table as single runs."""
+    sweep = runs.load_repo_module("experiments/sweep.py")
+    sweep_runs = [
+        {"name": f"eps{e:g}_s{s}", "overrides": {"objective.eps_low": e, "seed": s}}
+        for e in (3e-4, 1e-3)
+        for s in (0, 1)
+    ]
+    fields = {**runs.overrides(shared), "rl.num_steps": 2, "num_devices": 1}
+    flags = [f"--config.{k}={sweep._flag_value(v)}" for k, v in fields.items()]
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": shared["xla"]}
+    root = str(tmp_path)
+    codes = sweep.launch(ARITH_LOCAL, sweep_runs, root, extra=flags, env=env, population=True)
+    assert codes == {r["name"]: 0 for r in sweep_runs}
+    pop = tmp_path / "population" / "eps0.0003+eps0.001"
+    assert len(os.listdir(pop / "members")) == 4 and (pop / "summary.json").exists()
+    for r in sweep_runs:
+        wd = tmp_path / r["name"]
+        assert wd.is_symlink() and (wd / "summary.json").exists()
+        with open(wd / "config.json") as f:
+            config = json.load(f)
+        assert config["seed"] == r["overrides"]["seed"]
+        assert config["objective"]["eps_low"] == r["overrides"]["objective.eps_low"]
+    rows = sweep.collect(sweep_runs, root)
+    assert [(row["status"], row["steps"]) for row in rows] == [("ok", 2)] * 4

@@ -10,7 +10,9 @@ No array dimensions here.
 
 from gspo_jax.config.args import (
     check_override_keys,
+    check_vary_flag,
     check_workdir_writable,
+    config_from_flags,
     flatten,
     import_config_module,
     load_config_file,
@@ -42,9 +44,11 @@ __all__ = [
     "ConfigError",
     "check_finite",
     "check_override_keys",
+    "check_vary_flag",
     "check_rollout_options",
     "check_scale_rewards",
     "check_workdir_writable",
+    "config_from_flags",
     "default_config",
     "flatten",
     "import_config_module",

@@ -6,7 +6,10 @@ An experiment is one file ``configs/<name>.py`` with ``get_config(arg=None)`` re
 ``--config=configs/arith.py:runlocal=True,seed=3`` and is parsed here against typed defaults:
 an unknown key or a value that does not parse as the default's type is a ValueError naming the
 valid keys. Nested fields are then overridden with ``--config.objective.eps_low=3e-4`` (handled by
-ml_collections.config_flags on the locked ConfigDict, which rejects unknown keys and wrong types).
+ml_collections.config_flags on the locked ConfigDict, which rejects unknown keys and wrong types);
+``population.vary``, a dict, is one flag holding the whole dict
+(``--config.population.vary='{"objective": {"eps_low": [1e-4, 3e-4]}}'``, check_vary_flag).
+config_from_flags builds the config a command line gives, as main.py does.
 
 No array dimensions here.
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 import ast
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ml_collections
@@ -185,7 +188,13 @@ def check_override_keys(cfg: ml_collections.ConfigDict, argv: list[str]) -> None
     for a in argv:
         if not a.startswith("--config."):
             continue
-        path = a[len("--config.") :].split("=", 1)[0]
+        path, sep, text = a[len("--config.") :].partition("=")
+        if path.startswith(VARY + "."):
+            check_vary_flag(a, None)
+        if path == VARY:
+            if sep:  # (a value in the next argument is left to ml_collections' parser)
+                check_vary_flag(a, text)
+            continue
         node, walked = cfg, []
         for part in path.split("."):
             if not isinstance(node, ml_collections.ConfigDict) or part not in node:
@@ -197,6 +206,68 @@ def check_override_keys(cfg: ml_collections.ConfigDict, argv: list[str]) -> None
                 )
             node = node[part]
             walked.append(part)
+
+
+VARY = "population.vary"  # the one config field the command line gives as a whole dict
+VARY_EXAMPLE = '--config.population.vary=\'{"objective": {"eps_low": [1e-4, 3e-4]}}\''
+
+
+def check_vary_flag(flag: str, text: str | None) -> None:
+    """Checks the form of a ``--config.population.vary=TEXT`` flag (``text``; None for a flag that
+    names a field below it): one Python or JSON dict literal, nested like the config, whose leaves
+    are lists or tuples; ml_collections parses it into the ConfigDict. Which fields may vary and
+    their values are config/population.py's check. Raises ConfigError in one line."""
+    fix = f"give it as one nested dict, e.g. {VARY_EXAMPLE}"
+    if text is None:
+        raise ConfigError(f"{flag.split('=', 1)[0]} is not a flag: {VARY} is one dict; {fix}")
+    try:
+        value = ast.literal_eval(text.strip())
+    except (SyntaxError, ValueError):
+        raise ConfigError(f"{flag!r} is not a dict literal; {fix}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{flag!r} is a {type(value).__name__}, not a dict; {fix}")
+
+    def walk(node: dict, prefix: str) -> None:
+        for k, v in node.items():
+            if not isinstance(k, str) or "." in k:
+                raise ConfigError(
+                    f"{flag!r}: key {k!r} must be one field name (nest the sections, no dots); "
+                    f"{fix}"
+                )
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            elif not isinstance(v, list | tuple):
+                raise ConfigError(
+                    f"{flag!r}: {VARY}.{prefix}{k}={v!r} must be a list of the members' values; "
+                    f"{fix}"
+                )
+
+    walk(value, "")
+
+
+def config_from_flags(spec: str, flags: Sequence[str] = ()) -> ml_collections.ConfigDict:
+    """The config ``python -m gspo_jax.main --config=SPEC FLAGS...`` runs: the file's
+    ``get_config(arg)`` with the ``--config.x.y=v`` flags among ``flags`` applied by
+    ml_collections' config_flags (as main.py does; other flags are ignored). Nothing is checked
+    beyond what the flags' parsing checks.
+
+    Raises:
+      ConfigError: the file or its arguments (load_config_file), an unknown key
+        (check_override_keys) or a value that does not parse, in one line.
+    """
+    from absl import flags as absl_flags
+    from ml_collections import config_flags
+
+    overrides = [f for f in flags if f.startswith("--config.")]
+    check_override_keys(load_config_file(spec), overrides)
+    argv = ["config_from_flags", f"--config={spec}", *overrides]
+    values = absl_flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
+    try:
+        values(argv)
+    except absl_flags.Error as e:
+        raise ConfigError(f"{' '.join(str(e).split())}") from None
+    return values.config
 
 
 def flatten(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

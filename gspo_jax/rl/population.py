@@ -1,6 +1,7 @@
 """A population: many runs of one experiment as one program (config.population).
 
     summary = population.train(config, workdir)   # main.py calls it when population.seeds is set
+    population.refusal(config)                    # why it cannot run as one (a line), or None
 
 The members differ in their seed and in the numeric fields of config.population.vary
 (config/population.py: the members and their checks). They share the shapes and the program's
@@ -133,6 +134,19 @@ def build_population(config: ml_collections.ConfigDict, workdir: str | None = No
     pop = Population(run, members, {})
     pop.hparams = jax.device_put(hparams, pop.on_members())
     return pop
+
+
+def refusal(config: ml_collections.ConfigDict) -> str | None:
+    """Why ``config`` (population.seeds set) cannot run as a population, in build_population's
+    one line, or None when it can. It is build_population itself (the population's fields, every
+    member's config and objective, the shared Run's checks: a pipelined run, LoRA, partial
+    rollouts), so nothing is listed twice; it builds no parameters and touches no workdir.
+    experiments/sweep.py asks it (in a CPU-only process) before it merges runs."""
+    try:
+        build_population(config)
+    except ConfigError as e:
+        return str(e)
+    return None
 
 
 def stack(trees: list) -> object:
