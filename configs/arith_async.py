@@ -41,6 +41,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     arith.apply_common_args(c, a)
     c.rl.rollout_dtype = a.rollout_dtype
     c.rl.max_staleness = a.staleness
+    # the rollout's copy keeps float32 (exact on XLA:CPU): at depth 0 the pipeline is the
+    # synchronous step bit for bit, so the arms differ by their staleness alone
+    c.rollout.sync_dtype = "trainer"
     if a.correction:
         c.rl.recompute_old_logp = True  # old_logp: the proximal policy; the sampler's: the weight
         c.objective.rollout_correction = a.correction

@@ -290,3 +290,26 @@ def test_decode_mask_is_the_teacher_forced_row():
         np.testing.assert_array_equal(got[:, 0], full[:, q])
         inline = (slot[None] < lengths[:, None]) | ((slot >= LP) & (slot <= q))[None]
         np.testing.assert_array_equal(got[:, 0], inline)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny_moe"])
+def test_weights_cast_to_the_compute_dtype_give_the_same_logits(preset):
+    """models.layers.compute_dtype_params: a bf16 model computes from the cast weights bit for
+    bit what it computes from the float32 ones; the norms' scales and the router stay float32."""
+    import dataclasses
+
+    from flax import nnx
+
+    from gspo_jax.models import layers
+
+    cfg = models.get_model_config(preset, vocab_size=32)
+    _, params = nnx.split(models.create_model(cfg, seed=0, mesh=None))
+    bf16 = dataclasses.replace(cfg, dtype="bfloat16")
+    graphdef = nnx.split(models.create_model(bf16, seed=0, mesh=None))[0]
+    cast = layers.compute_dtype_params(params, jnp.bfloat16)
+    for path, x in jax.tree_util.tree_leaves_with_path(cast):
+        f32 = any(name in jax.tree_util.keystr(path) for name in layers.FLOAT32_PARAMS)
+        assert x.dtype == (jnp.float32 if f32 else jnp.bfloat16), jax.tree_util.keystr(path)
+    tokens = jnp.arange(12).reshape(2, 6) % 32
+    want = nnx.merge(graphdef, params)(tokens)
+    np.testing.assert_array_equal(np.asarray(nnx.merge(graphdef, cast)(tokens)), np.asarray(want))

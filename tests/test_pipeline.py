@@ -137,6 +137,7 @@ def test_batches_in_flight_are_saved_with_the_stream():
         ({"rollout.devices": 8.0, "num_devices": 8}, "the trainer none"),
         ({"rollout.devices": 2.5, "num_devices": 8}, "whole device count"),
         ({"rollout.devices": 0.5, "num_devices": 8, "rollout.mesh.data": 3}, "rollout.mesh"),
+        ({"rl.max_staleness": 1, "rollout.sync_dtype": "bf16"}, "use 'rollout'"),
     ],
 )
 def test_pipeline_config_errors(shared, fields, match):
@@ -229,9 +230,16 @@ def _same_metrics(a: dict, b: dict, **tol):
             assert a[k] == b[k] or (np.isnan(a[k]) and np.isnan(b[k])), k
 
 
-@pytest.mark.parametrize("devices", [1, 8])
-def test_depth_zero_pipeline_is_the_synchronous_step_bit_for_bit(shared, devices):
-    run, params = _run_and_state(shared, num_devices=devices)
+BF16_TRAINER_COPY = {"rl.rollout_dtype": "bfloat16", "rollout.sync_dtype": "trainer"}
+
+
+@pytest.mark.parametrize(
+    "devices,fields", [(1, {}), (8, {}), (1, BF16_TRAINER_COPY)], ids=["1", "8", "1-bf16"]
+)
+def test_depth_zero_pipeline_is_the_synchronous_step_bit_for_bit(shared, devices, fields):
+    """Also under a bf16 rollout whose sync keeps the parameters' dtype (rollout.sync_dtype
+    "trainer")."""
+    run, params = _run_and_state(shared, num_devices=devices, **fields)
     sync_state, sync_ms, phases = _sync_steps(run, params, 2)
     pipe_state, pipe_ms, _ = _pipeline_steps(run, params, 2, phases)
     for a, b in zip(pipe_ms, sync_ms, strict=True):
@@ -239,6 +247,32 @@ def test_depth_zero_pipeline_is_the_synchronous_step_bit_for_bit(shared, devices
         assert a["rollout/staleness_max"] == 0 and a["rollout/fresh_tokens_frac"] == 1
     for x, y in zip(jax.tree.leaves(pipe_state), jax.tree.leaves(sync_state), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_the_sync_sends_the_weights_in_the_rollout_dtype(shared):
+    """Under a bf16 rollout (rollout.sync_dtype "rollout", the default) the copy holds every
+    weight in bfloat16 except those the layers read in float32 (norm scales) and weighs about
+    half the float32 parameters; the rollout from it samples the same tokens with log-probs
+    within float rounding (XLA:CPU keeps the float32 weights' excess precision)."""
+    import jax.numpy as jnp
+
+    from gspo_jax.rl import build
+    from gspo_jax.rl import step as ts
+
+    run, params = _run_and_state(shared, num_devices=1, **{"rl.rollout_dtype": "bfloat16"})
+    copy = pipeline.rollout_copy(run)(params)
+    phases = ts.make_phases(run, build.initial_state(run, copy), with_ref=False)
+    batch = next(_stream(run))
+    args = [jnp.asarray(batch[f], jnp.int32) for f in ("prompt", "prompt_length")]
+    key = jax.random.key_data(jax.random.key(3))
+    want, got = phases.rollout(params, *args, key), phases.rollout(copy, *args, key)
+    np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(want.tokens))
+    np.testing.assert_allclose(np.asarray(got.logp), np.asarray(want.logp), atol=1e-5)
+    kept = {jax.tree_util.keystr(p) for p, x in jax.tree_util.tree_leaves_with_path(copy)
+            if x.dtype == jnp.float32}  # fmt: skip
+    assert kept and all("scale" in k for k in kept)
+    nbytes = lambda t: sum(x.nbytes for x in jax.tree.leaves(t))  # noqa: E731
+    assert 0.5 <= nbytes(copy) / nbytes(params) < 0.52
 
 
 def test_resharding_onto_the_rollout_mesh_is_exact(shared):

@@ -204,11 +204,16 @@ def default_config() -> ml_collections.ConfigDict:
     # The rollout's own device group (rl/pipeline.py): devices = a count (>= 1) or a fraction
     # (in (0, 1)) of the devices, taken from the end of the device list; 0 = the rollout shares
     # the training mesh (today's). The trainer's mesh (config.mesh) then spans the other devices
-    # and the rollout's mesh (rollout.mesh, the same axes; -1 fills) these; the trainer's
-    # parameters are copied onto it in the rollout dtype at each sync.
+    # and the rollout's mesh (rollout.mesh, the same axes; -1 fills) these. At each sync the
+    # rollout's copy of the parameters is made in sync_dtype: "rollout" = the rollout's compute
+    # dtype (half the bytes under a bf16 rollout; the same rollout where the compiler rounds
+    # weights to bf16 as written, but XLA:CPU may keep a float32 weight's excess precision, so
+    # there it differs from the synchronous rollout by float rounding), or "trainer" = the
+    # parameters' own dtype (the synchronous rollout bit for bit on every backend).
     c.rollout = ml_collections.ConfigDict()
     c.rollout.devices = 0.0
     c.rollout.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, expert=1))
+    c.rollout.sync_dtype = "rollout"
 
     # LoRA (models/lora.py, through qwix): rank-r adapters on the weights of the modules whose
     # path ("layers/attn", "layers/mlp", ...) matches a target regex in full; only the adapters

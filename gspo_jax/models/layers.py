@@ -24,6 +24,27 @@ from gspo_jax.models import attention, moe_dispatch, paged_attention
 from gspo_jax.models.config import ModelConfig
 from gspo_jax.sharding import logical_constraint
 
+# The parameters the layers read in float32 whatever the compute dtype (the norms' scales, the
+# MoE router); every other weight is cast to the compute dtype where a layer reads it.
+FLOAT32_PARAMS = ("scale", "router")
+
+
+def compute_dtype_params(params, dtype):
+    """The float32 parameters as the layers read them when they compute in ``dtype``: every
+    weight cast to ``dtype`` except FLOAT32_PARAMS. A model of compute dtype ``dtype`` merged
+    with them computes bit for bit what it computes from the float32 parameters (its layers cast
+    at use, and casting twice is casting once), from half the bytes: what a bf16 rollout needs
+    from the trainer (rl/pipeline.py's sync)."""
+    dtype = jnp.dtype(dtype)
+
+    def cast(path, x):  # path: the module attributes' names (DictKey), then the leaf's .value
+        names = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+        if (names and names[-1] in FLOAT32_PARAMS) or not jnp.issubdtype(x.dtype, jnp.floating):
+            return x
+        return x.astype(dtype)
+
+    return jax.tree_util.tree_map_with_path(cast, params)
+
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _truncated_normal(key, shape, dtype, std):

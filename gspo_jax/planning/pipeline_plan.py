@@ -18,8 +18,8 @@ compile tells a TPU's):
   with a rollout group       the update on the trainer's group (config.mesh over the first D − R
                              devices) and the rollout with one decode step on the rollout's
                              (config.rollout.mesh over the last R), its parameters on the
-                             rollout's shardings, in the trainer's dtype, as Pipeline's sync
-                             puts them
+                             rollout's shardings, in the rollout's compute dtype, as
+                             Pipeline's sync puts them
 
 Memory per device: the trainer group holds the parameters, the optimizer state, the reference and
 the update's peak; the rollout group the rollout's peak (its parameter copy, the KV cache, the
@@ -115,8 +115,9 @@ def suggest_split(
     (module docstring) on D devices. ``rollout``: (its roofline seconds, on n devices);
     ``update``: (seconds, on n devices, peak bytes per device + the reference's), from the
     compiled split when there is one, else from the synchronous baseline; ``param_bytes``: the
-    whole model's parameter bytes (replicated on the rollout group); ``rows_ok(R)``: the batch's
-    rows divide over R devices. Returns (R*, {R: seconds}); R* is None when no split fits."""
+    whole model's bytes as the sync sends them (replicated on the rollout group);
+    ``rows_ok(R)``: the batch's rows divide over R devices. Returns (R*, {R: seconds}); R* is
+    None when no split fits."""
     w_roll, w_upd = rollout[0] * rollout[1], update[0] * update[1]
     steps = {}
     for R in range(1, D):
@@ -142,7 +143,9 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     sync = memory_plan.plan(synchronous_config(config, D - R))
     run = build.build_run(config)
     abs_state = build.abstract_state(run, run.abs_params)
-    params_total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(run.abs_params))
+    # the whole model as the sync sends it (the rollout's compute dtype)
+    sent = jax.eval_shape(pipeline.rollout_copy(run), run.abs_params)
+    params_total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(sent))
     P = run.step.prompts
     rows_ok = lambda r: P % r == 0  # noqa: E731 (the default rollout mesh: data over r devices)
     out = {
@@ -184,7 +187,10 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     else:
         phases = ts.make_phases(run, abs_state, with_ref=rl_batch.uses_reference(run))
         upd = memory_plan.update_part(run, phases.update, abs_state, run.mesh, slc)
-        r_params = sharding.with_shardings(run.abs_params, run.rollout_shardings)
+        # the sync's copy (in the rollout's compute dtype) on the rollout's shardings
+        r_params = sharding.with_shardings(
+            jax.eval_shape(pipeline.rollout_copy(run), run.abs_params), run.rollout_shardings
+        )
         r_fn = ts.make_rollout_fn(run, mesh=run.rollout_mesh)
         roll = memory_plan.rollout_part(run, r_fn, r_params, run.rollout_mesh, slc)
         params = memory_plan.shard_bytes(abs_state.params)
@@ -265,7 +271,7 @@ def format_plan(p: dict[str, Any]) -> str:
         f"    update peak (compiled)    {g(tr['update_peak'])} GiB",
         f"    needed                    {g(tr['needed'])} GiB of {p['hbm'] / GIB:.0f} GiB",
         f"  rollout group ({ro['devices']} devices, mesh {mesh(ro['mesh'])}), per device:",
-        f"    parameter copy (trainer dtype) {g(ro['copy'])} GiB",
+        f"    parameter copy            {g(ro['copy'])} GiB (in the rollout's dtype: the sync's)",
         f"    rollout peak (compiled)   {g(ro['rollout_peak'])} GiB",
         f"    needed                    {g(ro['needed'])} GiB "
         f"({'fits' if p['fits'] else 'DOES NOT FIT'}: limit {HEADROOM:.0%})",

@@ -21,9 +21,14 @@ rollout runs on its devices while the update runs on the trainer's):
   1. sync, when due: the trainer's parameters are copied onto the rollout's mesh (jax.device_put
      to the rollout shardings: each rollout device receives its own shards, no device gathers the
      whole model first; on a shared mesh a jitted copy, so the update's donated state does not free
-     the rollout's weights). The copy keeps the trainer's dtype, and the rollout computes in
-     rl.rollout_dtype from it exactly as the synchronous rollout does, so staleness is the only
-     difference between the two;
+     the rollout's weights). With rollout.sync_dtype "rollout" the copy is in the rollout's
+     compute dtype (rl.rollout_dtype, else the model's), cast on the trainer's devices before it
+     moves: every weight except those the layers read in float32
+     (models.layers.compute_dtype_params; LoRA adapters keep the trainer's dtype), half the bytes
+     under a bf16 rollout. The layers cast at use, so the rollout computes the same; but a
+     compiler that keeps a float32 weight's excess precision through a bf16 cast (XLA:CPU does)
+     differs from it by float rounding. With "trainer" the copy keeps the parameters' dtype and
+     the rollout computes exactly as the synchronous one, so staleness is the only difference;
   2. start the rollout of step t + d: its prompts are the data stream's next batch and its key is
      step t + d's rollout key, so a batch's tokens do not depend on the schedule;
   3. take step t's batch (for d = 0 after waiting for it), score it, make its RLBatch and update.
@@ -52,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gspo_jax import rollout, sharding
+from gspo_jax import models, rollout, sharding
 from gspo_jax.errors import ConfigError
 from gspo_jax.rl import partial
 from gspo_jax.rl import step as ts
@@ -105,6 +110,11 @@ def check_pipeline(config) -> tuple[int, int, bool]:
         raise ConfigError(
             f"config.rl.sync_every={s} lets the rollout's parameters lag {s - 1} versions, more "
             f"than config.rl.max_staleness={k} allows: use sync_every <= max_staleness + 1"
+        )
+    if config.rollout.sync_dtype not in ("rollout", "trainer"):
+        raise ConfigError(
+            f"config.rollout.sync_dtype={config.rollout.sync_dtype!r}: use 'rollout' (the copy "
+            "in the rollout's compute dtype) or 'trainer' (the parameters' own dtype)"
         )
     if s > 1 and config.checkpoint.every % s:
         raise ConfigError(
@@ -236,12 +246,13 @@ class Pipeline:
         shared = run.rollout_mesh is None
         # the rollout's program on its mesh (the synchronous one when it shares the mesh)
         self.rollout = phases.rollout if shared else ts.make_rollout_fn(run, mesh=self.mesh)
-        if shared:  # a copy (not an alias) of the parameters, on the trainer's shardings
-            self._copy = jax.jit(
-                lambda p: jax.tree.map(jnp.copy, p), out_shardings=run.state_shardings
-            )
+        # a copy (not an alias) of the parameters in the rollout's dtype, on the trainer's
+        # shardings; with a rollout group then moved onto its shardings
+        cast = jax.jit(rollout_copy(run), out_shardings=run.state_shardings)
+        if shared:
+            self._copy = cast
         else:
-            self._copy = lambda p: jax.device_put(p, run.rollout_shardings)
+            self._copy = lambda p: jax.device_put(cast(p), run.rollout_shardings)
         self.params = None  # the rollout's copy of the parameters
         self.version: int | None = None  # the policy version it holds
         self.note = ""  # printed once by the trainer (a resume that re-synced off schedule)
@@ -366,6 +377,21 @@ def _mark_ready(started: dict) -> None:
     started["t1"] = time.time()
 
 
+def rollout_copy(run: Run):
+    """params -> the rollout's copy of them (module docstring, step 1): each leaf a fresh array;
+    with rollout.sync_dtype "rollout" in the rollout's compute dtype where the layers read it so
+    (not with LoRA adapters, which qwix computes from the stored dtype)."""
+    cast = run.config.rollout.sync_dtype == "rollout" and not run.step.lora_adapters
+    dtype = jnp.dtype(run.config.rl.rollout_dtype or run.model_cfg.dtype)
+
+    def copy(params):
+        if cast:
+            params = models.layers.compute_dtype_params(params, dtype)
+        return jax.tree.map(jnp.copy, params)
+
+    return copy
+
+
 def rollout_mesh(config, devices: list) -> jax.sharding.Mesh:
     """The rollout's own mesh over ``devices`` (config.rollout.mesh's axes), checked against the
     batch: its rows divide over the mesh's row shards."""
@@ -389,6 +415,7 @@ __all__ = [
     "PipelineQueue",
     "Schedule",
     "check_pipeline",
+    "rollout_copy",
     "rollout_device_count",
     "rollout_mesh",
     "split_devices",
