@@ -1749,6 +1749,15 @@ ENTRIES: tuple[Claim, ...] = (
             test="sign_flip",
             min_seeds=MIN_SEEDS_ROUND2,
         ),
+        preconditions=(
+            Precondition(
+                name="marker-only groups (0 < std < 0.02: >= 10 % of groups with a signal)",
+                statistic="share of the base policy's groups with a signal whose std < 0.02",
+                arm="grpo_nokl_nostd",
+                direction=">",
+                threshold=0.10,
+            ),
+        ),
         secondary=("dr_grpo's growth", "the growth's scaling with the bonus (v2's doses)"),
         confounds=(
             "registered after v2's runs, in which this control failed in every seed (the "
