@@ -41,7 +41,8 @@ can be (0 held-out accuracy), instead of dropping it as missing; a seed with no 
 (None, or absent) is still missing. Without ``diverged`` a non-finite seed is dropped.
 
 Round 2 (issue 33): entries whose ``seeds`` are set were registered for fresh seeds (ROUND2_SEEDS,
-never used by an earlier version of their claim; the earlier entries ran seeds 0-4), at least
+never used by an earlier version of their claim; the earlier entries ran seeds 0-4; ``evaluate``
+counts no other seed, so an earlier sweep's runs can never decide them), at least
 MIN_SEEDS_ROUND2 paired, tested exactly (sign_flip or wilcoxon). Their sweeps draw the warm start
 per seed (``init.warmstart.seed`` = seed mod 3: a random factor nested in the seeds, the same
 base for every arm of one seed; configs/arith.py ``round2_sweep``) wherever the verdict could
@@ -315,6 +316,12 @@ def evaluate(
     """The outcome of ``claim`` on per-seed numbers: ``values`` {arm: {seed: statistic}} for the
     primary criterion, ``preconditions`` {precondition name: {seed: statistic}}."""
     c = claim.primary
+    if claim.seeds:  # an entry registered for its own (fresh) seeds counts no other seed
+        values = {a: {s: v for s, v in d.items() if s in claim.seeds} for a, d in values.items()}
+        preconditions = {
+            n: {s: v for s, v in d.items() if s in claim.seeds}
+            for n, d in (preconditions or {}).items()
+        }
     seeds, x = paired_values(values, c.arms, c.diverged)
     what = " - ".join(c.arms)
     per_seed = ", ".join(f"s{s} {_g(v)}" for s, v in zip(seeds, x, strict=True)) or "none"

@@ -330,6 +330,17 @@ def test_round2_seeds_are_fresh_and_are_what_the_sweeps_run():
             assert {int(r["name"].rsplit("_s", 1)[1]) for r in runs} == set(e.seeds)
 
 
+def test_round2_entries_count_only_their_own_seeds():
+    """An earlier sweep's runs (seeds 0-11 of the same arm names) never decide a round-2 entry."""
+    e = reg.current("clip_fraction_vs_eps")
+    pre = {e.preconditions[0].name: {s: 0.2 for s in range(200)}}
+    old = {"gspo": {s: 0.7 for s in range(12)}, "grpo_nokl": {s: 0.4 for s in range(12)}}
+    r = reg.evaluate(e, old, pre)
+    assert r.outcome == "inconclusive: 10 paired seeds absent" and r.seeds == ()
+    both = {a: {**d, **{s: d[0] for s in e.seeds}} for a, d in old.items()}
+    assert reg.evaluate(e, both, pre).seeds == e.seeds
+
+
 def test_round2_sweeps_draw_the_warm_start_per_seed_and_keep_the_old_sweeps():
     """Seed s of a round-2 sweep trains from warm-start draw s mod 3 in every arm (luspo_length's
     from its one calibrated base); the launcher then runs a process per run (a population per
