@@ -96,7 +96,9 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     if runlocal:
         c.task.kwargs = ml_collections.ConfigDict(dict(max_digits=2, num_train=2000, num_test=200))
         c.model.preset = "tiny"
-        c.init.warmstart = ml_collections.ConfigDict(dict(steps=100))
+        # seed: the field round 2's sweeps draw per seed (round2_sweep); 0 is the library's
+        # default, so the runlocal cache key is the same as without it
+        c.init.warmstart = ml_collections.ConfigDict(dict(steps=100, seed=0))
         c.rl.num_steps = 4
         c.rl.prompts_per_step = 8
         c.rl.group_size = 4
@@ -156,13 +158,16 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     symmetric 3e-4 differs from the preset's 3e-4 / 4e-4 and is kept. Arguments: seeds (int),
     study (str: "eps", the default, is this sweep; "token_adv" is gspo_token with every token
     given its response's advantage, rl.token_advantages; "family" is family_sweep; "clip" and
-    "ratio_doses" are CLAIM_STUDIES).
+    "ratio_doses" are CLAIM_STUDIES; "r2_eps", "r2_clip" and "r2_ratio" are ROUND2_STUDIES, at
+    the fresh seeds 100, 101, ... with the warm start drawn per seed: round2_sweep).
     """
     a = config_lib.parse_arg(arg, seeds=1, study="eps")
     if a.study == "family":
         return family_sweep(a.seeds)
     if a.study in CLAIM_STUDIES:  # experiments/claims_registry.py's designs
         return arm_sweep(CLAIM_STUDIES[a.study], a.seeds)
+    if a.study in ROUND2_STUDIES:  # the registry's round 2 (issue 33)
+        return round2_sweep(ROUND2_STUDIES[a.study], a.seeds)
     if a.study == "token_adv":  # notebooks/gspo_token_equals_gspo.ipynb
         return [
             dict(
@@ -177,8 +182,8 @@ def get_sweep(arg: str | None = None) -> list[dict]:
         ]
     if a.study != "eps":
         raise ValueError(
-            f"study must be 'eps', 'token_adv', 'family' or one of {sorted(CLAIM_STUDIES)}, "
-            f"got {a.study!r}"
+            f"study must be 'eps', 'token_adv', 'family' or one of "
+            f"{sorted(CLAIM_STUDIES) + sorted(ROUND2_STUDIES)}, got {a.study!r}"
         )
     runs = []
     for seed in range(a.seeds):
@@ -274,3 +279,62 @@ def arm_sweep(arms, seeds: int) -> list[dict]:
         for seed in range(seeds)
         for name, overrides in arms
     ]
+
+
+# --- round 2 of the claims registry (issue 33): fresh seeds, the warm start a random factor -----
+
+ROUND2_FIRST_SEED = 100  # the earlier entries ran seeds 0-4; round 2 never reuses them
+ROUND2_WARMSTART_DRAWS = 3  # warm-start draws (init.warmstart.seed 0, 1, 2), nested in the seeds
+
+
+def round2_sweep(arms, seeds: int, draws: int = ROUND2_WARMSTART_DRAWS) -> list[dict]:
+    """Every arm at the fresh seeds 100 .. 100 + seeds - 1, seed by seed. Seed s trains from the
+    warm-start draw s mod ``draws`` (``init.warmstart.seed``): every arm of one seed shares its
+    base (the registry's tests are paired by seed), and over the seeds the warm start is a random
+    factor, 12 seeds giving each of 3 draws 4 (docs/warmstart.md: the draw can decide a run).
+    ``draws`` = 1: every seed from the config's own warm start (draw 0), for a design whose
+    precondition was calibrated on that one base (luspo_length's)."""
+    return [
+        dict(
+            name=f"{name}_s{seed}",
+            overrides={**overrides, "seed": seed, "init.warmstart.seed": seed % draws},
+        )
+        for seed in range(ROUND2_FIRST_SEED, ROUND2_FIRST_SEED + seeds)
+        for name, overrides in arms
+    ]
+
+
+def _sym(eps: float) -> dict:
+    return {"objective.eps_low": eps, "objective.eps_high": eps}
+
+
+# eps_objective_sweep v2: GRPO (without its KL) and GSPO at each eps of the dose, both symmetric,
+# and every preset at its own eps; the statistic is the held-out gain over the base.
+ROUND2_EPS_DOSES = (0.2, 2e-2, 2e-3, 3e-4, 3e-5)
+ROUND2_EPS_ARMS = (
+    *((name, {"objective.name": name}) for name in OBJECTIVES),
+    *(
+        (f"grpo_nokl_eps{e:g}", {"objective.name": "grpo", **NO_KL, **_sym(e)})
+        for e in ROUND2_EPS_DOSES
+    ),
+    *((f"gspo_eps{e:g}", {"objective.name": "gspo", **_sym(e)}) for e in ROUND2_EPS_DOSES),
+)
+# How many updates each batch takes (minibatches x epochs): 1 x 1 is on-policy at every update
+# (DeepSeekMath: the clip is inert); 32 x 4 takes 128 updates of 4 responses from one batch (the
+# GSPO paper's case: many minibatches per batch make token ratios, not sequence ratios, unstable).
+ROUND2_MINIBATCH_DOSES = ((1, 1), (4, 1), (16, 2), (32, 4))
+ROUND2_RATIO_ARMS = (
+    *(
+        (f"{name}_k{k}x{e}", {**o, **RATIO_LOGS, "rl.num_minibatches": k, "rl.num_epochs": e})
+        for k, e in ROUND2_MINIBATCH_DOSES
+        for name, o in (
+            ("grpo_nokl", {"objective.name": "grpo", **NO_KL}),
+            ("gspo", {"objective.name": "gspo"}),
+        )
+    ),
+    (  # gmpo_ratio_range's confirmation at its dose
+        "gmpo_k16x2",
+        {"objective.name": "gmpo", **RATIO_LOGS, "rl.num_minibatches": 16, "rl.num_epochs": 2},
+    ),
+)
+ROUND2_STUDIES = {"r2_eps": ROUND2_EPS_ARMS, "r2_clip": CLIP_ARMS, "r2_ratio": ROUND2_RATIO_ARMS}

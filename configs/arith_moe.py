@@ -108,15 +108,35 @@ VOLATILITY_DOSES = {
 }
 
 
+# Round 2 (issue 33): moe_routing_replay's v3 design frozen (dose v6, the routers' steps x100),
+# with GSPO + Routing Replay added for the claim's other half, and GRPO with and without the
+# replay at v2 and v5 for the dose-response of the replay's gain against the route change.
+ROUND2_ARMS = tuple(
+    (
+        f"{name}{'_rr' if rr else ''}{dose}",
+        {"objective.name": name, "rl.routing_replay": rr, **VOLATILITY_DOSES[dose]},
+    )
+    for dose, names in (("_v6", ("grpo", "gspo")), ("_v2", ("grpo",)), ("_v5", ("grpo",)))
+    for name in names
+    for rr in (False, True)
+)
+
+
 def get_sweep(arg: str | None = None) -> list[dict]:
     """Token-level objectives with and without Routing Replay, GSPO without, x seeds.
 
     Arguments: seeds (int); gspo_token (bool, default True): include GSPO-token with and
     without Routing Replay (notebooks/moe_routing_replay.ipynb leaves it out: grpo, grpo_rr and
     gspo); doses (bool, default False): every arm also at the volatility doses _v1 ... _v6
-    (VOLATILITY_DOSES).
+    (VOLATILITY_DOSES); study ("" or "r2": ROUND2_ARMS at the registry's fresh seeds 100, 101,
+    ... with the warm start drawn per seed, round 2 of issue 33, configs/arith.py round2_sweep).
     """
-    a = config_lib.parse_arg(arg, seeds=1, gspo_token=True, doses=False)
+    a = config_lib.parse_arg(arg, seeds=1, gspo_token=True, doses=False, study="")
+    if a.study == "r2":
+        arith = config_lib.sibling_config(__file__, "arith.py")
+        return arith.round2_sweep(ROUND2_ARMS, a.seeds)
+    if a.study:
+        raise ValueError(f"study must be '' (this sweep) or 'r2', got {a.study!r}")
     arms = [("grpo", False), ("grpo", True)]
     if a.gspo_token:
         arms += [("gspo_token", False), ("gspo_token", True)]

@@ -72,6 +72,23 @@ TIS_LEVEL = {"grpo": "token_tis", "gspo": "seq_tis"}
 # reaches the sampler arms' old_logp and the correction arms' rollout_logp; the plain recompute
 # arm never reads the sampler's log-probs, so it has no dose.
 LOGP_NOISE_DOSES = (1e-3, 1e-2, 1e-1)
+# Round 2 (issue 33), rollout_logprobs' comparative half: the noise dose extended until GRPO's
+# token ratios degrade (a per-token noise of std sigma moves a token ratio by e^sigma: at 0.3 a
+# third of them leave GRPO's 0.2; GSPO's geometric mean sees sigma / sqrt(|y|)), the sampler arms
+# of both objectives at each dose against their recomputed arms (which no dose reaches).
+ROUND2_NOISE_DOSES = (0.1, 0.3, 1.0)
+ROUND2_OLD_LOGP_ARMS = tuple(
+    (f"{name}_{tag}{suffix}", {"objective.name": name, **extra, **dose})
+    for name in ("grpo", "gspo")
+    for tag, extra in OLD_LOGP_ARMS[:2]
+    for suffix, dose in (
+        ("", {}),
+        *(
+            (f"_noise{n:g}", {"rl.rollout_logp_noise": n})
+            for n in (ROUND2_NOISE_DOSES if tag == "sampler" else ())
+        ),
+    )
+)
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
@@ -83,10 +100,18 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     study=old_logp: grpo and gspo with a bf16 rollout, old_logp from the sampler, recomputed, or
     recomputed with truncated importance sampling (token_tis for grpo, seq_tis for gspo); then
     the sampler and correction arms at each LOGP_NOISE_DOSES ("_noise<std>").
+    study=r2_old_logp: ROUND2_OLD_LOGP_ARMS at the registry's fresh seeds 100, 101, ... with the
+    warm start drawn per seed (round 2, issue 33; configs/arith.py round2_sweep).
     """
     a = config_lib.parse_arg(arg, seeds=1, study="corrections")
+    if a.study == "r2_old_logp":
+        return config_lib.sibling_config(__file__, "arith.py").round2_sweep(
+            ROUND2_OLD_LOGP_ARMS, a.seeds
+        )
     if a.study not in ("corrections", "old_logp"):
-        raise ValueError(f"study must be 'corrections' or 'old_logp', got {a.study!r}")
+        raise ValueError(
+            f"study must be 'corrections', 'old_logp' or 'r2_old_logp', got {a.study!r}"
+        )
     runs = []
     for seed in range(a.seeds):
         if a.study == "old_logp":

@@ -22,6 +22,8 @@ once and cached. Arguments: those of configs/arith.py (objective defaults to grp
 
 from __future__ import annotations
 
+import math
+
 import ml_collections
 
 from gspo_jax import config as config_lib
@@ -57,10 +59,56 @@ ARMS = (
 )
 
 
+# Round 2 of the claims registry (issue 33): the entropy claims on a task with entropy headroom
+# (partial credit, held-out accuracy ~0.5 after the warm start), every arm 16 minibatches x 2
+# epochs per batch (token ratios reach the clip) and logging the KL to the base policy:
+# DAPO's eps_high dose (eps_low 0.2), GMPO (log-space +-0.4) against GRPO at the same ratio range
+# (e^-0.4, e^0.4), GMPO with its clip moved to the sequence (the geometric mean s_i clipped to
+# (e^-0.4, e^0.4): the gspo ratio level, whose PPO clip on s_i is GMPO's sign-aware log clip
+# applied once per response), and GRPO at its own 0.2.
+ROUND2_EPS_HIGH_DOSES = (0.2, 0.24, 0.28, 0.35)
+_WIDE = dict(eps_low=1.0 - math.exp(-0.4), eps_high=math.exp(0.4) - 1.0)  # ratio (e^-0.4, e^0.4)
+_OFF = {"rl.num_minibatches": 16, "rl.num_epochs": 2, "rl.log_kl_ref": True}
+ROUND2_ARMS = (
+    *(
+        (f"dapo_eh{e:g}", {"objective.name": "dapo", "objective.eps_high": e, **_OFF})
+        for e in ROUND2_EPS_HIGH_DOSES
+    ),
+    ("gmpo", {"objective.name": "gmpo", **_OFF}),
+    (
+        "gmpo_seqclip",
+        {
+            "objective.name": "gspo",
+            "objective.eps_low": _WIDE["eps_low"],
+            "objective.eps_high": _WIDE["eps_high"],
+            **_OFF,
+        },
+    ),
+    (
+        "grpo_nokl_w0.4",
+        {
+            "objective.name": "grpo",
+            "objective.kl_coef": 0.0,
+            "objective.eps_low": _WIDE["eps_low"],
+            "objective.eps_high": _WIDE["eps_high"],
+            **_OFF,
+        },
+    ),
+    ("grpo_nokl", {"objective.name": "grpo", "objective.kl_coef": 0.0, **_OFF}),
+)
+
+
 def get_sweep(arg: str | None = None) -> list[dict]:
     """grpo, grpo without the std division (only the advantage differs), dr_grpo, and the two
-    grpo arms with kl_coef 0, x seeds. Argument: seeds (int)."""
-    a = config_lib.parse_arg(arg, seeds=1)
+    grpo arms with kl_coef 0, x seeds. Arguments: seeds (int), study (str: "std", the default,
+    is this sweep; "r2" is ROUND2_ARMS at the fresh seeds 100, 101, ... with the warm start drawn
+    per seed, configs/arith.py round2_sweep)."""
+    a = config_lib.parse_arg(arg, seeds=1, study="std")
+    if a.study == "r2":
+        arith = config_lib.sibling_config(__file__, "arith.py")
+        return arith.round2_sweep(ROUND2_ARMS, a.seeds)
+    if a.study != "std":
+        raise ValueError(f"study must be 'std' or 'r2', got {a.study!r}")
     runs = []
     for seed in range(a.seeds):
         for stem, name, estimator in ARMS:

@@ -79,6 +79,24 @@ ARMS = (
     ("luspo_cliphigher", "luspo", None),  # preset: the same 3e-4 / 4e-4
     ("grpo_nokl", "grpo", None),  # token ratios, KL off (the claims registry's GRPO arm)
 )
+# round 2 (issue 33): the same arms, as run names and overrides
+ROUND2_ARMS = tuple(
+    (
+        stem,
+        {
+            "objective.name": name,
+            **({} if eps is None else {"objective.eps_low": eps, "objective.eps_high": eps}),
+            **({"objective.kl_coef": 0.0} if stem == "grpo_nokl" else {}),
+        },
+    )
+    for stem, name, eps in ARMS
+)
+
+
+def _arith():
+    return config_lib.sibling_config(__file__, "arith.py")
+
+
 # drgrpo_length_bias (experiments/claims_registry.py): only the aggregation differs, on this task
 # whose short and long answers are both often right: GRPO's 1/|o| (seq-mean-token-mean) without
 # std and KL, against Dr. GRPO's constant normaliser.
@@ -93,10 +111,15 @@ DRGRPO_ARMS = (
 
 def get_sweep(arg: str | None = None) -> list[dict]:
     """GSPO with and without clip-higher, LUSPO and GRPO without KL, x seeds; study=drgrpo:
-    DRGRPO_ARMS. Arguments: seeds (int), study (str: "length", the default, or "drgrpo")."""
+    DRGRPO_ARMS; study=r2: ARMS at the registry's fresh seeds (round 2, issue 33), every seed
+    from the config's one warm start (luspo_length's precondition was calibrated on that base:
+    its format gap swings by 0.6 between warm-start draws, docs/results.md). Arguments: seeds
+    (int), study (str: "length", the default, "drgrpo" or "r2")."""
     a = config_lib.parse_arg(arg, seeds=1, study="length")
+    if a.study == "r2":  # round 2 (issue 33): ARMS at the fresh seeds 100, 101, ...
+        return _arith().round2_sweep(ROUND2_ARMS, a.seeds, draws=1)
     if a.study not in ("length", "drgrpo"):
-        raise ValueError(f"study must be 'length' or 'drgrpo', got {a.study!r}")
+        raise ValueError(f"study must be 'length', 'drgrpo' or 'r2', got {a.study!r}")
     runs = []
     for seed in range(a.seeds):
         if a.study == "drgrpo":

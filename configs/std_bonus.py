@@ -63,8 +63,14 @@ DOSE_ARMS = ("grpo_nokl", "grpo_nokl_nostd")
 
 def get_sweep(arg: str | None = None) -> list[dict]:
     """The registry's three arms x seeds, then DOSE_ARMS at each of BONUS_DOSES x seeds (run
-    names <arm>_bonus<b>_s<seed>). Argument: seeds (int)."""
-    a = config_lib.parse_arg(arg, seeds=1)
+    names <arm>_bonus<b>_s<seed>). Arguments: seeds (int), study (str: "bonus", the default, is
+    this sweep; "r2" is ARMS at the registry's fresh seeds 100, 101, ... with the warm start
+    drawn per seed: round 2, issue 33, configs/arith.py round2_sweep)."""
+    a = config_lib.parse_arg(arg, seeds=1, study="bonus")
+    if a.study == "r2":
+        return config_lib.sibling_config(__file__, "arith.py").round2_sweep(ARMS, a.seeds)
+    if a.study != "bonus":
+        raise ValueError(f"study must be 'bonus' or 'r2', got {a.study!r}")
     runs = [
         dict(name=f"{stem}_s{seed}", overrides={**overrides, "seed": seed})
         for seed in range(a.seeds)

@@ -13,7 +13,10 @@ prompts and base), 60 RL steps (a sweep's own flags may say more: the clip sweep
 held-out greedy accuracy on 500 problems every 10 steps (FULL_FLAGS). Several notebooks read the
 same sweep (the arith sweep serves three claims), so it runs once. Each claim's design and primary
 criterion are in experiments/claims_registry.py, committed before its runs; PLANNED names the
-registry's claims whose notebooks come with their runs (``--runs_only`` makes those runs). The
+registry's claims whose current entry's notebook cells come with their runs (``--runs_only`` makes
+those runs): round 2's entries (issue 33), whose sweeps (``r2_*``) run 12 fresh seeds (100-111,
+``Sweep.seeds``) with the warm start drawn per seed, a process per run (the launcher's populations
+merge an arm's seeds only when they share a warm start). The
 notebook is executed in place with nbclient (its outputs are what is committed); it finds the
 runs through the GSPO_CLAIMS_RUNS environment variable, which this launcher sets.
 tests/test_notebooks.py executes every notebook on tiny runlocal runs.
@@ -43,13 +46,21 @@ class Sweep(NamedTuple):
     (A NamedTuple, not a dataclass: this file is loaded by path, outside sys.modules.)"""
 
     name: str
-    config: str  # relative to the repository root
+    config: str  # relative to the repository root, optionally with its argument (path:arg)
     arg: str = ""
     flags: tuple[str, ...] = ()  # --config.x=y flags after FULL_FLAGS (the later flag wins)
+    seeds: int = 0  # the design's seed count (round 2: 12); 0: the launcher's --seeds or SEEDS
 
     def sweep_arg(self, seeds: int) -> str:
         return ",".join(a for a in (self.arg, f"seeds={seeds}") if a)
 
+
+# Round 2 (issue 33): 12 fresh seeds (the registry's ROUND2_SEEDS, 100-111); the arith family's
+# converged warm start; 200 RL steps where the registry's design asks for them, with held-out
+# accuracy every 20 steps.
+R2 = 12
+ARITH_CONVERGED = "configs/arith.py:warmstart=converged"
+LONG = ("--config.rl.num_steps=200", "--config.eval.every=20")
 
 SWEEPS = {
     s.name: s
@@ -66,6 +77,22 @@ SWEEPS = {
         Sweep("drgrpo_length", "configs/luspo_length.py", "study=drgrpo"),
         # the staleness dose (issue 31): held-out accuracy every 20 steps, not 10 (40 arms)
         Sweep("staleness", "configs/arith_async.py", "", ("--config.eval.every=20",)),
+        # round 2 of the registry (issue 33): ROUND2 seeds 100-111, the warm start drawn per seed
+        # (seed mod 3; the arith family's converged warm start, docs/warmstart.md)
+        Sweep("r2_eps", ARITH_CONVERGED, "study=r2_eps", (), R2),
+        Sweep("r2_clip", ARITH_CONVERGED, "study=r2_clip", ("--config.rl.num_steps=150",), R2),
+        Sweep("r2_ratio", ARITH_CONVERGED, "study=r2_ratio", LONG, R2),
+        Sweep("r2_countdown", "configs/countdown.py", "study=r2", LONG, R2),
+        Sweep("r2_length", "configs/luspo_length.py", "study=r2", LONG, R2),
+        Sweep("r2_std_bonus", "configs/std_bonus.py:warmstart=converged", "study=r2", (), R2),
+        Sweep(
+            "r2_old_logp",
+            "configs/arith_offpolicy.py:warmstart=converged",
+            "study=r2_old_logp",
+            (),
+            R2,
+        ),
+        Sweep("r2_moe", "configs/arith_moe.py", "study=r2", LONG, R2),
     )
 }
 
@@ -89,8 +116,33 @@ NOTEBOOKS = {
     "staleness_dose": ("staleness",),
 }
 
-# registry claims without a notebook yet -> the sweeps their runs come from (--runs_only)
-PLANNED: dict[str, tuple[str, ...]] = {}
+# registry claims whose current entry has no notebook cells yet -> the sweeps its runs come from
+# (--runs_only; a name here takes these sweeps, not the notebook's, "all" the notebooks'): the
+# round-2 entries (issue 33), registered before their runs
+PLANNED: dict[str, tuple[str, ...]] = {
+    # new versions of the claims above
+    "dapo_clip_higher_entropy": ("r2_countdown",),
+    "gmpo_entropy": ("r2_countdown",),
+    "gmpo_kl_ref": ("r2_countdown",),
+    "eps_objective_sweep": ("r2_eps",),
+    "moe_routing_replay": ("r2_moe",),
+    "clip_fraction_vs_eps": ("r2_clip",),
+    "seq_ratio_eps02": ("r2_eps",),
+    "luspo_length": ("r2_length",),
+    "gmpo_ratio_range": ("r2_ratio",),
+    "std_normalisation": ("r2_std_bonus",),
+    "rollout_logprobs": ("r2_old_logp",),
+    # claims new in round 2
+    "moe_gspo_without_replay": ("r2_moe",),
+    "std_normalisation_negative_control": ("r2_std_bonus",),
+    "rollout_logprobs_gspo_vs_grpo": ("r2_old_logp",),
+    "gspo_minibatch_stability": ("r2_ratio",),
+    "luspo_clip_higher_negatives": ("r2_length",),
+    "grpo_lengthens_responses": ("r2_length",),
+    "gmpo_token_vs_sequence_clip": ("r2_countdown",),
+    "gmpo_grpo_wide_clip": ("r2_countdown",),
+    "deepseekmath_inert_clip": ("r2_ratio",),
+}
 
 SEEDS = 5  # the registry's minimum for a criterion that compares two arms
 FULL_FLAGS = (
@@ -109,9 +161,10 @@ def _sweep_module():
     return module
 
 
-def sweeps_of(names: Sequence[str]) -> list[Sweep]:
-    """The distinct sweeps the notebooks ``names`` read, in first-use order."""
-    known = {**NOTEBOOKS, **PLANNED}
+def sweeps_of(names: Sequence[str], planned: bool = True) -> list[Sweep]:
+    """The distinct sweeps the notebooks ``names`` read, in first-use order (``planned``: a name
+    in PLANNED takes its planned sweeps, not its notebook's)."""
+    known = {**NOTEBOOKS, **PLANNED} if planned else dict(NOTEBOOKS)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise SystemExit(
@@ -127,11 +180,24 @@ def sweep_runs(sweep: Sweep, seeds: int) -> list[dict]:
     return _sweep_module().load_sweep(os.path.join(REPO, sweep.config), sweep.sweep_arg(seeds))
 
 
+def seeds_of(sweep: Sweep, seeds: int | None = None) -> int:
+    """The seed count a sweep runs: ``seeds`` when given, else its design's, else SEEDS."""
+    return seeds or sweep.seeds or SEEDS
+
+
+def population_names_unique(sw, runs: list[dict]) -> bool:
+    """Whether merging ``runs`` into populations gives distinct names: a sweep that draws the warm
+    start per seed has several populations per arm (one per draw), which the launcher would name
+    alike, so such a sweep runs a process per run."""
+    names = [r["name"] for r in sw.population_runs(runs)]
+    return len(names) == len(set(names))
+
+
 def run_sweeps(
     sweeps: Sequence[Sweep],
     runs_dir: str,
     *,
-    seeds: int = SEEDS,
+    seeds: int | None = None,
     parallel: int = 1,
     extra: Sequence[str] = (),
     only: str = "",
@@ -146,7 +212,7 @@ def run_sweeps(
     failed = []
     for s in sweeps:
         root = os.path.join(runs_dir, s.name)
-        runs = sweep_runs(s, seeds)
+        runs = sweep_runs(s, seeds_of(s, seeds))
         if only:
             patterns = [p.strip() for p in only.split(",") if p.strip()]
             runs = [r for r in runs if any(fnmatch.fnmatch(r["name"], p) for p in patterns)]
@@ -156,6 +222,9 @@ def run_sweeps(
         flags = [*FULL_FLAGS, *s.flags, *extra]
         # (population only when asked: a launcher without the option still runs a process per run)
         kw = {"population": True} if population else {}
+        if population and not population_names_unique(sw, runs):
+            print(f"[claims] sweep {s.name}: a process per run (warm start drawn per seed)")
+            kw = {}
         codes = sw.launch(os.path.join(REPO, s.config), runs, root, parallel, flags, **kw)
         sw.write_tables(sw.collect(runs, root), root)
         failed += [f"{s.name}/{n}" for n, c in codes.items() if c != 0]
@@ -203,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("notebooks", nargs="*", help="notebook names (notebooks/<name>.ipynb) or all")
     p.add_argument("--runs_dir", default=os.path.join(REPO, "runs", "claims"))
-    p.add_argument("--seeds", type=int, default=SEEDS)
+    p.add_argument("--seeds", type=int, default=None, help="default: each sweep's own, else 5")
     p.add_argument("--parallel", type=int, default=1, help="runs at once (each is a process)")
     p.add_argument("--runs_only", action="store_true", help="make the runs, do not execute")
     p.add_argument("--notebook_only", action="store_true", help="execute on the existing runs")
@@ -216,22 +285,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pipelined arm stays a process per run); false: a process per run",
     )
     args, extra = p.parse_known_args(argv)  # extra --config.x=y flags go to every run
-    names = list(NOTEBOOKS) if args.notebooks in ([], ["all"]) else args.notebooks
+    every = args.notebooks in ([], ["all"])
+    names = list(NOTEBOOKS) if every else args.notebooks
     if args.list:
-        for n in names:
-            for s in sweeps_of([n]):
-                runs = [r["name"] for r in sweep_runs(s, args.seeds)]
-                print(f"{n}: {s.name} ({s.config} --sweep {s.sweep_arg(args.seeds)}): {runs}")
+        listed = [(n, sweeps_of([n], planned=False)) for n in names if n in NOTEBOOKS]
+        planned = list(PLANNED) if every else [n for n in names if n in PLANNED]
+        listed += [(f"{n} (planned)", sweeps_of([n])) for n in planned]
+        for n, sweeps in listed:
+            for s in sweeps:
+                k = seeds_of(s, args.seeds)
+                runs = [r["name"] for r in sweep_runs(s, k)]
+                print(f"{n}: {s.name} ({s.config} --sweep {s.sweep_arg(k)}): {runs}")
         return 0
     if not args.notebooks:
         p.error("name a notebook (or all); --list shows them")
-    if not args.runs_only and any(n in PLANNED for n in names):
-        p.error(f"{sorted(PLANNED)} have no notebook yet: make their runs with --runs_only")
+    if not (args.runs_only or args.notebook_only) and any(n in PLANNED for n in names):
+        p.error(
+            f"{sorted(n for n in names if n in PLANNED)}: the current registry entry has no "
+            "notebook cells yet: make its runs with --runs_only (--notebook_only executes the "
+            "notebook on the runs it reads)"
+        )
+    if args.notebook_only and any(n not in NOTEBOOKS for n in names):
+        p.error(f"no notebook for {[n for n in names if n not in NOTEBOOKS]}")
     failed = []
     if not args.notebook_only:
         t0 = time.time()
         failed = run_sweeps(
-            sweeps_of(names),
+            sweeps_of(names, planned=not every),
             args.runs_dir,
             seeds=args.seeds,
             parallel=args.parallel,

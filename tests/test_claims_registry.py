@@ -2,10 +2,13 @@
 (notebooks/reporting/verdicts.py), on hand-made per-seed numbers: no training, no runs."""
 
 import dataclasses
+import itertools
 import json
+import math
 import os
 import re
 
+import numpy as np
 import pytest
 from reporting import verdicts
 from trainer_runs import load_repo_module
@@ -60,21 +63,38 @@ def test_every_notebook_has_an_entry_and_prints_it():
     assert len(keys) >= 11  # the nine notebooks' claims and the new ones (issue 20)
 
 
+def _arm_names(arm: str) -> list[str]:
+    """The sweep arms an entry's arm string names: "a", or each x of "pair(a, b)" / "trend(a,
+    b, c)" (a statistic the notebook derives from those arms per seed)."""
+    m = re.fullmatch(r"(\w+)\((.*)\)", arm)
+    return [x.strip() for x in m.group(2).split(",")] if m else [arm]
+
+
+def _arms_of(e) -> set[str]:
+    arms = (*e.primary.arms, *(p.arm for p in e.preconditions))
+    return {x for a in arms for x in _arm_names(a)}
+
+
+def _sweep_arms(sweep_names, seeds=1) -> set[str]:
+    names = set()
+    for s in sweep_names:
+        names |= {r["name"].rsplit("_s", 1)[0] for r in claims.sweep_runs(claims.SWEEPS[s], seeds)}
+    return names
+
+
+ROUND2 = [e for e in reg.ENTRIES if e.seeds]
+
+
 def test_registry_is_consistent_and_its_arms_are_in_its_sweeps():
     reg.check()
     for key in {e.key for e in reg.ENTRIES}:
         e = reg.current(key)
         if len(e.primary.arms) == 2:
             assert e.primary.min_seeds >= 5, e.name
-        names = set()
-        for s in e.sweeps:
-            names |= {r["name"].rsplit("_s", 1)[0] for r in claims.sweep_runs(claims.SWEEPS[s], 1)}
-        wanted = [a for a in e.primary.arms if not a.startswith("pair(")]
-        wanted += [p.arm for p in e.preconditions if not p.arm.startswith("pair(")]
-        # a pair's arms are the sweep's too
-        pairs = [a for a in (*e.primary.arms, *(p.arm for p in e.preconditions)) if "pair(" in a]
-        wanted += [x.strip() for a in pairs for x in a[5:-1].split(",")]
-        assert set(wanted) <= names, (e.name, set(wanted) - names)
+        if e.check or e.needs:
+            continue  # decided by a check, or its arms wait for code (test_round2_entries_...)
+        wanted = _arms_of(e)
+        assert wanted <= _sweep_arms(e.sweeps), (e.name, wanted - _sweep_arms(e.sweeps))
     planned = {s for sweeps in claims.PLANNED.values() for s in sweeps}
     assert planned <= set(claims.SWEEPS)
 
@@ -154,9 +174,10 @@ def test_too_few_paired_seeds_is_inconclusive():
 
 
 def test_secondary_checks_never_change_the_outcome(capsys):
-    e = reg.current("eps_objective_sweep")
-    values = {"grpo": {s: 0.7 for s in FIVE}, "grpo_eps0.0003": {s: 0.4 for s in FIVE}}
-    pre = {e.preconditions[0].name: {s: 0.05 for s in FIVE}}
+    e = reg.current("clip_fraction_vs_eps")
+    seeds = e.seeds
+    values = {"gspo": {s: 0.7 for s in seeds}, "grpo_nokl": {s: 0.4 for s in seeds}}
+    pre = {e.preconditions[0].name: {s: 0.2 for s in seeds}}
     lines = [
         verdicts.claim_verdict(e.key, values, pre, secondary=sec)
         for sec in (None, {"every preset learns": False}, {"every preset learns": True, "x": 1})
@@ -169,33 +190,36 @@ def test_secondary_checks_never_change_the_outcome(capsys):
 
 
 def test_superseding_entry_is_reported_with_its_reason(capsys):
-    old, new = reg.entries("gspo_token_equals_gspo")
+    old, new, v3, v4 = reg.entries("gspo_token_equals_gspo")
     assert (new.supersedes, old.version) == (1, 1) and "absolute floor" in new.reason
-    pre = {new.preconditions[0].name: {s: 0.2 for s in range(3)}}
+    assert (v3.supersedes, v4.supersedes) == (2, 3) and "6.8 %" in v4.reason
+    pre = {v4.preconditions[0].name: {s: 0.3 for s in v4.seeds}}
     pair = "pair(gspo, gspo_token_tokadv)"
     line = verdicts.claim_verdict(
         "gspo_token_equals_gspo",
-        {pair: {s: 0.5 for s in range(3)}},  # within 1e-4 relative + 1e-7 absolute
+        {v4.primary.arms[0]: {s: 1e-7 for s in v4.seeds}},  # below 1e-5 in every batch
         pre,
         superseded={1: {pair: {0: 0.5, 1: 3.0, 2: 0.5}}},  # the loss's relative difference alone
     )
     out = capsys.readouterr().out
-    assert "registry entry gspo_token_equals_gspo v2 (supersedes v1: " in out
+    assert "registry entry gspo_token_equals_gspo v4 (supersedes v3: " in out
     assert "superseded entry gspo_token_equals_gspo v1 (replaced by v2 because: " in out
+    assert "superseded entry gspo_token_equals_gspo v3 (replaced by v4 because: " in out
     assert "on these runs (not the verdict): not reproduced" in out
     assert verdicts.outcome_of(line) == "reproduced"
 
 
 def test_each_superseded_entry_names_the_entry_that_replaced_it(capsys):
-    v1, v2, v3 = reg.entries("moe_routing_replay")
-    verdicts.claim_verdict("moe_routing_replay", {a: {} for a in v3.primary.arms})
+    v1, v2, v3, v4 = reg.entries("moe_routing_replay")
+    verdicts.claim_verdict("moe_routing_replay", {a: {} for a in v4.primary.arms})
     out = capsys.readouterr().out
     assert f"superseded entry {v1.name} (replaced by v2 because: {v2.reason})" in out
     assert f"superseded entry {v2.name} (replaced by v3 because: {v3.reason})" in out
+    assert f"superseded entry {v3.name} (replaced by v4 because: {v4.reason})" in out
 
 
 def test_a_changed_criterion_must_be_a_new_entry(monkeypatch):
-    e = reg.current("seq_ratio_eps02")
+    e = reg.current("staleness_dose")  # one version
     silent = dataclasses.replace(e, version=2)  # a second version that does not say why
     monkeypatch.setattr(reg, "ENTRIES", reg.ENTRIES + (silent,))
     with pytest.raises(ValueError, match="supersede"):
@@ -262,3 +286,230 @@ def test_launcher_only_launches_the_runs_its_patterns_name(monkeypatch, tmp_path
     assert launched["a"][1][: len(claims.FULL_FLAGS)] == list(claims.FULL_FLAGS)
     claims.run_sweeps(sweeps, str(tmp_path))  # no pattern: every run
     assert launched["b"][0] == ["dr_grpo_s0"] and len(launched["a"][0]) == 3
+
+
+# --- round 2 (issue 33) --------------------------------------------------------------------------
+
+
+def test_round2_entries_are_well_formed():
+    """Every round-2 entry: an exact test over >= 10 seeds (a deterministic check: every batch),
+    at least one precondition, a new version of an existing claim where the key exists, and
+    runs that ``claims.py <key> --runs_only`` makes (its sweeps in PLANNED), or a check file, or
+    a statement of the code its runs need."""
+    assert len(ROUND2) >= 18 and len({e.key for e in reg.ENTRIES}) >= 18
+    for e in ROUND2:
+        c = e.primary
+        assert e.preconditions, e.name
+        assert len(e.seeds) >= c.min_seeds, e.name
+        earlier = [x for x in reg.entries(e.key) if x.version < e.version]
+        assert e.supersedes == (earlier[-1].version if earlier else None), e.name
+        if e.check:
+            assert c.test == "every_seed" and c.min_seeds >= 20, e.name
+            assert os.path.exists(os.path.join(claims.REPO, e.check)), e.name
+            assert not e.sweeps and e.key not in claims.PLANNED
+            continue
+        assert c.test in ("sign_flip", "wilcoxon") and c.min_seeds >= reg.MIN_SEEDS_ROUND2, e.name
+        if e.needs:
+            assert e.key not in claims.PLANNED, e.name  # no runs until the code exists
+            continue
+        assert e is reg.current(e.key) and set(e.sweeps) <= set(claims.PLANNED[e.key]), e.name
+        assert _arms_of(e) <= _sweep_arms(e.sweeps), (e.name, _arms_of(e) - _sweep_arms(e.sweeps))
+
+
+def test_round2_seeds_are_fresh_and_are_what_the_sweeps_run():
+    """No round-2 entry reuses a seed of an earlier version of its claim (those before round 2
+    ran seeds 0-4), and its sweeps, at their design's seed count, run exactly its seeds."""
+    for e in ROUND2:
+        for old in reg.entries(e.key):
+            if old.version < e.version:
+                assert not set(e.seeds) & set(old.seeds or reg.EARLIER_SEEDS), (e.name, old.name)
+        for name in e.sweeps:
+            sweep = claims.SWEEPS[name]
+            runs = claims.sweep_runs(sweep, claims.seeds_of(sweep))
+            assert {r["overrides"]["seed"] for r in runs} == set(e.seeds), (e.name, name)
+            assert {int(r["name"].rsplit("_s", 1)[1]) for r in runs} == set(e.seeds)
+
+
+def test_round2_entries_count_only_their_own_seeds():
+    """An earlier sweep's runs (seeds 0-11 of the same arm names) never decide a round-2 entry."""
+    e = reg.current("clip_fraction_vs_eps")
+    pre = {e.preconditions[0].name: {s: 0.2 for s in range(200)}}
+    old = {"gspo": {s: 0.7 for s in range(12)}, "grpo_nokl": {s: 0.4 for s in range(12)}}
+    r = reg.evaluate(e, old, pre)
+    assert r.outcome == "inconclusive: 10 paired seeds absent" and r.seeds == ()
+    both = {a: {**d, **{s: d[0] for s in e.seeds}} for a, d in old.items()}
+    assert reg.evaluate(e, both, pre).seeds == e.seeds
+
+
+def test_round2_sweeps_draw_the_warm_start_per_seed_and_keep_the_old_sweeps():
+    """Seed s of a round-2 sweep trains from warm-start draw s mod 3 in every arm (luspo_length's
+    from its one calibrated base); the launcher then runs a process per run (a population per
+    arm would merge different bases under one name); the earlier sweeps' runs are unchanged."""
+    sw = claims._sweep_module()
+    for name, sweep in claims.SWEEPS.items():
+        runs = claims.sweep_runs(sweep, 3)
+        if not name.startswith("r2_"):
+            assert claims.seeds_of(sweep) == claims.SEEDS
+            assert {r["overrides"]["seed"] for r in runs} == {0, 1, 2}
+            assert all("init.warmstart.seed" not in r["overrides"] for r in runs)
+            continue
+        draws = 1 if name == "r2_length" else 3
+        for r in runs:
+            assert r["overrides"]["init.warmstart.seed"] == r["overrides"]["seed"] % draws, r
+        full = claims.sweep_runs(sweep, claims.seeds_of(sweep))  # 4 seeds per draw
+        assert claims.population_names_unique(sw, full) == (draws == 1), name
+    # the earlier studies' run names, as the registry's runs on disk have them
+    assert [r["name"] for r in claims.sweep_runs(claims.SWEEPS["ratio_doses"], 1)][:2] == [
+        "grpo_nokl_k4x1_s0",
+        "gmpo_k4x1_s0",
+    ]
+    assert len(claims.sweep_runs(claims.SWEEPS["arith"], 1)) == 16
+
+
+def test_round2_runs_are_valid_configs():
+    """Every run of every round-2 sweep (one seed) sets fields that exist, to values the config
+    checks accept, at full size (no training)."""
+    from trainer_runs import set_fields
+
+    from gspo_jax import config as config_lib
+
+    for name, sweep in claims.SWEEPS.items():
+        if not name.startswith("r2_"):
+            continue
+        for run in claims.sweep_runs(sweep, 1):
+            c = config_lib.load_config_file(os.path.join(claims.REPO, sweep.config))
+            config_lib.validate(set_fields(c, dict(run["overrides"])))
+
+
+def test_stability_claims_count_diverged_seeds_as_failures():
+    stability = (
+        "gspo_minibatch_stability",
+        "gmpo_token_vs_sequence_clip",
+        "gmpo_grpo_wide_clip",
+        "gspo_length_normalisation",
+    )
+    for key in stability:
+        assert reg.current(key).primary.diverged == 0.0, key
+    c = dataclasses.replace(
+        _claim(test="sign_flip", min_seeds=10), primary=reg.current(stability[0]).primary
+    )
+    a, b = c.primary.arms
+    seeds = range(100, 112)
+    nan = float("nan")
+    # GSPO at 0.9 and GRPO at 0.8 in every seed, but GSPO diverged in seeds 100-104: counted as
+    # 0 accuracy, the difference is -0.8 there, and the claim fails
+    gspo = {s: (nan if s < 105 else 0.9) for s in seeds}
+    grpo = {s: 0.8 for s in seeds}
+    r = reg.evaluate(c, {a: gspo, b: grpo})
+    assert r.outcome == "not reproduced" and len(r.seeds) == 12
+    assert r.values[:5] == (-0.8,) * 5 and f"diverged (counted as 0): {a} s100, s101" in r.numbers
+    # the same numbers with diverged seeds dropped as missing (the old rule): 7 seeds, "holds"
+    dropped = dataclasses.replace(c, primary=dataclasses.replace(c.primary, diverged=None))
+    r = reg.evaluate(dropped, {a: gspo, b: grpo})
+    assert r.seeds == tuple(range(105, 112)) and r.outcome == "inconclusive: 10 paired seeds absent"
+    # GRPO diverging is a failure of GRPO: it supports the claim
+    r = reg.evaluate(c, {a: {s: 0.8 for s in seeds}, b: {s: nan for s in seeds}})
+    assert r.outcome == "reproduced" and set(r.values) == {0.8}
+    # a seed with no value at all (None: never run) is missing, not diverged
+    r = reg.evaluate(c, {a: {**gspo, 100: None}, b: {**grpo, 111: float("inf")}})
+    assert 100 not in r.seeds and r.values[-1] == 0.9 - 0.0
+    with pytest.raises(ValueError, match="diverged"):
+        reg.Criterion("s", ("a",), ">", 0.0, "sign_flip", 10, diverged=float("nan"))
+
+
+def _midranks(a):
+    """Mid-ranks of a, by counting (O(n^2)): rank = #smaller + (#equal + 1) / 2."""
+    a = list(a)
+    return [sum(y < x for y in a) + (sum(y == x for y in a) + 1) / 2 for x in a]
+
+
+def _brute_force(d, statistic, direction):
+    """The share of the 2^n sign assignments s whose statistic(s) is at least (">") or at most
+    ("<") the observed one (all signs +1 on d's own signs), enumerated."""
+    observed = statistic([1] * len(d))
+    stats = [statistic(s) for s in itertools.product((1, -1), repeat=len(d))]
+    tol = 1e-9
+    far = [t >= observed - tol if direction == ">" else t <= observed + tol for t in stats]
+    return sum(far) / len(stats)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_exact_tests_match_brute_force_enumeration(seed):
+    """wilcoxon_p (a subset-sum count) and sign_flip_p (a vectorised enumeration) against an
+    independent enumeration of every sign assignment, with ties and zeros."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 11))
+    x = np.round(rng.normal(0.2, 1.0, size=n), 1)  # rounded: ties, and zeros at threshold 0
+    threshold = float(rng.choice([0.0, 0.1]))
+    d = x - threshold
+    r = _midranks(np.abs(d))
+
+    def w_plus(s):  # the sum of positive ranks when d_i's sign is flipped by s_i
+        return sum(ri for ri, di, si in zip(r, d, s, strict=True) if di * si > 0)
+
+    def mean(s):
+        return sum(abs(di) * si * (1 if di >= 0 else -1) for di, si in zip(d, s, strict=True)) / n
+
+    for direction in (">", "<"):
+        want = _brute_force(d, w_plus, direction)
+        assert reg.wilcoxon_p(x, direction, threshold) == pytest.approx(want, abs=1e-12)
+        want = _brute_force(d, mean, direction)
+        assert reg.sign_flip_p(x, direction, threshold) == pytest.approx(want, abs=1e-12)
+
+
+def test_wilcoxon_hand_values_and_robustness_to_one_heavy_tail():
+    assert reg.wilcoxon_p([0.1, 0.2, 0.3, 0.4, 0.5], ">", 0.0) == 1 / 32
+    assert reg.wilcoxon_p([0.1, 0.2, 0.3, 0.4, 0.5], "<", 0.0) == 1.0
+    # ranks 1..4, one negative of rank 1: W+ = 9 of 10; assignments with W+ >= 9: {1234}, {234}
+    assert reg.wilcoxon_p([-0.1, 0.2, 0.3, 0.4], ">", 0.0) == 2 / 16
+    assert reg.signed_ranks([0.0, -1.0, 1.0, 2.0, 2.0, -3.0]).tolist() == [0, 5, 5, 9, 9, 12]
+    assert math.isnan(reg.wilcoxon_p([], ">", 0.0))
+    # eleven seeds a little below 0 and one far above: the mean is carried by the one seed, so
+    # the sign-flip test cannot call it; the ranks are not (gmpo_kl_ref v2's reason)
+    x = [-0.01] * 11 + [5.0]
+    assert reg.wilcoxon_p(x, "<", 0.0) < 0.05 < reg.sign_flip_p(x, "<", 0.0)
+    c = _claim(test="wilcoxon", direction="<", min_seeds=10)
+    r = reg.evaluate(c, {"a": dict(enumerate(x)), "b": {s: 0.0 for s in range(12)}})
+    assert r.outcome == "reproduced" and "Wilcoxon signed-rank p = 0.0166" in r.numbers
+    assert "Wilcoxon signed-rank" in "\n".join(reg.describe(c))
+
+
+def test_gspo_token_identity_check_decides_its_entry():
+    """The deterministic check behind gspo_token_equals_gspo v3 / v4 on three of its batches:
+    value and gradient agree to float32 rounding, clipped responses included, and the entry's
+    evaluation turns the rows into its outcome."""
+    check = load_repo_module("experiments/checks/gspo_token_identity.py")
+    e = reg.current("gspo_token_equals_gspo")
+    assert e.check == "experiments/checks/gspo_token_identity.py" and e.version in check.DRIFT
+    rows = check.measure(e.seeds[:3], np.float32, drift_range=check.DRIFT[e.version])
+    assert all(r["rel_l2"] < e.primary.threshold for r in rows), rows
+    assert any(r["seq_clip_frac"] > 0 for r in rows), rows
+    # a made-up difference above the threshold in one batch: not reproduced
+    bad = [*rows[:2], {**rows[2], "rel_l2": 1e-3}]
+    clipped = max(rows, key=lambda r: r["seq_clip_frac"])
+    full = [{**clipped, "seed": s} for s in e.seeds[3:]]
+    assert check.verdict(check.registry(), rows + full).outcome in ("reproduced",)
+    assert check.verdict(check.registry(), bad + full).outcome == "not reproduced"
+
+
+def test_runs_only_makes_a_round2_claims_runs_and_all_keeps_the_notebooks_sweeps(monkeypatch):
+    """`claims.py <claim> --runs_only` launches the current entry's round-2 sweeps (PLANNED) at
+    their own seed count; `all` launches the notebooks' sweeps; a round-2 claim without
+    --runs_only is refused (its notebook cells come with its runs)."""
+    launched = []
+
+    def fake_run_sweeps(sweeps, runs_dir, **kw):
+        launched.append(([s.name for s in sweeps], kw["seeds"]))
+        return []
+
+    monkeypatch.setattr(claims, "run_sweeps", fake_run_sweeps)
+    assert claims.main(["gspo_minibatch_stability", "dapo_clip_higher_entropy", "--runs_only"]) == 0
+    assert launched[-1] == (["r2_ratio", "r2_countdown"], None)
+    assert [claims.seeds_of(claims.SWEEPS[s]) for s in launched[-1][0]] == [12, 12]
+    assert claims.main(["all", "--runs_only"]) == 0
+    assert set(launched[-1][0]) == {s for v in claims.NOTEBOOKS.values() for s in v}
+    with pytest.raises(SystemExit):
+        claims.main(["gspo_minibatch_stability"])
+    for e in ROUND2:
+        text = "\n".join(reg.describe(e))
+        assert f"seeds: {min(e.seeds)}-{max(e.seeds)} (fresh for this claim)" in text, e.name
