@@ -332,6 +332,16 @@ ROUND2_RATIO_ARMS = (
             ("gspo", {"objective.name": "gspo"}),
         )
     ),
+    (  # gspo_length_normalisation: GSPO's sequence ratio without its 1/|y|, at 4 x 1
+        "gspo_nonorm_k4x1",
+        {
+            "objective.name": "gspo",
+            "objective.length_norm": False,
+            **RATIO_LOGS,
+            "rl.num_minibatches": 4,
+            "rl.num_epochs": 1,
+        },
+    ),  # fmt: skip
     (  # gmpo_ratio_range's confirmation at its dose
         "gmpo_k16x2",
         {"objective.name": "gmpo", **RATIO_LOGS, "rl.num_minibatches": 16, "rl.num_epochs": 2},

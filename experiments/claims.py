@@ -137,6 +137,7 @@ PLANNED: dict[str, tuple[str, ...]] = {
     "std_normalisation_negative_control": ("r2_std_bonus",),
     "rollout_logprobs_gspo_vs_grpo": ("r2_old_logp",),
     "gspo_minibatch_stability": ("r2_ratio",),
+    "gspo_length_normalisation": ("r2_ratio",),
     "luspo_clip_higher_negatives": ("r2_length",),
     "grpo_lengthens_responses": ("r2_length",),
     "gmpo_token_vs_sequence_clip": ("r2_countdown",),

@@ -1907,7 +1907,7 @@ ENTRIES: tuple[Claim, ...] = (
         ),
         paper="GSPO: length normalisation keeps s_i in a range one eps fits, whatever |y|",
         notebook="planned: gspo_length_normalisation",
-        sweeps=(),
+        sweeps=("r2_ratio",),
         arms=(
             "gspo_k4x1 (r2_ratio) against gspo_nonorm_k4x1: the same with s_i = exp(sum_t "
             "delta_i,t), at 4 x 1, 200 steps, the arith family's converged warm start",
@@ -1935,12 +1935,6 @@ ENTRIES: tuple[Claim, ...] = (
             "the per-step range of log s_i per arm against |y| x GSPO's",
         ),
         seeds=ROUND2_SEEDS,
-        needs=(
-            "a sequence ratio without 1/|y_i| (exp(sum_t delta)): a ratio level in "
-            "gspo_jax/objectives/ratios.py reachable by an override (objective.ratio_level is a "
-            "preset's structure, and a new preset would add runs to configs/arith.py's eps sweep), "
-            "then the arm gspo_nonorm_k4x1 in configs/arith.py's r2_ratio study"
-        ),
     ),
     Claim(
         key="luspo_clip_higher_negatives",

@@ -607,6 +607,24 @@ def test_hand_checked_gspo_sequence_ratio():
     np.testing.assert_array_equal(grad, [0.0, 0.0])
 
 
+def test_hand_checked_gspo_without_length_normalisation():
+    # δ = (0.1, −0.3), length_norm False: s = exp(0.1 − 0.3) = exp(−0.2), A = −1, inside ±0.2
+    # (0.8187 > 0.8): L = s, ∂L/∂δ_t = s for each token (not s / |y|).
+    loss, _, grad = one_row([0.1, -0.3], -1.0, "gspo", eps_low=0.2, eps_high=0.2,
+                            length_norm=False)  # fmt: skip
+    assert loss == pytest.approx(math.exp(-0.2), rel=1e-6)
+    np.testing.assert_allclose(grad, [math.exp(-0.2)] * 2, rtol=1e-6)
+    # four tokens of δ = −0.1: the mean exp(−0.1) stays inside ±0.2, the product exp(−0.4)
+    # leaves it (A = −1: L = max(s, 1 − 0.2) = 0.8, clipped, no gradient)
+    kw = dict(eps_low=0.2, eps_high=0.2)
+    assert np.abs(one_row([-0.1] * 4, -1.0, "gspo", **kw)[2]).sum() > 0
+    loss, m, grad = one_row([-0.1] * 4, -1.0, "gspo", length_norm=False, **kw)
+    assert loss == pytest.approx(0.8, rel=1e-6) and m["clip_frac_low"] == 1.0
+    np.testing.assert_array_equal(grad, [0.0] * 4)
+    with pytest.raises(ValueError, match="length_norm=False drops the 1/"):
+        objectives.get_objective("grpo", length_norm=False)
+
+
 def test_hand_checked_gmpo_sign_aware_log_clip():
     # δ = (0.5, −0.1), eps 0.4. A = +1: δ* = (min(0.5, 0.4), −0.1) → ratio exp(0.15), L = −ratio.
     loss, m, _ = one_row([0.5, -0.1], 1.0, "gmpo")

@@ -107,6 +107,8 @@ class Objective:
     entropy_coef: float = 0.0  # loss −= entropy_coef · aggregated entropy
     kl_unbiased: bool = False  # KL term weighted by the ratio (DeepSeek-V3.2's unbiased KL)
     log_w_percentiles: bool = False  # log percentiles of |δ| (one count per LOG_W_EDGES edge)
+    # sequence ratios: s_i = exp(Σ_t δ_{i,t} / |y_i|); False drops the 1/|y_i| (GSPO's ablation)
+    length_norm: bool = True
 
     def __post_init__(self):
         _validate(self)

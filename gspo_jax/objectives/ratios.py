@@ -11,6 +11,10 @@ The ratio levels, with
      "sequence"        s_i = exp(Σ_t δ_{i,t} / |y_i|)         gspo, luspo
      "sequence_token"  s_{i,t} = sg[s_i]·π_θ(y_{i,t}) / sg[π_θ(y_{i,t})]   gspo_token
      "geometric"       exp(Σ_t δ*_{i,t} / |y_i|), δ* = δ clipped in log space, sign-aware: gmpo
+
+With length_norm=False the sequence levels drop the 1/|y_i|: s_i = exp(Σ_t δ_{i,t}), the
+product of the token ratios (GSPO's ablation: its range grows with |y_i|, so one ε cannot fit
+every length).
 """
 
 from __future__ import annotations
@@ -39,9 +43,14 @@ def _token_ratio(obj, delta, adv, mask):
     return _Ratio(w, w)
 
 
+def _log_s(obj, delta, mask):
+    """log s_i [B]: (1/|y_i|) Σ_t δ_{i,t}, or Σ_t δ_{i,t} with length_norm=False."""
+    return sequence_log_ratio(delta, mask) if obj.length_norm else (delta * mask).sum(-1)
+
+
 def _sequence_ratio(obj, delta, adv, mask):
     """GSPO / LUSPO: one ratio per response, s_i = exp((1/|y_i|) Σ_t δ_{i,t})."""
-    s = clamped_exp(sequence_log_ratio(delta, mask))  # [B] s_i
+    s = clamped_exp(_log_s(obj, delta, mask))  # [B] s_i
     return _Ratio(s, s)
 
 
@@ -53,7 +62,7 @@ def _sequence_token_ratio(obj, delta, adv, mask):
         # tested against this per-token path with a per-token A that is constant per response).
         return _sequence_ratio(obj, delta, adv, mask)
     sg = jax.lax.stop_gradient
-    log_s = sequence_log_ratio(delta, mask)  # [B] log s_i
+    log_s = _log_s(obj, delta, mask)  # [B] log s_i
     s = clamped_exp(log_s)  # [B] s_i
     # π_θ/sg[π_θ] = exp(u) with u = logp − sg(logp) = δ − sg(δ) (old_logp is data): u is 0 in
     # value and ∂u/∂logp = 1, so exp(u) and 1 + u agree in value and gradient, and the linear form

@@ -181,6 +181,13 @@ def _validate_family_fields(obj: Objective) -> None:
         )
     if not isinstance(obj.kl_unbiased, bool):
         raise ValueError(f"kl_unbiased must be True or False, got {obj.kl_unbiased!r}")
+    if not isinstance(obj.length_norm, bool):
+        raise ValueError(f"length_norm must be True or False, got {obj.length_norm!r}")
+    if not obj.length_norm and obj.ratio_level not in ("sequence", "sequence_token"):
+        raise ValueError(
+            f"length_norm=False drops the 1/|y| of a sequence ratio, but {obj.name} uses ratio "
+            f"level {obj.ratio_level!r}: use it with gspo, luspo or gspo_token"
+        )
     if not isinstance(obj.log_w_percentiles, bool):
         raise ValueError(f"log_w_percentiles must be True or False, got {obj.log_w_percentiles!r}")
     if obj.kl_unbiased and not obj.kl_coef > 0:
