@@ -296,7 +296,7 @@ def format_plan(p: dict[str, Any]) -> str:
     best, steps = p["suggested"]
     if best is not None:
         lines.append(
-            f"  suggested split (ESTIMATE, perfect scaling from the baseline): rollout.devices="
+            f"  suggested split (ESTIMATE, the compiled work scaled perfectly): rollout.devices="
             f"{best} of {D}: {sec(steps[best])} a step, "
             f"{st['synchronous'] / steps[best]:.2f}x the synchronous step's rate"
         )
