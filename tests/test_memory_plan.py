@@ -232,24 +232,28 @@ def test_pipeline_sync_time_is_the_shard_over_one_direction_of_ici():
 
 def test_pipeline_split_suggestion_balances_the_two_programs():
     """With the rollout three times the update's work, the split that gives the rollout three
-    quarters of the devices balances them; a split whose trainer group cannot hold the update,
-    or whose rows do not divide, is never suggested."""
+    quarters of the devices balances them; a split whose groups cannot hold their programs, or
+    whose rows do not divide, or that breaks the rollout's model layout, is never suggested."""
     from gspo_jax.planning import pipeline_plan
 
-    v5p, hbm, gib = memory_plan.CHIPS["v5p"], 100 * 2**30, 2**30
-    split = lambda peak, rows_ok: pipeline_plan.suggest_split(  # noqa: E731
-        8, v5p, hbm, (3.0, 8), (1.0, 8, peak), 0, rows_ok, 1
-    )
-    best, steps = split(10 * gib, lambda r: True)
+    v5p, gib = memory_plan.CHIPS["v5p"], 2**30
+    hbm = 100 * gib
+
+    def split(update_peak=10 * gib, rollout_peak=10 * gib, copy=0, shards=1, prompts=48):
+        rollout = (3.0 * 8 / 4, 4, rollout_peak, copy, shards)  # 24 device-seconds on 4
+        update = (1.0 * 8 / 4, 4, update_peak)  # 8 device-seconds on 4
+        return pipeline_plan.suggest_split(8, v5p, hbm, rollout, update, prompts, 1)
+
+    best, steps = split()
     assert best == 6 and steps[6] == pytest.approx(4.0)  # max(24 / 6, 8 / 2)
     # perfectly scaling work balanced over D devices: the synchronous step's (24 + 8) / 8, no
     # better; the split gains only where a program scales worse than perfectly
-    assert steps[best] == pytest.approx((3.0 * 8 + 1.0 * 8) / 8)
-    best, steps = split(10 * gib, lambda r: r % 4 == 0)
-    assert best == 4 and set(steps) == {4}
-    # 8 / (8 - R) x 40 GiB <= 90 GiB: R <= 4
-    assert max(split(40 * gib, lambda r: True)[1]) == 4
-    assert split(100 * gib, lambda r: True) == (None, {})
+    assert steps[best] == pytest.approx((24 + 8) / 8)
+    assert set(split(prompts=4)[1]) == {1, 2, 4}  # 4 prompts over R data shards
+    assert set(split(shards=2)[1]) == {2, 4, 6}  # the model's 2 shards kept
+    assert max(split(update_peak=80 * gib)[1]) == 4  # 4 / (8 - R) x 80 GiB <= 90 GiB
+    assert min(split(rollout_peak=60 * gib)[1]) == 3  # 4 / R x 60 GiB <= 90 GiB
+    assert split(update_peak=200 * gib) == (None, {})  # 800 GiB of update on at most 7
 
 
 def test_the_synchronous_baseline_widens_the_trainers_mesh():

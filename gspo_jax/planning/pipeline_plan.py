@@ -37,12 +37,13 @@ shardings): t_sync = max(bytes received per rollout device, bytes sent per train
 one direction of the chip's ICI bandwidth (half its published bidirectional figure). An estimate:
 no contention, one slice (no DCN).
 
-The suggested split (an estimate, printed as such): each program's work W = t(n) · n, from the
-compiled split (the baseline's on a shared mesh), spread perfectly over a group of any size; R*
-minimises max(W_rollout / R + t_sync(R) / s, W_update / (D − R)) over the R whose rows divide
-over R devices and whose trainer group holds the update (its compiled peak scaled by n / (D −
-R), under memory_plan.HEADROOM), the rollout's parameters replicated on its group
-(config.rollout.mesh's default).
+The suggested split (an estimate, printed as such): the compiled groups' per-device work, spread
+perfectly over a group of any size: a rollout group of R keeps its mesh's model layout (R a
+multiple of its model shards, the copy's bytes per device as compiled) and spreads the rows over
+R; the trainer's update spreads over D − R. R* minimises max(t_rollout · R_c / R + t_sync / s,
+t_update · (D − R_c) / (D − R)) over the R whose rows divide and whose groups fit under
+memory_plan.HEADROOM (the rollout's peak less its copy, and the trainer's peak, scaled the same
+way). On a shared mesh the baseline's times stand in, with the parameters replicated.
 """
 
 from __future__ import annotations
@@ -105,27 +106,29 @@ def suggest_split(
     D: int,
     chip: memory_plan.Chip,
     hbm: int,
-    rollout: tuple[float, int],
+    rollout: tuple[float, int, int, int, int],
     update: tuple[float, int, int],
-    param_bytes: int,
-    rows_ok,
+    prompts: int,
     sync_every: int,
 ):
     """The estimated best rollout group size R* and the pipelined step time at each valid R
-    (module docstring) on D devices. ``rollout``: (its roofline seconds, on n devices);
-    ``update``: (seconds, on n devices, peak bytes per device + the reference's), from the
-    compiled split when there is one, else from the synchronous baseline; ``param_bytes``: the
-    whole model's bytes as the sync sends them (replicated on the rollout group);
-    ``rows_ok(R)``: the batch's rows divide over R devices. Returns (R*, {R: seconds}); R* is
-    None when no split fits."""
-    w_roll, w_upd = rollout[0] * rollout[1], update[0] * update[1]
+    (module docstring) on D devices. ``rollout``: (its roofline seconds, on n devices, peak bytes
+    per device, of which the parameter copy's, the model shards m of its mesh); ``update``:
+    (seconds, on n devices, peak bytes per device with the reference), both from the compiled
+    split (on a shared mesh: the baseline). A group of R keeps the model's layout (R a multiple
+    of m, the copy's bytes per device as compiled) and spreads the rows and the work over R; the
+    trainer's peak spreads over D − R. Returns (R*, {R: seconds}); R* is None when none fits."""
+    t_r, n_r, peak_r, copy, m = rollout
+    t_u, n_u, peak_u = update
     steps = {}
-    for R in range(1, D):
-        trainer_peak = update[2] * update[1] / (D - R)  # its shards spread over D - R devices
-        if not rows_ok(R) or trainer_peak > HEADROOM * hbm:
+    for R in range(m, D, m):
+        rollout_peak = copy + (peak_r - copy) * n_r / R  # rows (KV cache, logits) over R
+        trainer_peak = peak_u * n_u / (D - R)
+        fits = max(rollout_peak, trainer_peak) <= HEADROOM * hbm
+        if not fits or prompts % (R // m):
             continue
-        t_sync = sync_seconds(param_bytes, R, D - R, chip) or 0.0
-        steps[R] = max(w_roll / R + t_sync / sync_every, w_upd / (D - R))
+        t_sync = sync_seconds(copy, R, D - R, chip) or 0.0
+        steps[R] = max(t_r * n_r / R + t_sync / sync_every, t_u * n_u / (D - R))
     best = min(steps, key=steps.get) if steps else None
     return best, steps
 
@@ -147,7 +150,6 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     sent = jax.eval_shape(pipeline.rollout_copy(run), run.abs_params)
     params_total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(sent))
     P = run.step.prompts
-    rows_ok = lambda r: P % r == 0  # noqa: E731 (the default rollout mesh: data over r devices)
     out = {
         "slice": config.slice,
         "devices": D,
@@ -227,12 +229,17 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
             step_s={"synchronous": t_sync_step, "pipelined": pipelined},
         )
     out["groups"] = {"trainer": trainer, "rollout": rollout_group}
-    # the suggestion scales the compiled split's per-device work (the shared mesh: the baseline's)
-    n_r, n_t = (D, D) if R == 0 else (R, D - R)
-    update = (trainer["time"], n_t, trainer["update_peak"] + trainer["reference"])
-    out["suggested"] = suggest_split(
-        D, slc.chip, out["hbm"], (rollout_group["time"], n_r), update, params_total, rows_ok, s
-    )
+    # the suggestion scales the compiled split's per-device work and rows (a shared mesh: the
+    # baseline's, its parameters replicated on the rollout group)
+    if R == 0:
+        rollout = (rollout_group["time"], D, sync["rollout_peak"] - sync["optimizer"]
+                   - sync["params"] + params_total, params_total, 1)  # fmt: skip
+        update = (trainer["time"], D, trainer["update_peak"] + trainer["reference"])
+    else:
+        m = run.rollout_mesh.size // sharding.row_shards(run.rollout_mesh)  # model shards
+        rollout = (rollout_group["time"], R, rollout_group["rollout_peak"], copy_bytes, m)
+        update = (trainer["time"], D - R, trainer["update_peak"] + trainer["reference"])
+    out["suggested"] = suggest_split(D, slc.chip, out["hbm"], rollout, update, P, s)
     # what memory_plan.check_fits reads: the tighter of the two groups
     tight = max((trainer, rollout_group), key=lambda g: g["needed"])
     out.update(
