@@ -645,6 +645,7 @@ def step_spec(config, task, objective: objectives.Objective) -> StepSpec:
         # update
         records_routes=rl.routing_replay or rl.log_route_change,
         rollout_engine=rl.rollout_engine,
+        rollout_quant=rl.rollout_quant,
         rollout_options=rollout_options(config),
         partial_rollout=partial_rollout_of(config),
         max_staleness=max_staleness,
