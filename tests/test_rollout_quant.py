@@ -61,6 +61,29 @@ def test_weights_are_quantized_per_output_channel(quant, rel_bound):
         rollout.quantize_weights(model, "int4")
 
 
+def test_lora_adapters_apply_on_quantized_weights():
+    """A LoRA model's rollout under int8: the adapters (left in float32) still act on every
+    adapted weight, same-shaped ones (k/v, gate/up) included, which qwix finds by the identity
+    of the array an einsum reads: the adapters' effect on the logits is the float model's up to
+    the base weights' rounding (measured: max 1.4e-3 of an effect of 0.6)."""
+    cfg = models.get_model_config("tiny")
+    base = models.create_model(cfg, seed=0)
+    adapted = models.lora.add_adapters(base, models.lora.LoraSpec(rank=4, alpha=8.0), seed=0)
+    names = 0
+    for _, module in nnx.iter_modules(adapted.layers):
+        for name, v in sorted(vars(module).items()):
+            if name.endswith("_lora_b"):
+                v.set_value(0.5 * jax.random.normal(jax.random.key(names), v.shape))
+                names += 1
+    assert names == 7  # q, k, v, o, gate, up, down
+    tokens = jnp.array([[3, 4, 5, 6, 7]])
+    effect = adapted(tokens) - base(tokens)
+    quantized = rollout.quantize_weights(adapted, "int8")(tokens)
+    effect_q = quantized - rollout.quantize_weights(base, "int8")(tokens)
+    assert float(jnp.abs(effect).max()) > 0.1
+    np.testing.assert_allclose(effect_q, effect, atol=1e-2)
+
+
 def _rollouts(shared, **fields):
     """The rollout fn of a SMALL run with ``fields``, its float32 parameters and a batch."""
     run = exp.build_run(make_config(shared, num_devices=1, **SMALL, **fields))

@@ -31,6 +31,7 @@ E experts, Fe per-expert hidden.
 from __future__ import annotations
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import qwix
 from flax import nnx
@@ -58,11 +59,23 @@ class QuantizedParam(nnx.Param):
     """A parameter held as a qwix.QArray; reading it (``p[...]``, ``p.get_value()``) gives the
     dequantized array, so the layers' ``self.q_proj[...]`` is unchanged. Structural operations
     (nnx.split, the decoder's scan over the stacked [L] axis, jit arguments) see the QArray's
-    qvalue and scale."""
+    qvalue and scale.
+
+    Within one trace every read returns the same dequantized array: qwix's LoRA interception
+    (models/lora.py) finds the weight an einsum reads by the identity of its array, and a fresh
+    array per read would leave the adapters of same-shaped weights (k/v, gate/up) unapplied."""
+
+    __slots__ = ("_dequantized",)  # (trace, the QArray, its dequantized array): get_value's
 
     def get_value(self, *, index=_MISSING):
-        w = qwix.dequantize(self.get_raw_value())
-        return w if index is _MISSING else w[index]
+        trace = jax.extend.core.get_opaque_trace_state(convention="nnx")
+        memo = getattr(self, "_dequantized", None)
+        raw = self.get_raw_value()
+        if memo is None or memo[0] != trace or memo[1] is not raw:
+            memo = (trace, raw, qwix.dequantize(raw))
+            object.__setattr__(self, "_dequantized", memo)
+        w = memo[2]
+        return w if index is _MISSING or index is Ellipsis else w[index]
 
 
 def channelwise_axes(name: str, axes: tuple) -> tuple[int, ...]:
