@@ -171,6 +171,32 @@ def test_unknown_rollout_quant_is_a_config_error(shared):
         exp.build_run(cfg)
 
 
+def test_plan_counts_the_rollout_weight_bytes(shared):
+    """The dry run's rollout weight bytes per decode step (planning/memory_plan.py): the trainer's
+    float32 bytes without quantization; with int8, 1 byte instead of 4 per quantized weight
+    element plus a float32 scale per output channel, counted by hand from the model's shapes."""
+    from gspo_jax.planning import memory_plan
+
+    plain = exp.build_run(make_config(shared, num_devices=1, **SMALL))
+    q_run = exp.build_run(
+        make_config(shared, num_devices=1, **SMALL, **{"rl.rollout_quant": "int8"})
+    )
+    w0, w8 = memory_plan.rollout_weight_bytes(plain), memory_plan.rollout_weight_bytes(q_run)
+    assert w0["rollout_bytes"] == w0["float_bytes"] == w8["float_bytes"]
+    model = nnx.merge(plain.graphdef, plain.abs_params, plain.rest)
+    elements = scales = 0
+    for _, module in nnx.iter_modules(model.layers):
+        for name in rollout.quant.CONTRACTED_AXES:
+            if isinstance(p := vars(module).get(name), nnx.Param):
+                axes = p.get_metadata()["out_sharding"]
+                keep = rollout.quant.channelwise_axes(name, axes)
+                elements += p.size
+                scales += int(np.prod([p.shape[i] for i in keep]))
+    assert elements > 0
+    assert w8["rollout_bytes"] == w0["float_bytes"] - 3 * elements + 4 * scales
+    assert "rollout_quant=int8" in memory_plan.format_rollout_weights({"rollout_weights": w8})
+
+
 def _quant_config(shared):
     return make_config(
         shared,
