@@ -408,7 +408,8 @@ def format_plan(p: dict[str, Any]) -> str:
             "    (ragged_dot FLOPs counted from its shapes, 2·M·K·N per group-sum: XLA:CPU lowers "
             "it as a dense masked matmul over every group)"
         )
-    lines.append(format_rollout_weights(p))
+    if "rollout_weights" in p:
+        lines.append(format_rollout_weights(p))
     return "\n".join(lines)
 
 
