@@ -62,6 +62,7 @@ def test_weights_are_quantized_per_output_channel(quant, rel_bound):
         rollout.quantize_weights(model, "int4")
 
 
+@pytest.mark.slow
 def test_lora_adapters_apply_on_quantized_weights():
     """A LoRA model's rollout under int8: the adapters (left in float32) still act on every
     adapted weight, same-shaped ones (k/v, gate/up) included, which qwix finds by the identity
