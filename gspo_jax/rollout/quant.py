@@ -12,10 +12,12 @@ per (layer, output channel), s = max_in |W| / qmax, so that
 is the matmul the rollout computes (qwix.einsum of x with the QArray gives exactly this product).
 The QArray stays quantized where the engines keep the model: the decode loop carries qvalue and
 s, the decoder's scan slices layer i of them, and layer i's matmul dequantizes its own slice
-(QuantizedParam below), so a decode step reads 1 byte per weight (plus the scales) instead of
-the parameter dtype's 4. The stacked layers' logical axis names are not ones qwix's model-level
-PTQ wrapper (qwix.quantize_model) accepts, so this quantizes the arrays themselves, the way
-models/lora.py creates the stacked adapters itself.
+(QuantizedParam below), so the weights a decode step loads are 1 byte each (plus the scales)
+instead of the parameter dtype's 4; whether the dequantization fuses into the matmul is the
+compiler's choice (XLA:CPU writes a float32 copy of the layer first: docs/lora.md). The stacked
+layers' logical axis names are not ones qwix's model-level PTQ wrapper (qwix.quantize_model)
+accepts, so this quantizes the arrays themselves, the way models/lora.py creates the stacked
+adapters itself.
 
 What is quantized: the attention projections (q, k, v, o), the dense SwiGLU's gate/up/down and
 the MoE experts' gate/up/down. What is not: the embedding and output matrix, the norms, the
