@@ -65,6 +65,7 @@ class StepSpec:
     rollout_logp_noise: float  # std of the noise on each reported log-prob (0 = none)
     records_routes: bool  # the rollout returns its expert routes (replay or route-change log)
     rollout_engine: str  # a name in rollout.ENGINES
+    rollout_quant: str  # the rollout's weights: "" (as they are), "int8", "fp8" (rollout/quant.py)
     rollout_options: tuple  # (name, value) pairs the engine takes (continuous: slots, page_size)
     partial_rollout: int  # prompt batches carried between steps (0 = off; rl/partial.py)
     # rewards and advantages

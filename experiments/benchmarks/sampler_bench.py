@@ -52,6 +52,15 @@ The long-tailed shape of docs/benchmarks.md (the issue's 1,024-token limit scale
     python experiments/benchmarks/sampler_bench.py --compare-engines --P 32 --G 8 \
         --prompt-len 32 --new-tokens 256 --slots 64 --eos-prob 0.015625
 
+Quantized weights (--compare-quant, instead of the figures above): the static engine's decode
+with the decoder's weights as they are in float32, stored and computed in bfloat16, and quantized
+through qwix as config.rl.rollout_quant does it (rollout/quant.py: int8, fp8; dequantized to
+float32 inside each layer's matmul), the arms chosen with --quants, interleaved repeats; decode
+tokens/s = B * (T - 1) / (total - prefill), and the weight bytes a decode step reads (the
+decoder layers' parameters, quantized ones as qvalue + scales, and the output matrix: the
+roofline's bytes; the KV cache's are the same in every arm). At the default workload:
+    python experiments/benchmarks/sampler_bench.py --compare-quant --shapes small,wide
+
 Each figure: warm-up call first (compile time reported separately), median of --repeats runs.
     python experiments/benchmarks/sampler_bench.py [--shapes small,wide] [--out PATH]
 Expected runtime on 2 shared CPU cores: small ~2 min, wide (32 new tokens) ~5-10 min.
@@ -73,7 +82,7 @@ import tqdm
 from flax import nnx
 from machine import describe  # this folder is on sys.path: the script runs from it
 
-from gspo_jax import models, sampler
+from gspo_jax import models, rollout, sampler
 from gspo_jax.rollout import continuous, static
 
 SHAPES = {
@@ -248,6 +257,101 @@ def compare_decode(a):
             f"{shape:<7}shared_prefix / repeated: decode {r['decode_speedup']:.2f}x, total "
             f"{r['total_speedup']:.2f}x (target decode >= 1.5x: {ok})"
         )
+    return results
+
+
+QUANT_ARMS = ("float32", "bfloat16", "int8", "fp8")
+
+
+def quant_arm(shape: str, arm: str, max_seq_len: int):
+    """The model of one --compare-quant arm: float32; bfloat16 parameters and compute; or the
+    float32 model with the rollout's quantized weights (rollout.quantize_weights)."""
+    if arm == "bfloat16":
+        return make_model(shape, max_seq_len, dtype="bfloat16", param_dtype="bfloat16")
+    model = make_model(shape, max_seq_len)
+    return model if arm == "float32" else rollout.quantize_weights(model, arm)
+
+
+def weight_bytes_per_step(model) -> dict:
+    """The weights one decode step reads: the decoder layers' (every parameter, quantized ones
+    as qvalue + scales) and the output matrix (tied: the embedding)."""
+    total = rollout.weight_bytes(model)
+    out = model.embed if model.cfg.tie_embeddings else model.lm_head
+    out_bytes = out.size * out.dtype.itemsize
+    return {"weight_bytes": total, "layer_bytes": total - out_bytes, "output_bytes": out_bytes}
+
+
+def bench_quant(shape, arms, prompts, lengths, G, T, repeats):
+    """Each arm's decode figures, timed interleaved so that every arm sees the same load."""
+    key = jax.random.key(0)
+    B, S = prompts.shape[0] * G, prompts.shape[1] + T
+    kw = dict(num_samples=G, max_new_tokens=T, temperature=1.0, eos_id=-1)
+    fns, pres, res = {}, {}, {}
+    for arm in arms:
+        model = quant_arm(shape, arm, S)
+        graphdef, state = nnx.split(model)
+        fns[arm] = functools.partial(sampler.generate, model, prompts, lengths, rng=key, **kw)
+        pre = jax.jit(
+            lambda st, p, n, graphdef=graphdef: sampler.prefill(
+                nnx.merge(graphdef, st), p, n, num_samples=G, cache_len=S
+            )
+        )
+        pres[arm] = functools.partial(pre, state, prompts, lengths)
+        log(f"compiling {shape} {arm}")
+        t0 = time.perf_counter()
+        jax.block_until_ready(fns[arm]().tokens)
+        res[arm] = {"total": [], "prefill": [], "first_call_s": time.perf_counter() - t0}
+        res[arm].update(weight_bytes_per_step(model))
+        jax.block_until_ready(pres[arm]())
+    for _ in tqdm.trange(repeats, desc=f"{shape}: quantized weights (interleaved repeats)"):
+        for arm in arms:
+            for what, f in (("total", fns[arm]), ("prefill", pres[arm])):
+                t0 = time.perf_counter()
+                jax.block_until_ready(f())
+                res[arm][what].append(time.perf_counter() - t0)
+    out = {}
+    for arm, r in res.items():
+        total, prefill = statistics.median(r.pop("total")), statistics.median(r.pop("prefill"))
+        out[arm] = throughput(B, T, total, prefill, **r)
+    return out
+
+
+def compare_quant(a):
+    """--compare-quant: decode tokens/s and weight bytes per decode step of each arm."""
+    arms = a.quants.split(",")
+    if unknown := set(arms) - set(QUANT_ARMS):
+        raise SystemExit(f"--quants: {sorted(unknown)} unknown; valid: {QUANT_ARMS}")
+    results = {}
+    for shape in a.shapes.split(","):
+        P, G, Lp = a.P, a.G, a.prompt_len
+        T = a.wide_new_tokens if shape == "wide" else a.new_tokens
+        log(f"shape {shape}: P={P} x G={G}, prompt {Lp}, {T} new tokens, arms {arms}")
+        rng = np.random.default_rng(0)
+        prompts = jnp.asarray(rng.integers(3, SHAPES[shape]["vocab_size"], (P, Lp)), jnp.int32)
+        lengths = jnp.full((P,), Lp, jnp.int32)
+        results[shape] = bench_quant(shape, arms, prompts, lengths, G, T, a.repeats)
+        results[shape]["new_tokens"] = T
+    print(
+        f"\nquantized weights: P={a.P} x G={a.G}, prompt {a.prompt_len}, temperature 1, full "
+        f"vocab, no early stop, static engine ({jax.devices()[0].platform}, "
+        f"{len(jax.devices())} dev; load {os.getloadavg()[0]:.1f})"
+    )
+    hdr = (
+        f"{'shape':<7}{'weights':<10}{'T':>5}{'decode tok/s':>14}{'vs f32':>8}{'prefill s':>11}"
+        f"{'MB/step':>9}{'layers MB':>11}{'output MB':>11}"
+    )
+    print(hdr)
+    print("-" * len(hdr))
+    for shape, r in results.items():
+        base = r[arms[0]]["decode_tps"]
+        for arm in arms:
+            v = r[arm]
+            print(
+                f"{shape:<7}{arm:<10}{r['new_tokens']:>5}{v['decode_tps']:>14.0f}"
+                f"{v['decode_tps'] / base:>7.2f}x{v['prefill_s']:>11.3f}"
+                f"{v['weight_bytes'] / 1e6:>9.1f}{v['layer_bytes'] / 1e6:>11.1f}"
+                f"{v['output_bytes'] / 1e6:>11.1f}"
+            )
     return results
 
 
@@ -716,7 +820,20 @@ def main(argv=None):
     ap.add_argument("--engine-shape", default="small", help="long_tail: a SHAPES entry")
     ap.add_argument("--uniform-P", type=int, default=16, help="uniform: prompts")
     ap.add_argument("--compile-tokens", default="256,1024,4096")
+    ap.add_argument(
+        "--compare-quant",
+        action="store_true",
+        help="only compare float32, bfloat16 and quantized weights (module docstring)",
+    )
+    ap.add_argument("--quants", default=",".join(QUANT_ARMS), help="--compare-quant: arms")
     a = ap.parse_args(argv)
+    if a.compare_quant:
+        results = compare_quant(a)
+        if a.out:
+            os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+            with open(a.out, "w") as f:
+                json.dump({"machine": describe(), "quantized_weights": results}, f, indent=2)
+        return results
     if a.compare_engines:
         results = compare_engines(a)
         if a.out:

@@ -107,17 +107,23 @@ def check_scale_rewards(config: ml_collections.ConfigDict, estimator: str) -> No
 
 
 ROLLOUT_DTYPES = ("", "float32", "bfloat16")
+ROLLOUT_QUANTS = ("", "int8", "fp8")  # rollout/quant.py QTYPES
 
 
 def check_rollout_options(config: ml_collections.ConfigDict) -> None:
-    """The rollout dtype, dynamic sampling, collapse watch and the objective's use of the
-    rollout's log-probs, each against the rest of the config (the overlong buffer needs the
-    task's response length: experiment.make_task checks it)."""
+    """The rollout dtype and weight quantization, dynamic sampling, collapse watch and the
+    objective's use of the rollout's log-probs, each against the rest of the config (the
+    overlong buffer needs the task's response length: experiment.make_task checks it)."""
     rl = config.rl
     if rl.rollout_dtype not in ROLLOUT_DTYPES:
         raise ConfigError(
             f"config.rl.rollout_dtype={rl.rollout_dtype!r}; valid: {ROLLOUT_DTYPES} "
             "('' = the model's compute dtype)"
+        )
+    if rl.rollout_quant not in ROLLOUT_QUANTS:
+        raise ConfigError(
+            f"config.rl.rollout_quant={rl.rollout_quant!r}; valid: {ROLLOUT_QUANTS} "
+            "('' = the rollout's weights in their own dtype)"
         )
     if rl.max_gen_batches < 1:
         raise ConfigError(

@@ -169,6 +169,11 @@ def default_config() -> ml_collections.ConfigDict:
     # real training-inference mismatch). With recompute_old_logp=True the sampler's log-probs
     # become rollout_logp (objective.rollout_correction / off_policy_mask read them).
     c.rl.rollout_dtype = ""
+    # The rollout's weights quantized through qwix, weight-only per output channel: "int8",
+    # "fp8" (float8_e4m3fn) or "" (none). Quantized afresh from the trainer's parameters at
+    # every rollout (rollout/quant.py); the trainer keeps its dtype, the mismatch is logged as
+    # rollout/logp_diff_* and the rollout corrections apply as for rollout_dtype.
+    c.rl.rollout_quant = ""
     # The rollout engine (rollout.ENGINES): "static" decodes the step's B rows as one batch until
     # the longest ends; "continuous" refills a fixed number of decode slots from the queue of rows
     # as rows end, over a paged KV cache (same tokens from the same logits: rollout/continuous.py).

@@ -190,6 +190,7 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
         "costs": costs,
         "times": times,
         "engine": engine,
+        "rollout_weights": rollout_weight_bytes(run),
     }
 
 
@@ -452,6 +453,8 @@ def format_plan(p: dict[str, Any]) -> str:
             "    (ragged_dot FLOPs counted from its shapes, 2·M·K·N per group-sum: XLA:CPU lowers "
             "it as a dense masked matmul over every group)"
         )
+    if "rollout_weights" in p:
+        lines.append(format_rollout_weights(p))
     return "\n".join(lines)
 
 
@@ -469,3 +472,35 @@ def check_fits(p: dict[str, Any]) -> None:
             f"{p['optimizer'] / GIB:.1f}) of {p['hbm'] / GIB:.0f} GiB (limit {HEADROOM:.0%}). Use "
             "a larger slice, more fsdp, fewer prompts per step or more minibatches"
         )
+
+
+def rollout_weight_bytes(run) -> dict[str, Any]:
+    """The weights one decode step of the rollout reads, one copy of them (all devices
+    together): the decoder layers' parameters and the output matrix (rollout.weight_bytes; every
+    MoE expert counted), in the trainer's dtype and as the rollout holds them with
+    config.rl.rollout_quant (int8 / fp8 qvalues + float32 scales; shapes only, nothing is
+    allocated). Keys: quant, float_bytes, rollout_bytes."""
+    quant = run.step.rollout_quant
+
+    def prepared(params):
+        model = rollout.quantize_weights(nnx.merge(run.rollout_graphdef, params, run.rest), quant)
+        return nnx.split(model)
+
+    plain = nnx.merge(run.rollout_graphdef, run.abs_params, run.rest)
+    graphdef, state = jax.eval_shape(prepared, run.abs_params)
+    return {
+        "quant": quant,
+        "float_bytes": rollout.weight_bytes(plain),
+        "rollout_bytes": rollout.weight_bytes(nnx.merge(graphdef, state)),
+    }
+
+
+def format_rollout_weights(p: dict[str, Any]) -> str:
+    """The plan's line for rollout_weight_bytes."""
+    w = p["rollout_weights"]
+    quant = w["quant"] or "none"
+    return (
+        f"  rollout weights per decode step (one copy, all devices): "
+        f"{w['rollout_bytes'] / GIB:.3f} GiB with rollout_quant={quant} "
+        f"({w['float_bytes'] / GIB:.3f} GiB in the trainer's dtype)"
+    )

@@ -134,7 +134,7 @@ def make_objective(config: ml_collections.ConfigDict) -> objectives.Objective:
             "against the trainer's, but without config.rl.recompute_old_logp=True the trainer "
             "uses the rollout's log-probs as old_logp and every weight is 1: set "
             "--config.rl.recompute_old_logp=True (and a config.rl.rollout_dtype that differs "
-            "from the model's for a real mismatch)"
+            "from the model's, or a config.rl.rollout_quant, for a real mismatch)"
         )
     if rl.kl_in_reward and not objective.kl_coef > 0:
         raise ConfigError(
@@ -645,6 +645,7 @@ def step_spec(config, task, objective: objectives.Objective) -> StepSpec:
         # update
         records_routes=rl.routing_replay or rl.log_route_change,
         rollout_engine=rl.rollout_engine,
+        rollout_quant=rl.rollout_quant,
         rollout_options=rollout_options(config),
         partial_rollout=partial_rollout_of(config),
         max_staleness=max_staleness,

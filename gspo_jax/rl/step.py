@@ -42,6 +42,16 @@ from gspo_jax.state import Run, TrainState, step_keys
 LOGP_NOISE_STREAM = 0x6C6F6770  # fold_in constant of the log-prob noise's key ("logp")
 
 
+def rollout_model(run: Run, params) -> models.Transformer:
+    """The model the rollout engine runs, from the trainer's parameters: the one place the
+    rollout's weights are prepared. It computes in config.rl.rollout_dtype (run.rollout_graphdef)
+    and, with config.rl.rollout_quant, holds the decoder's projection weights quantized
+    (rollout/quant.py), quantized afresh from ``params`` at every call (inside the rollout's jit:
+    each step's, and each refresh of the pipeline's rollout parameters)."""
+    model = nnx.merge(run.rollout_graphdef, params, run.rest)
+    return rollout.quantize_weights(model, run.step.rollout_quant)
+
+
 def make_rollout_fn(run: Run, mesh: jax.sharding.Mesh | None = None):
     """(params, prompts [P, Lp], lengths [P], key[, temperature []]) -> SampleOutput, rows sharded
     over the mesh (run.mesh, or the rollout's own ``mesh``: rl/pipeline.py), its routes (if any)
@@ -50,7 +60,7 @@ def make_rollout_fn(run: Run, mesh: jax.sharding.Mesh | None = None):
 
     generate() is traced inside this jit so the rollout compiles once with the trainer's
     shardings (its host-side checks then see tracers; the data was checked by the loader). The
-    rollout computes in config.rl.rollout_dtype (run.rollout_graphdef) from the float32 parameters.
+    rollout runs rollout_model(run, params): config.rl.rollout_dtype, config.rl.rollout_quant.
     StepSpec.rollout_logp_noise > 0 adds Gaussian noise of that std to each response token's
     reported log-prob (not to the sampling): the claims' dose of sampler-trainer mismatch, which
     reaches the update as old_logp, or as rollout_logp under recompute_old_logp.
@@ -59,7 +69,7 @@ def make_rollout_fn(run: Run, mesh: jax.sharding.Mesh | None = None):
     noise_std = spec.rollout_logp_noise
 
     def fn(params, prompts, lengths, key, temperature=None):
-        model = nnx.merge(run.rollout_graphdef, params, run.rest)
+        model = rollout_model(run, params)
         out = rollout.generate(
             model,
             prompts,
@@ -118,7 +128,7 @@ def make_partial_rollout_fn(run: Run):
     spec = run.step
 
     def fn(params, prompts, lengths, key, carry, version):
-        model = nnx.merge(run.rollout_graphdef, params, run.rest)
+        model = rollout_model(run, params)
         out, selected, carried, rows = rollout.generate_partial(
             model,
             prompts,

@@ -7,7 +7,8 @@ output.py (SampleOutput), engine.py (the seam, the engine table, argument checks
 (truncation and the inverse-CDF draw every engine samples with), static.py (one fixed batch
 decoded by a lax.while_loop over a shared-prefix KV cache), continuous.py (engine="continuous":
 a fixed number of decode slots refilled from the queue of rows as rows end) over paged.py (the
-paged KV cache's page tables and reference counts).
+paged KV cache's page tables and reference counts), quant.py (config.rl.rollout_quant: the
+decoder's weights quantized through qwix for the rollout).
 """
 
 from gspo_jax.rollout.continuous import (
@@ -18,6 +19,7 @@ from gspo_jax.rollout.continuous import (
 from gspo_jax.rollout.engine import ENGINES, RolloutEngine, generate
 from gspo_jax.rollout.output import PartialRows, SampleOutput
 from gspo_jax.rollout.paged import pages_needed
+from gspo_jax.rollout.quant import QTYPES, QuantizedParam, quantize_weights, weight_bytes
 from gspo_jax.rollout.sampling import (
     inverse_cdf_sample,
     row_uniforms,
@@ -31,6 +33,8 @@ __all__ = [
     "DECODE_LAYOUTS",
     "ENGINES",
     "PartialRows",
+    "QTYPES",
+    "QuantizedParam",
     "REFILL_STRATEGIES",
     "RolloutEngine",
     "SampleOutput",
@@ -41,8 +45,10 @@ __all__ = [
     "inverse_cdf_sample",
     "pages_needed",
     "prefill",
+    "quantize_weights",
     "row_uniforms",
     "sample_token",
     "sample_with_uniform",
     "truncate_logits",
+    "weight_bytes",
 ]
