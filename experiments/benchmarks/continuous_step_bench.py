@@ -33,11 +33,9 @@ import numpy as np
 from flax import nnx
 from sampler_bench import make_model
 
-from gspo_jax.models import paged_attention as pa
 from gspo_jax.models import attention
+from gspo_jax.models import paged_attention as pa
 from gspo_jax.rollout import continuous, paged, static
-
-import os as _os, sys as _sys
 
 VARIANTS = {
     "plain": None,
@@ -46,14 +44,6 @@ VARIANTS = {
     ),
     "none": lambda q, cache, kv, layer, end, impl: q,
 }
-if _os.environ.get("VARIANTS"):
-    _sys.path.insert(0, "/tmp/engine")
-    import variants as _v
-
-    for _m in _os.environ["VARIANTS"].split(","):
-        VARIANTS[_m] = (
-            lambda f: lambda q, cache, kv, layer, end, impl: f(q, cache, kv, layer, end)
-        )(_v.make(_m))
 
 
 def main():
