@@ -12,7 +12,14 @@ of its samples are decoding; which pages are free, and who holds them, is the en
 
     {"k_pages": [L, NP, K, Dh, ps], "v_pages": [L, NP, K, ps, Dh], "page_table": [N, Pt] int32}
 
-(the plain cache's heads-major layouts, attention.init_cache, with [NP, ..., ps] for [B, ..., S]).
+(the plain cache's heads-major layouts, attention.init_cache, with [NP, ..., ps] for [B, ..., S]),
+and for a decode step, optionally, its shared prefixes: "prefix_table" [Q, Pp] int32 (the pages
+of Q prefixes, each the first Pp table entries of the rows attending it) and "prefix_rows" [Q, G]
+int32 (those rows, N where none; the engine's rollout.continuous.shared_prefixes). With them
+paged_attention reads each prefix's pages once for all its rows (prefix_attention: its rows'
+queries are G x Gq rows of one matmul, as the static engine's shared-prefix decode reads a
+prompt once per group), and each row's own pages past the prefix in the ragged items below;
+without them (and in the Pallas kernel, which ignores them) every row reads its whole table.
 A one-token decode step passes forward this cache, write_index = [N] int32 logical slots (one per
 row: rows are at different steps of their sequences) and a SlotMask whose key_valid [N, Sk] says
 which logical slots each row sees (causality included: the rows' query slots differ, so the mask
@@ -233,7 +240,7 @@ def _ragged_pages(qg, cache, table, key_valid, kv_end, layer, stats, block_pages
     nb = -(-Pt // bp)
     pad = nb * bp - Pt
     table = jnp.pad(table, ((0, 0), (0, pad)), constant_values=SCRATCH_PAGE).reshape(N, nb, bp)
-    key_valid = jnp.pad(key_valid, ((0, 0), (0, pad * ps))).reshape(N, nb, bp, ps)
+    key_valid = jnp.pad(key_valid, ((0, 0), (0, pad * ps))).reshape(N, nb, bp * ps)
     per_row = jnp.clip((kv_end + bp * ps - 1) // (bp * ps), 1, nb).astype(jnp.int32)  # [N]
     first = jnp.cumsum(per_row) - per_row  # [N]: each row's first item
     total = jnp.sum(per_row)
@@ -247,23 +254,25 @@ def _ragged_pages(qg, cache, table, key_valid, kv_end, layer, stats, block_pages
         row = jnp.where(item < total, row, N)
         rr = jnp.minimum(row, N - 1)
         pages = table[rr, blk]  # [C, bp]
-        valid = key_valid[rr, blk] & (row < N)[:, None, None]  # [C, bp, ps]
+        valid = key_valid[rr, blk] & (row < N)[:, None]  # [C, bp * ps]
         # One gather each, the layer index part of it (a slice of the layer first would copy
-        # the layer's whole pool). The contractions take the gathered [C, bp, K, ...] blocks
-        # as they come, (item, page, kv head) the batch: contracting over a page-major
-        # [C, K, bp * ps] view made XLA:CPU transpose every gathered block (docs/benchmarks.md).
+        # the layer's whole pool).
         k = cache["k_pages"][layer, pages].astype(cdt)  # [C, bp, K, Dh, ps]
         v = cache["v_pages"][layer, pages].astype(cdt)  # [C, bp, K, ps, Dh]
-        qb = jnp.broadcast_to(qg[rr][:, None], (C, bp, K, Gq, Dh))
-        s = jnp.einsum("cpkgd,cpkdx->cpkgx", qb, k, preferred_element_type=jnp.float32)
-        s = jnp.where(valid[:, :, None, None, :], s * Dh**-0.5, NEG_INF)  # [C, bp, K, Gq, ps]
-        m_i = jnp.max(s, axis=(1, 4))  # [C, K, Gq]
+        s = jnp.einsum("ckgd,cpkdx->ckgpx", qg[rr], k, preferred_element_type=jnp.float32)
+        s = jnp.where(valid[:, None, None, :], s.reshape(C, K, Gq, bp * ps) * Dh**-0.5, NEG_INF)
+        m_i = jnp.max(s, axis=-1)  # [C, K, Gq]
         m_new = m.at[row].max(m_i)
-        e = jnp.exp(s - m_new[row][:, None, :, :, None])  # [C, bp, K, Gq, ps]
-        pv = jnp.einsum("cpkgx,cpkxd->cpkgd", e.astype(cdt), v, preferred_element_type=jnp.float32)
+        e = jnp.exp(s - m_new[row][..., None])
+        pv = jnp.einsum(
+            "ckgpx,cpkxd->ckgd",
+            e.astype(cdt).reshape(C, K, Gq, bp, ps),
+            v,
+            preferred_element_type=jnp.float32,
+        )
         corr = jnp.exp(m - m_new)
-        den = (den * corr).at[row].add(jnp.sum(e, axis=(1, 4)))
-        acc = (acc * corr[..., None]).at[row].add(jnp.sum(pv, axis=1))
+        den = (den * corr).at[row].add(jnp.sum(e, axis=-1))
+        acc = (acc * corr[..., None]).at[row].add(pv)
         return m_new, den, acc
 
     return jax.lax.fori_loop(0, trips, body, stats)
