@@ -26,9 +26,9 @@ How it works:
   (models/paged_attention.py: the step's key/value scattered into the row's page, attention over
   the row's pages); a slot that starts a new page takes a free one first. The step lists the
   prompts of its active slots once each (shared_prefixes), so attention reads a prompt's pages
-  once for all its rows in slots, as the static engine's shared-prefix decode does. A row ends at EOS or
-  at its T-th token: its slot frees, its generated pages go back to the pool and its prompt's
-  pages lose one reference. Slots with no row still run (static shapes) and write to the
+  once for all its rows in slots, as the static engine's shared-prefix decode does. A row ends
+  at EOS or at its T-th token: its slot frees, its generated pages go back to the pool and its
+  prompt's pages lose one reference. Slots with no row still run (static shapes) and write to the
   scratch page; their outputs are dropped.
 - Drain: once the queue is empty, no slot can be refilled, and the last rows (the long tail)
   would keep all N slots decoding for a few rows. So the live rows are compacted into the first
