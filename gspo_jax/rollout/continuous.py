@@ -251,7 +251,8 @@ def resume_carried(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineS
     to fresh generated pages (tokens 0 .. n - 2, the ones fed so far) listed in row_pages. A row
     takes its pages when refill gives it a slot and resumes at token n (token n - 1 is fed next),
     as if it had decoded them. One pass outside the loop: a forward inside the refill loop made
-    every decode step of the program slower on XLA:CPU, taken or not."""
+    every decode step of the program slower on XLA:CPU, taken or not (not re-measured: likely
+    the hoisting refill's note describes)."""
     P, Lp = inputs.prompts.shape
     G, T, R = cfg["G"], cfg["T"], cfg["slots"]
     B = s.tokens.shape[0]
