@@ -12,7 +12,7 @@ models.paged_attention.attend_pages replaced, timed interleaved in this process 
   table:    paged_attention_reference (each slot's whole page table)
   none:     no attention at all (the step's query passed through): the rest of the step
   static:   the static engine's decode step at the same shape and generated token
-            (rollout.static.decode_step over its shared-prefix cache, ceil(fed / decode_block)
+            (rollout.static.decode_step over its shared-prefix cache, fed // decode_block + 1
             chunks filled), the step the continuous one is compared with
 Times are wall-clock medians and, beside them, the process's CPU-time medians (less sensitive
 to other jobs on a shared machine).
