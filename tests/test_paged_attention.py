@@ -81,6 +81,34 @@ def test_ragged_paged_attention_reads_only_visible_pages(block_pages, chunk):
         np.testing.assert_allclose(got, _dense_reference(q, cache, valid, layer), atol=1e-5)
 
 
+@pytest.mark.parametrize("block_pages", [1, 2])
+def test_shared_prefixes_read_once_equal_the_reference(block_pages):
+    """With the engine's shared prefixes in the cache (continuous.shared_prefixes: each active
+    slot's prompt listed once, its pages read once for all its rows), paged_attention ==
+    the dense reference for every active row, at both layers. Rows 0 and 1 are members 0
+    and 1 of prompt 0 (shared pages, different prompt lengths), row 2 member 0 of prompt 1;
+    slot 3 is inactive (its prompt is not listed; its output is dropped by the engine)."""
+    from gspo_jax.rollout import continuous
+
+    q, cache, valid, kv_end = _ragged_case(seed=2, scratch=np.nan if block_pages == 1 else 7.0)
+    table = np.asarray(cache["page_table"])
+    G = 2
+    prompt_pages = jnp.asarray(np.stack([table[0, :Pp], table[2, :Pp], table[3, :Pp]]))
+    rows = jnp.asarray([0, 1, 2, 5], jnp.int32)  # prompts 0, 0, 1, 2
+    act = jnp.asarray([True, True, True, False])
+    prefix_table, prefix_rows = continuous.shared_prefixes(prompt_pages, rows, act, G)
+    assert prefix_table.shape == (3, Pp) and prefix_rows.shape == (3, G)
+    np.testing.assert_array_equal(prefix_rows, [[0, 1], [2, N], [N, N]])
+    shared = dict(cache, prefix_table=prefix_table, prefix_rows=prefix_rows)
+    for layer in range(L):
+        got = paged_attention.paged_attention(
+            q, shared, valid, layer, kv_end, block_pages=block_pages
+        )
+        assert np.isfinite(np.asarray(got)[:3]).all()
+        want = _dense_reference(q, cache, valid, layer)
+        np.testing.assert_allclose(got[:3], want[:3], atol=1e-5)
+
+
 def test_paged_kernel_in_interpret_mode_equals_the_plain_pages():
     """The Pallas kernel (interpret mode, on this CPU) == the plain-JAX pages on the ragged
     layout, at both layers (the layer index is scalar-prefetched), and skips pages past a row's

@@ -11,6 +11,11 @@ models.paged_attention.attend_pages replaced, timed interleaved in this process 
   plain:    the attention as configured (ragged plain JAX)
   table:    paged_attention_reference (each slot's whole page table)
   none:     no attention at all (the step's query passed through): the rest of the step
+  static:   the static engine's decode step at the same shape and generated token
+            (rollout.static.decode_step over its shared-prefix cache, fed // decode_block + 1
+            chunks filled), the step the continuous one is compared with
+Times are wall-clock medians and, beside them, the process's CPU-time medians (less sensitive
+to other jobs on a shared machine).
 
     PYTHONPATH=. python experiments/benchmarks/continuous_step_bench.py --fed 64
 """
@@ -25,10 +30,12 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from sampler_bench import make_model
 
+from gspo_jax.models import attention
 from gspo_jax.models import paged_attention as pa
-from gspo_jax.rollout import continuous, paged
+from gspo_jax.rollout import continuous, paged, static
 
 VARIANTS = {
     "plain": None,
@@ -69,8 +76,12 @@ def main():
             model, num_prompts=P, prompt_len=Lp, **cfg
         )
         s = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), abstract)
-        table = 1 + np.arange(N * (Pp + Pg)).reshape(N, Pp + Pg)  # every slot its own pages
+        # a group's G slots share its prompt's Pp pages; every slot its own generated pages
+        prompt_pages = 1 + np.arange(P * Pp).reshape(P, Pp)
+        generated = 1 + P * Pp + np.arange(N * Pg).reshape(N, Pg)
+        table = np.concatenate([np.repeat(prompt_pages, G, axis=0), generated], axis=1)
         s = s.replace(
+            prompt_pages=jnp.asarray(prompt_pages, jnp.int32),
             active=jnp.ones((N,), bool),
             slot_row=jnp.arange(N, dtype=jnp.int32),
             slot_t=jnp.full((N,), a.fed + 1, jnp.int32),
@@ -80,20 +91,51 @@ def main():
         jax.block_until_ready(fn(params, inputs, fresh()))  # trace and compile (donates s)
         steps[name] = (fn, params, inputs, fresh)
     pa.attend_pages = original
+    steps["static"] = static_step(model, P, G, Lp, T, a.fed)
     times = {name: [] for name in steps}
+    cpu = {name: [] for name in steps}
     for _ in range(a.repeats):
         for name, (fn, params, inputs, fresh) in steps.items():
             s = jax.block_until_ready(fresh())
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             jax.block_until_ready(fn(params, inputs, s))
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
     print(
         f"decode step, N={N} slots at generated token {a.fed} (prompt {Lp}, limit {T}); "
         f"{jax.default_backend()}, load average {os.getloadavg()[0]:.1f}"
     )
-    base = statistics.median(times["plain"])
+    base, cbase = statistics.median(times["plain"]), statistics.median(cpu["plain"])
+    print(f"  {'':<8}{'wall':>9}{'x plain':>10}{'cpu':>12}{'x plain':>10}")
     for name, t in times.items():
-        print(f"  {name:<8}{statistics.median(t) * 1e3:9.1f} ms{statistics.median(t) / base:7.2f}x")
+        m, c = statistics.median(t), statistics.median(cpu[name])
+        print(f"  {name:<8}{m * 1e3:9.1f} ms{m / base:7.2f}x{c * 1e3:9.1f} ms{c / cbase:7.2f}x")
+    print(f"  load average at the end {os.getloadavg()[0]:.1f}")
+
+
+def static_step(model, P, G, Lp, T, fed):
+    """(fn, params, inputs, fresh state) of one static decode step feeding generated token `fed`
+    (rollout.static.decode_step at slot Lp + fed), over a shared-prefix cache holding the chunks
+    that step attends to, as the static engine's loop has it at that step."""
+    B, C = P * G, model.cfg.decode_block
+    graphdef, params = nnx.split(model)
+    prefix = model.init_cache(P, Lp)
+    cache = attention.shared_prefix_cache(prefix, G, C)
+    for _ in range(fed // C):  # step fed + 1 runs in phase fed // C: that many chunks added
+        cache = attention.add_chunk(cache)
+    n_b = jnp.full((B,), Lp, jnp.int32)
+    prev = jnp.ones((B,), jnp.int32)
+
+    def one_step(params, inputs, cache):
+        prev, n_b = inputs
+        m = nnx.merge(graphdef, params)
+        logits, o = static.decode_step(m, cache, prev, n_b, fed + 1, Lp, T)
+        return logits, o["cache"]
+
+    fn = jax.jit(one_step, donate_argnums=2)
+    fresh = lambda: jax.tree.map(lambda x: jnp.array(x, copy=True), cache)  # noqa: E731
+    jax.block_until_ready(fn(params, (prev, n_b), fresh()))  # compile
+    return fn, params, (prev, n_b), fresh
 
 
 if __name__ == "__main__":

@@ -12,7 +12,14 @@ of its samples are decoding; which pages are free, and who holds them, is the en
 
     {"k_pages": [L, NP, K, Dh, ps], "v_pages": [L, NP, K, ps, Dh], "page_table": [N, Pt] int32}
 
-(the plain cache's heads-major layouts, attention.init_cache, with [NP, ..., ps] for [B, ..., S]).
+(the plain cache's heads-major layouts, attention.init_cache, with [NP, ..., ps] for [B, ..., S]),
+and for a decode step, optionally, its shared prefixes: "prefix_table" [Q, Pp] int32 (the pages
+of Q prefixes, each the first Pp table entries of the rows attending it) and "prefix_rows" [Q, G]
+int32 (those rows, N where none; the engine's rollout.continuous.shared_prefixes). With them
+paged_attention reads each prefix's pages once for all its rows (prefix_attention: its rows'
+queries are G x Gq rows of one matmul, as the static engine's shared-prefix decode reads a
+prompt once per group), and each row's own pages past the prefix in the ragged items below;
+without them (and in the Pallas kernel, which ignores them) every row reads its whole table.
 A one-token decode step passes forward this cache, write_index = [N] int32 logical slots (one per
 row: rows are at different steps of their sequences) and a SlotMask whose key_valid [N, Sk] says
 which logical slots each row sees (causality included: the rows' query slots differ, so the mask
@@ -136,25 +143,108 @@ def paged_attention(
     reads at most block_pages - 1 pages past its end; docs/benchmarks.md has the sizes tried);
     chunk: items per loop trip (default N). Equals paged_attention_reference to float32 summation
     order for rows that see at least one key.
+
+    With shared prefixes in the cache (prefix_table [Q, Pp], prefix_rows [Q, G]: module
+    docstring), table entries [0, Pp) are read once per prefix for all its rows
+    (prefix_attention) and the ragged items cover entries [Pp, Pt) only, starting from the
+    prefix's softmax statistics.
     """
     table = cache["page_table"]  # [N, Pt]
     N, _, H, Dh = q.shape
     Pt = table.shape[1]
     K, ps = cache["k_pages"].shape[2], cache["k_pages"].shape[-1]
-    Gq, cdt = H // K, q.dtype
+    Gq = H // K
     chex.assert_shape(key_valid, (N, Pt * ps))
+    kv_end = jnp.full((N,), Pt * ps, jnp.int32) if kv_end is None else kv_end
+    qg = q.reshape(N, K, Gq, Dh)
+    stats = (
+        jnp.full((N + 1, K, Gq), NEG_INF, jnp.float32),
+        jnp.zeros((N + 1, K, Gq), jnp.float32),
+        jnp.zeros((N + 1, K, Gq, Dh), jnp.float32),
+    )
+    Pp = 0
+    if has_prefixes(cache):
+        Pp = cache["prefix_table"].shape[1]
+        stats = prefix_attention(qg, cache, key_valid[:, : Pp * ps], layer)
+    m, den, acc = _ragged_pages(
+        qg,
+        cache,
+        table[:, Pp:],
+        key_valid[:, Pp * ps :],
+        kv_end - Pp * ps,
+        layer,
+        stats,
+        block_pages,
+        N if chunk is None else int(chunk),
+    )
+    return (acc[:N] / den[:N, ..., None]).reshape(N, 1, H, Dh).astype(q.dtype)
+
+
+def has_prefixes(cache: dict) -> bool:
+    return "prefix_table" in cache
+
+
+def prefix_attention(qg: jax.Array, cache: dict, key_valid: jax.Array, layer):
+    """The softmax statistics of every row over its shared prefix (table entries [0, Pp)).
+
+    qg [N, K, Gq, Dh]; cache's prefix_table [Q, Pp] (each prefix's pages) and prefix_rows
+    [Q, G] (the rows attending each prefix, N where none); key_valid [N, Pp * ps] (which prefix
+    slots each row sees) -> (m, den, acc) [N + 1, K, Gq](, Dh) float32, the running max,
+    normaliser and unnormalised output of the online softmax (row N and rows of no prefix:
+    m = NEG_INF, den = acc = 0). One gather of Q * Pp pages, not N * Pp, and each prefix's G
+    rows' queries are G * Gq rows of one matmul per (prefix, page, kv head)."""
+    pt, rows = cache["prefix_table"], cache["prefix_rows"]  # [Q, Pp], [Q, G]
+    N, K, Gq, Dh = qg.shape
+    (Q, Pp), G = pt.shape, rows.shape[1]
+    ps, cdt = cache["k_pages"].shape[-1], qg.dtype
+    M = G * Gq
+    chex.assert_shape(key_valid, (N, Pp * ps))
+    qpad = jnp.concatenate([qg, jnp.zeros((1, K, Gq, Dh), cdt)])  # row N: no row
+    qq = qpad[rows].transpose(0, 2, 1, 3, 4).reshape(Q, K, M, Dh)  # [Q, K, G * Gq, Dh]
+    valid = jnp.concatenate([key_valid, jnp.zeros((1, Pp * ps), bool)])[rows]  # [Q, G, Pp*ps]
+    valid = valid.reshape(Q, G, Pp, ps).transpose(0, 2, 1, 3)  # [Q, Pp, G, ps]
+    k = cache["k_pages"][layer, pt].astype(cdt)  # [Q, Pp, K, Dh, ps]
+    v = cache["v_pages"][layer, pt].astype(cdt)  # [Q, Pp, K, ps, Dh]
+    qb = jnp.broadcast_to(qq[:, None], (Q, Pp, K, M, Dh))
+    s = jnp.einsum("qpkmd,qpkdx->qpkmx", qb, k, preferred_element_type=jnp.float32)
+    s = s.reshape(Q, Pp, K, G, Gq, ps) * Dh**-0.5
+    s = jnp.where(valid[:, :, None, :, None, :], s, NEG_INF)
+    m = jnp.max(s, axis=(1, 5))  # [Q, K, G, Gq]
+    e = jnp.exp(s - m[:, None, ..., None])  # [Q, Pp, K, G, Gq, ps]
+    den = jnp.sum(e, axis=(1, 5))  # [Q, K, G, Gq]
+    pv = jnp.einsum(
+        "qpkmx,qpkxd->qpkmd",
+        e.astype(cdt).reshape(Q, Pp, K, M, ps),
+        v,
+        preferred_element_type=jnp.float32,
+    )
+    pv = jnp.sum(pv, axis=1).reshape(Q, K, G, Gq, Dh)
+    to_rows = rows.reshape(-1)  # [Q * G]; N (no row) lands in the padding row
+
+    def scatter(x, fill):  # [Q, K, G, Gq, ...] -> [N + 1, K, Gq, ...] by row
+        x = jnp.moveaxis(x, 2, 1).reshape(Q * G, *x.shape[1:2], *x.shape[3:])
+        out = jnp.full((N + 1, *x.shape[1:]), fill, jnp.float32)
+        return out.at[to_rows].set(x)
+
+    return scatter(m, NEG_INF), scatter(den, 0.0), scatter(pv, 0.0)
+
+
+def _ragged_pages(qg, cache, table, key_valid, kv_end, layer, stats, block_pages, C):
+    """The ragged items' loop (module docstring) over table [N, Pt'] (its entries the first
+    Pt' * ps logical slots of key_valid [N, Pt' * ps] and kv_end [N]), folded into stats
+    (m, den, acc) [N + 1, K, Gq](, Dh) -> the folded stats."""
+    N, K, Gq, Dh = qg.shape
+    Pt = table.shape[1]
+    ps, cdt = cache["k_pages"].shape[-1], qg.dtype
     bp = max(1, min(int(block_pages), Pt))
     nb = -(-Pt // bp)
-    C = N if chunk is None else int(chunk)
     pad = nb * bp - Pt
     table = jnp.pad(table, ((0, 0), (0, pad)), constant_values=SCRATCH_PAGE).reshape(N, nb, bp)
     key_valid = jnp.pad(key_valid, ((0, 0), (0, pad * ps))).reshape(N, nb, bp * ps)
-    kv_end = jnp.full((N,), Pt * ps, jnp.int32) if kv_end is None else kv_end
     per_row = jnp.clip((kv_end + bp * ps - 1) // (bp * ps), 1, nb).astype(jnp.int32)  # [N]
     first = jnp.cumsum(per_row) - per_row  # [N]: each row's first item
     total = jnp.sum(per_row)
     trips = (total + C - 1) // C
-    qg = q.reshape(N, K, Gq, Dh)
 
     def body(c, carry):
         m, den, acc = carry  # [N + 1, K, Gq](, Dh): row N collects the padding items
@@ -185,13 +275,7 @@ def paged_attention(
         acc = (acc * corr[..., None]).at[row].add(pv)
         return m_new, den, acc
 
-    init = (
-        jnp.full((N + 1, K, Gq), NEG_INF, jnp.float32),
-        jnp.zeros((N + 1, K, Gq), jnp.float32),
-        jnp.zeros((N + 1, K, Gq, Dh), jnp.float32),
-    )
-    _, den, acc = jax.lax.fori_loop(0, trips, body, init)
-    return (acc[:N] / den[:N, ..., None]).reshape(N, 1, H, Dh).astype(cdt)
+    return jax.lax.fori_loop(0, trips, body, stats)
 
 
 def attend_pages(
@@ -245,6 +329,7 @@ def paged_attention_reference(q: jax.Array, cache: dict, key_valid: jax.Array, l
 
 __all__ = [
     "attend_pages",
+    "has_prefixes",
     "SCRATCH_PAGE",
     "init_paged_cache",
     "is_paged",

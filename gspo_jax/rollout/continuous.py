@@ -24,9 +24,11 @@ How it works:
   decode shares it. A row whose first token is EOS (or with T = 1) never takes a slot.
 - Decode step: every slot feeds its row's last token at its own position and logical slot
   (models/paged_attention.py: the step's key/value scattered into the row's page, attention over
-  the row's pages); a slot that starts a new page takes a free one first. A row ends at EOS or
-  at its T-th token: its slot frees, its generated pages go back to the pool and its prompt's
-  pages lose one reference. Slots with no row still run (static shapes) and write to the
+  the row's pages); a slot that starts a new page takes a free one first. The step lists the
+  prompts of its active slots once each (shared_prefixes), so attention reads a prompt's pages
+  once for all its rows in slots, as the static engine's shared-prefix decode does. A row ends
+  at EOS or at its T-th token: its slot frees, its generated pages go back to the pool and its
+  prompt's pages lose one reference. Slots with no row still run (static shapes) and write to the
   scratch page; their outputs are dropped.
 - Drain: once the queue is empty, no slot can be refilled, and the last rows (the long tail)
   would keep all N slots decoding for a few rows. So the live rows are compacted into the first
@@ -249,7 +251,8 @@ def resume_carried(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineS
     to fresh generated pages (tokens 0 .. n - 2, the ones fed so far) listed in row_pages. A row
     takes its pages when refill gives it a slot and resumes at token n (token n - 1 is fed next),
     as if it had decoded them. One pass outside the loop: a forward inside the refill loop made
-    every decode step of the program slower on XLA:CPU, taken or not."""
+    every decode step of the program slower on XLA:CPU, taken or not (not re-measured: likely
+    the hoisting refill's note describes)."""
     P, Lp = inputs.prompts.shape
     G, T, R = cfg["G"], cfg["T"], cfg["slots"]
     B = s.tokens.shape[0]
@@ -309,7 +312,12 @@ def refill(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
     def body(s: EngineState) -> EngineState:
         b = s.next_row
         p = b // G
-        s = _when(b % G == 0, lambda s: _prefill(model, inputs, s, p, cfg), s)
+        # Prefill the prompts due, p + i for i < due (0 or 1: row b opens its group). The
+        # prompt index depends on the loop's counter on purpose: with p alone, the prompt's
+        # forward reads only values the loop does not change, and XLA hoisted it out of the
+        # loop, so every refilled row ran its prompt's prefill, due or not (G times too many).
+        due = (b % G == 0).astype(jnp.int32)
+        s = jax.lax.fori_loop(0, due, lambda i, s: _prefill(model, inputs, s, p + i, cfg), s)
         alive = ~s.ended[b]  # set by the prefill: EOS first, T = 1, or a carried ended row
         slot = jnp.where(alive, jnp.argmin(s.active), N)  # the first free slot; N: none
         table = s.cache["page_table"]
@@ -351,11 +359,12 @@ def decode(model, inputs: _Inputs, s: EngineState, cfg: dict, width: int | None 
     n = inputs.prompt_lengths[row // G].astype(jnp.int32)  # [w]
     prev = s.tokens[row, fed]  # [w]
     mask = slot_mask(paged.key_valid(n, fed, Pp, Pt, ps), jnp.full((1,), Pt * ps - 1, jnp.int32))
+    prefix_table, prefix_rows = shared_prefixes(s.prompt_pages, row, act, G)
     o = model.forward(
         prev[:, None],
         (n + fed)[:, None],
         mask,
-        cache=dict(s.cache, page_table=table),
+        cache=dict(s.cache, page_table=table, prefix_table=prefix_table, prefix_rows=prefix_rows),
         write_index=Pp * ps + fed,
         return_routes=cfg["return_routes"],
     )
@@ -379,7 +388,11 @@ def decode(model, inputs: _Inputs, s: EngineState, cfg: dict, width: int | None 
         slot_t=put_slots(s.slot_t, jnp.where(active, t + 1, 1)),
         active=put_slots(s.active, active),
         refcount=refcount,
-        cache=dict(o["cache"], page_table=put_slots(s.cache["page_table"], table)),
+        cache=dict(
+            k_pages=o["cache"]["k_pages"],
+            v_pages=o["cache"]["v_pages"],
+            page_table=put_slots(s.cache["page_table"], table),
+        ),
         tokens=put(s.tokens, tok),
         mask=put(s.mask, jnp.ones_like(lp)),
         logp=put(s.logp, lp),
@@ -390,6 +403,31 @@ def decode(model, inputs: _Inputs, s: EngineState, cfg: dict, width: int | None 
         versions=put(s.versions, version),
         ended=s.ended.at[jnp.where(ended, row, B)].set(True, mode="drop"),
     )
+
+
+def shared_prefixes(prompt_pages: jax.Array, row: jax.Array, act: jax.Array, G: int):
+    """The decode step's shared prefixes (models/paged_attention.py prefix_attention): the
+    prompts of the active slots, each listed once, so that a prompt's pages are read once per
+    step for all its rows in slots, not once per slot.
+
+    prompt_pages [P, Pp] (each prefilled prompt's pages), row [w] int32 (each slot's row),
+    act [w] bool -> (prefix_table [Q, Pp]: the listed prompts' pages, prefix_rows [Q, G] int32:
+    the slot holding member j of the listed prompt (row p * G + j), w where none),
+    Q = min(P, w) (every listed prompt has an active slot). Unused entries point at the scratch
+    page."""
+    P = prompt_pages.shape[0]
+    w = act.shape[0]
+    Q = min(P, w)
+    prompt = jnp.where(act, row // G, P)  # [w]; P: an inactive slot
+    listed = jnp.unique(prompt, size=Q, fill_value=P)  # [Q] ascending, P where unused
+    q = jnp.searchsorted(listed, prompt).astype(jnp.int32)  # [w]: the slot's prefix
+    q = jnp.where(act, q, Q)  # Q: dropped
+    prefix_rows = jnp.full((Q, G), w, jnp.int32)
+    prefix_rows = prefix_rows.at[q, row % G].set(jnp.arange(w, dtype=jnp.int32), mode="drop")
+    prefix_table = jnp.where(
+        (listed < P)[:, None], prompt_pages[jnp.minimum(listed, P - 1)], SCRATCH_PAGE
+    )
+    return prefix_table.astype(jnp.int32), prefix_rows
 
 
 def drain_width(slots: int, shrink: int) -> int:
