@@ -8,7 +8,8 @@ The members differ in their seed and in the numeric fields of config.population.
 structure, so one Run is built (from the first member's config) and every part of the state gains
 a leading member axis M: the parameters, the optimizer state, the base keys and the step count.
 The step's phases are rl/step.py's, under jax.vmap over M (one jitted program per phase for all
-members), and the update takes the varied fields as traced [M] values: the objective's through
+members; on a CPU the rollout is instead the single run's program called once per member,
+make_member_rollout, since the vmapped decode loop copies the members' KV cache), and the update takes the varied fields as traced [M] values: the objective's through
 Objective.with_values, the learning rate as a per-member factor on the optimizer's updates (a
 single run with that learning rate scales the same AdamW step by the schedule; the factor is
 exactly 1 for a member with the config's learning rate).
@@ -339,7 +340,8 @@ def make_population_update(
 
 @dataclasses.dataclass
 class PopulationPhases:
-    """rl/step.py's phases under jax.vmap over the member axis (one jitted program each)."""
+    """rl/step.py's phases under jax.vmap over the member axis (one jitted program each), and
+    the per-member rollout the step samples with instead of ``rollout`` when it is set."""
 
     keys: object
     rollout: object  # the batched program (config.population.batching; the dry run plans it)
