@@ -10,7 +10,8 @@ a leading member axis M: the parameters, the optimizer state, the base keys and 
 The step's phases are rl/step.py's, under jax.vmap over M (one jitted program per phase for all
 members; on a CPU the rollout is instead the single run's program called once per member,
 make_member_rollout, since the vmapped decode loop copies the members' KV cache), and the
-update takes the varied fields as traced [M] values: the objective's through Objective.with_values, the learning rate as a per-member factor on the optimizer's updates (a
+update takes the varied fields as traced [M] values: the objective's through
+Objective.with_values, the learning rate as a per-member factor on the optimizer's updates (a
 single run with that learning rate scales the same AdamW step by the schedule; the factor is
 exactly 1 for a member with the config's learning rate).
 
