@@ -45,7 +45,8 @@ def pop_config(shared, seeds, vary=None, mode="product", **extra):
 def first_step_population(pop: population.Population, params, temperatures=None):
     """(tokens [M, B, T], each member's host metrics, state) of the population's first step, and
     with ``temperatures`` [M] (when the population varies rl.temperature) the tokens its first
-    rollout samples at those temperatures instead (else None)."""
+    rollout samples at those temperatures instead (else None). The batched rollout program and,
+    on a CPU, the per-member rollouts the step samples with (make_member_rollout) must agree."""
     state = population.initial_state(pop, params)
     phases = population.make_phases(pop, with_ref=False)
     iters = [data_iterator.make_data_iterator(m.config, pop.run.task) for m in pop.members]
@@ -60,6 +61,10 @@ def first_step_population(pop: population.Population, params, temperatures=None)
         return np.asarray(out.tokens)
 
     tokens = rollout(*temps)
+    if phases.member_rollout is not None:  # what the step samples with on a CPU: the same tokens
+        own = phases.member_rollout(state.params, prompts, lengths, keys["rollout"], *temps)
+        np.testing.assert_array_equal(np.asarray(own.tokens), tokens)
+        assert own.tokens.sharding.is_equivalent_to(pop.on_members((None, None)), 3)
     other = None if temperatures is None else rollout(jnp.asarray(temperatures, jnp.float32))
     active = np.ones(pop.size, bool)
     state, ms, kept = population.population_step(pop, phases, state, batches, active)

@@ -293,7 +293,8 @@ def default_config() -> ml_collections.ConfigDict:
     c.population.vary = ml_collections.ConfigDict()
     c.population.mode = "product"
     # How a device computes its members' rollout and update: "vmap" (one batched program), "map"
-    # (one member after another inside one program), "auto" (= vmap)
+    # (one member after another inside one program), "auto" (= vmap; on a CPU the rollout runs
+    # each member's single-run program: rl/population.py make_member_rollout)
     c.population.batching = "auto"
 
     return c

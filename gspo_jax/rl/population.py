@@ -8,7 +8,9 @@ The members differ in their seed and in the numeric fields of config.population.
 structure, so one Run is built (from the first member's config) and every part of the state gains
 a leading member axis M: the parameters, the optimizer state, the base keys and the step count.
 The step's phases are rl/step.py's, under jax.vmap over M (one jitted program per phase for all
-members), and the update takes the varied fields as traced [M] values: the objective's through
+members; on a CPU the rollout is instead the single run's program called once per member,
+make_member_rollout, since the vmapped decode loop copies the members' KV cache), and the
+update takes the varied fields as traced [M] values: the objective's through
 Objective.with_values, the learning rate as a per-member factor on the optimizer's updates (a
 single run with that learning rate scales the same AdamW step by the schedule; the factor is
 exactly 1 for a member with the config's learning rate).
@@ -232,8 +234,58 @@ def over_members(f, M: int, axis: str | None, groups: int, batching: str):
 
 def resolve_batching(batching: str) -> str:
     """config.population.batching: "auto" is "vmap" (on this 2-core CPU "map" was not faster:
-    docs/population.md)."""
+    docs/population.md); on a CPU its rollout runs per member (make_member_rollout)."""
     return "vmap" if batching == "auto" else batching
+
+
+def rollouts_per_member(batching: str) -> bool:
+    """Whether the population's step samples each member with the single run's rollout program
+    (make_member_rollout) instead of its batched one: with batching "auto" on a CPU, where
+    jax.vmap of the decode loop costs ~2.5x the members' single rollouts (its layer scan copies
+    the stacked KV cache at each step: docs/population.md) and batching gains nothing."""
+    return batching == "auto" and jax.default_backend() == "cpu"
+
+
+def make_member_rollout(pop: Population, single_rollout=None):
+    """(params [M], prompts [M, P, Lp], lengths [M, P], keys [M, 2][, temperatures [M]]) ->
+    SampleOutput [M, ...] sharded over the members: each member sampled by the single run's
+    jitted rollout (rl/step.py make_rollout_fn) on its device group, so its tokens are the single
+    run's bit for bit. The calls are dispatched before any result is read, so the device groups
+    (mesh.population) sample at once; the outputs come back through the host (a few [B, T]
+    arrays per member) and are placed as the batched rollout's would be."""
+    run, M = pop.run, pop.size
+    if pop.axis:  # one submesh per device group: the population axis comes first
+        names = run.mesh.axis_names[1:]
+        meshes = [jax.sharding.Mesh(d, names) for d in run.mesh.devices]
+    else:
+        meshes = [run.mesh]
+    per_group = M // len(meshes)
+    if pop.axis:
+        fns = [ts.make_rollout_fn(run, mesh=m) for m in meshes]
+    else:
+        fns = [single_rollout or ts.make_rollout_fn(run)]
+    params_on = [
+        jax.tree.map(lambda a, m=m: jax.sharding.NamedSharding(m, a.spec), run.state_shardings)
+        for m in meshes
+    ]
+    rows = sharding.row_spec(run.mesh)
+
+    def rollout(params, prompts, lengths, keys, *temps):
+        prompts, lengths, keys = jax.device_get((prompts, lengths, keys))
+        temps = jax.device_get(temps)
+        outs = []
+        for i in range(M):
+            g = i // per_group
+            p_i = jax.device_put(member(params, i), params_on[g])
+            with sharding.use_mesh(meshes[g]):
+                t_i = tuple(jnp.asarray(t[i], jnp.float32) for t in temps)
+                outs.append(fns[g](p_i, prompts[i], lengths[i], keys[i], *t_i))
+        host = jax.device_get(outs)
+        stacked = jax.tree.map(lambda *xs: np.stack(xs), *host)
+        on = lambda x: pop.on_members((rows, *(None,) * (x.ndim - 2)))  # noqa: E731
+        return jax.tree.map(lambda x: jax.device_put(x, on(x)), stacked)
+
+    return rollout
 
 
 def make_population_update(
@@ -289,10 +341,12 @@ def make_population_update(
 
 @dataclasses.dataclass
 class PopulationPhases:
-    """rl/step.py's phases under jax.vmap over the member axis (one jitted program each)."""
+    """rl/step.py's phases under jax.vmap over the member axis (one jitted program each), and
+    the per-member rollout the step samples with instead of ``rollout`` when it is set."""
 
     keys: object
-    rollout: object
+    rollout: object  # the batched program (config.population.batching; the dry run plans it)
+    member_rollout: object  # None, or what the step samples with (rollouts_per_member)
     shape: object
     means: object
     prepare: object
@@ -316,6 +370,9 @@ def make_phases(pop: Population, with_ref: bool) -> PopulationPhases:
         keys=vm(step_keys),
         # the heavy phases: the rollout and the update (config.population.batching)
         rollout=jax.jit(over_members(single.rollout, pop.size, pop.axis, groups, batching)),
+        member_rollout=make_member_rollout(pop, single.rollout)
+        if rollouts_per_member(run.config.population.batching)
+        else None,
         shape=vm(single.shape),
         means=vm(single.means),
         prepare=vm(single.prepare),
@@ -364,7 +421,8 @@ def population_step(
     lengths = jax.device_put(lengths, pop.on_members((rows,)))
     with sharding.use_mesh(run.mesh):
         keys = phases.keys(state.rng, state.step)  # {name: [M, 2]}
-        sample = phases.rollout(state.params, prompts, lengths, keys["rollout"], *temps)
+        rollout = phases.member_rollout or phases.rollout
+        sample = rollout(state.params, prompts, lengths, keys["rollout"], *temps)
         jax.block_until_ready(sample.tokens)
     t1 = time.time()
     tokens, mask = jax.device_get((sample.tokens, sample.mask))  # [M, B, T]
