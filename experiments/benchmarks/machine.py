@@ -25,3 +25,14 @@ def describe(**extra: Any) -> dict[str, Any]:
         "processor": platform.processor() or platform.machine(),
         **extra,
     }
+
+
+def write_report(result: dict[str, Any], out: str | None) -> None:
+    """Prints a benchmark's JSON report and, with ``out``, writes it there too."""
+    import json
+
+    print(json.dumps(result, indent=1))
+    if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)

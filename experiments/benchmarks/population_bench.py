@@ -28,6 +28,7 @@ import sys
 import time
 
 import numpy as np
+from machine import write_report  # this folder is on sys.path: the script runs from it
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -197,11 +198,7 @@ def main() -> None:
         },
         "load_average": os.getloadavg(),
     }
-    print(json.dumps(result, indent=1))
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write_report(result, args.out)
 
 
 if __name__ == "__main__":

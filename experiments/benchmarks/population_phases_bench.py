@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from machine import write_report  # this folder is on sys.path: the script runs from it
 
 from gspo_jax import config as config_lib
 from gspo_jax.data import iterator as data_iterator
@@ -129,11 +129,7 @@ def main() -> None:
         "times_s": times,
         "load_average": os.getloadavg(),
     }
-    print(json.dumps(result, indent=1))
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write_report(result, args.out)
 
 
 if __name__ == "__main__":
