@@ -350,6 +350,7 @@ def test_sweep_prepares_once_per_distinct_dataset_and_warm_start(tmp_path, capsy
                 "--parallel",
                 "2",
                 "--dry_run",
+                "--population=false",  # a process per run: the commands this test reads
             ]
         )
         == 0
