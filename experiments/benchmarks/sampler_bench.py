@@ -61,6 +61,13 @@ decoder layers' parameters, quantized ones as qvalue + scales, and the output ma
 roofline's bytes; the KV cache's are the same in every arm). At the default workload:
     python experiments/benchmarks/sampler_bench.py --compare-quant --shapes small,wide
 
+Peers (--compare-peers, instead of the figures above): at a uniform shape (no early stop), the
+static and continuous engines (slots = B) against transformers' generate with its static and its
+dynamic cache and Tunix's sampler where installed, total tokens/s = B * T / wall; the ratio of
+the faster engine to the best peer. The long uniform shape of docs/rollout.md:
+    python experiments/benchmarks/sampler_bench.py --compare-peers --P 8 --G 8 \
+        --prompt-len 256 --new-tokens 512
+
 Each figure: warm-up call first (compile time reported separately), median of --repeats runs.
     python experiments/benchmarks/sampler_bench.py [--shapes small,wide] [--out PATH]
 Expected runtime on 2 shared CPU cores: small ~2 min, wide (32 new tokens) ~5-10 min.
@@ -563,6 +570,59 @@ def compare_engines(a):
     return results
 
 
+def compare_peers(a):
+    """--compare-peers: at the long uniform shape (every row --new-tokens tokens, no early stop),
+    our engines (static, continuous with slots = B) against the peers installed, in this process:
+    transformers' generate with its static and its dynamic cache, Tunix's sampler. Ours are timed
+    before and after the peers (the load drifts over minutes); the ratio takes the slower pass."""
+    P, G, Lp, T = a.P, a.G, a.prompt_len, a.new_tokens
+    platform = f"{jax.devices()[0].platform}, {len(jax.devices())} dev"
+    log(f"peers: P={P} x G={G}, prompt {Lp}, {T} new tokens, shape {a.engine_shape}")
+    model = make_model(a.engine_shape, max_seq_len=Lp + T + 8)
+    rng = np.random.default_rng(0)
+    prompts_np = rng.integers(3, SHAPES[a.engine_shape]["vocab_size"], (P, Lp)).astype(np.int32)
+    prompts, lengths = jnp.asarray(prompts_np), jnp.full((P,), Lp, jnp.int32)
+    B = P * G
+
+    def ours():
+        r = bench_engines(model, prompts, lengths, G, T, -1, B, a.chunk, a.repeats)
+        return {k: v["useful_tps"] for k, v in r.items() if k != "lengths"}
+
+    before = ours()
+    peers = {"hf_static_cache": bench_hf(a.engine_shape, prompts_np, G, T, a.repeats, "static")}
+    peers["hf_dynamic_cache"] = bench_hf(a.engine_shape, prompts_np, G, T, a.repeats)
+    peers["tunix"] = bench_tunix(a.engine_shape, prompts_np, G, T, a.repeats)
+    after = ours()
+    tps = {k: min(before[k], after[k]) for k in before}
+    print(
+        f"\nlong uniform shape: P={P} x G={G} = {B} rows, prompt {Lp}, {T} new tokens, no early "
+        f"stop, shape {a.engine_shape}, float32 ({platform}); total tokens/s (B x T / wall)"
+    )
+    for k in before:
+        print(
+            f"  ours {k:<22}{tps[k]:>9.0f}  (before the peers {before[k]:.0f}, "
+            f"after {after[k]:.0f})"
+        )
+    measured = {}
+    for k, v in peers.items():
+        if "skipped" in v:
+            print(f"  {k:<27}skipped: {v['skipped']}")
+        else:
+            measured[k] = v["total_tps"]
+            print(f"  {k:<27}{v['total_tps']:>9.0f}  (prefill {v['prefill_s']:.2f} s)")
+    result = {"ours_before": before, "ours_after": after, "ours": tps, "peers": peers}
+    if measured:
+        best_ours = max(tps, key=tps.get)
+        best_peer = max(measured, key=measured.get)
+        ratio = tps[best_ours] / measured[best_peer]
+        result["ratio"] = ratio
+        print(
+            f"target: the faster engine ({best_ours}) / the best peer ({best_peer}) = {ratio:.2f}x "
+            f">= 1.5x ({'PASS' if ratio >= 1.5 else 'MISS'})"
+        )
+    return result
+
+
 def make_nocache_sampler(model, P, Lp, G, steps):
     """Static-shape sampler without a KV cache: every step re-runs the whole [B, S] buffer."""
     graphdef, state = nnx.split(model)
@@ -636,7 +696,9 @@ def bench_prefill_sharing(model, P, G, Lp, T, repeats):
 # ----------------------------------------------------------------------------- peers
 
 
-def bench_hf(shape, prompts_np, G, T, repeats):
+def bench_hf(shape, prompts_np, G, T, repeats, cache: str | None = None):
+    """transformers' Qwen3ForCausalLM.generate; ``cache`` its cache_implementation ("static":
+    a KV cache preallocated to the full length; None: its default, grown each step)."""
     try:
         import torch
         from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -673,9 +735,10 @@ def bench_hf(shape, prompts_np, G, T, repeats):
                 num_return_sequences=G,
                 pad_token_id=0,
                 eos_token_id=None,
+                **({"cache_implementation": cache} if cache else {}),
             )
 
-    first, total = timed(lambda: run(T), repeats, "hf generate")
+    first, total = timed(lambda: run(T), repeats, f"hf generate (cache {cache or 'dynamic'})")
     _, prefill_s = timed(lambda: run(1), repeats, "hf prefill (1 new token)")
     threads = torch.get_num_threads()
     return throughput(P * G, T, total, prefill_s, warmup_s=first, torch_threads=threads)
@@ -826,7 +889,19 @@ def main(argv=None):
         help="only compare float32, bfloat16 and quantized weights (module docstring)",
     )
     ap.add_argument("--quants", default=",".join(QUANT_ARMS), help="--compare-quant: arms")
+    ap.add_argument(
+        "--compare-peers",
+        action="store_true",
+        help="only compare our engines with the peers at a uniform shape (module docstring)",
+    )
     a = ap.parse_args(argv)
+    if a.compare_peers:
+        results = compare_peers(a)
+        if a.out:
+            os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+            with open(a.out, "w") as f:
+                json.dump({"machine": describe(), "peers": results}, f, indent=2)
+        return results
     if a.compare_quant:
         results = compare_quant(a)
         if a.out:
