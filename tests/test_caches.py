@@ -144,7 +144,7 @@ def test_processes_started_together_prepare_the_dataset_once(tmp_path):
     assert not glob.glob(os.path.join(data_dir, "*", "*", "incomplete*"))
 
 
-@pytest.mark.slow
+@pytest.mark.long  # concurrent processes: .ci/run runs it after the README's test command
 def test_processes_started_together_train_the_warm_start_once(tmp_path):
     cache_dir = str(tmp_path / "cache")
     script = _WARM_START.format(

@@ -21,9 +21,9 @@ import pytest
 import trainer_runs as runs
 from trainer_runs import REPO, STEPS, assert_records, assert_trees, final_params, records
 
-# One launch takes ~2.5 min on the shared 2-core CPU (docs/resilience.md), over this file's share of
-# the suite's time: slow (still run in CI).
-pytestmark = pytest.mark.slow
+# One two-process launch takes ~2.5 min on the shared 2-core CPU (docs/resilience.md): .ci/run
+# runs these after the README's test command (marker long).
+pytestmark = pytest.mark.long
 
 TIMEOUT_S = runs.POD_FAULTS["multihost.timeout_s"]  # the worker's bounded waits
 LAUNCH_S = 400  # the subprocess timeout of the launch (JAX start, every scenario)

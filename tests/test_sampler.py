@@ -378,7 +378,7 @@ def test_inverse_cdf_sampler_never_picks_zero_probability():
     np.testing.assert_array_equal(tok, [3, 3, 3, 700])
 
 
-@pytest.mark.slow
+@pytest.mark.long  # a two-process launch: .ci/run runs it after the README's test command
 def test_two_process_generate_checks_every_row():
     """Outside jit on two hosts, generate reads the prompt lengths of both hosts' rows: a bad row
     on one host makes both raise the same error (rather than one raise and the other hang in the

@@ -109,6 +109,7 @@ def test_second_ctrl_c_exits_at_once(monkeypatch, capfd):
     assert signal.getsignal(signal.SIGINT) is before
 
 
+@pytest.mark.long  # a two-process launch: .ci/run runs it after the README's test command
 def test_signal_to_one_host_stops_every_host_at_the_same_saved_step(shared, single):
     wd = os.path.join(shared["root"], "cli_multihost")
     port = runs.free_port()
