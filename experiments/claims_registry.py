@@ -1132,6 +1132,73 @@ ENTRIES: tuple[Claim, ...] = (
             "mismatch is the same in every arm"
         ),
     ),
+    # --- the quantized rollout's mismatch (issue 32): registered before its runs ----------------
+    Claim(
+        key="int8_rollout_mismatch",
+        version=1,
+        claim=(
+            "GSPO's length-normalised sequence ratio tolerates an int8 rollout better than GRPO's "
+            "token ratios: against their own float32-rollout runs, GRPO loses more held-out "
+            "accuracy under the int8 rollout than GSPO"
+        ),
+        paper=(
+            "GSPO (Zheng et al. 2025): robust to the training-inference mismatch; the quantized "
+            "rollouts of slime, verl, SkyRL, NeMo-RL and prime-rl, corrected by token-level "
+            "truncated IS (verl) or sequence-level masked IS"
+        ),
+        notebook="planned: int8_rollout_mismatch",
+        sweeps=("quant",),
+        arms=(
+            "<objective>_<rollout>_<correction> (configs/arith_quant.py): objective grpo or gspo "
+            "(each at its preset's eps); f32_none: the float32 rollout (no mismatch); int8_none: "
+            "the rollout's projection weights quantized to int8 (rl.rollout_quant), old_logp the "
+            "sampler's; int8_token_tis, int8_seq_mis: old_logp recomputed by the trainer and the "
+            "sampler's log-probs weighed by the named correction; the default experiment, 60 RL "
+            "steps from its warm start, held-out greedy accuracy on 500 problems, seeds 0-4 "
+            "(the issue's >= 5 paired seeds, as the staleness dose)",
+        ),
+        primary=Criterion(
+            statistic=(
+                "difference in differences of the final held-out greedy accuracy: "
+                "(grpo_f32_none - grpo_int8_none) - (gspo_f32_none - gspo_int8_none), per seed"
+            ),
+            arms=("pair(grpo_int8_none, gspo_int8_none)",),
+            direction=">",
+            threshold=0.0,
+            test="sign_flip",
+            min_seeds=MIN_SEEDS_DIFFERENCE,
+        ),
+        preconditions=(
+            Precondition(
+                name="an int8 mismatch (mean rollout/logp_diff_absmax >= 1e-4: 100x float32's)",
+                statistic="mean rollout/logp_diff_absmax over steps",
+                arm="grpo_int8_none",
+                direction=">",
+                threshold=1e-4,
+            ),
+            Precondition(
+                name="an int8 rollout that costs GRPO accuracy (>= 0.02 against float32)",
+                statistic="final held-out greedy accuracy, grpo_f32_none - grpo_int8_none",
+                arm="pair(grpo_f32_none, grpo_int8_none)",
+                direction=">",
+                threshold=0.02,
+            ),
+        ),
+        secondary=(
+            "final held-out accuracy of every arm (mean and spread over seeds)",
+            "each correction's effect under int8 per objective (int8_<c> - int8_none, paired)",
+            "the mismatch per token: rollout/logp_diff_mean and _absmax per arm over the steps",
+            "training stability: diverged (non-finite) runs per arm, counted as failures",
+        ),
+        negative_control=(
+            "f32_none: the sampler's log-probs equal the trainer's to float32 rounding"
+        ),
+        confounds=(
+            "the corrected arms also recompute old_logp (one more forward per step), which moves "
+            "the ratio's reference from the sampler to the trainer; the uncorrected arms clip the "
+            "ratio against the int8 sampler's log-probs"
+        ),
+    ),
     # --- round 2 (issue 33): registered before any of their runs --------------------------------
     # Every entry below runs at the fresh seeds ROUND2_SEEDS (100-111; the entries above ran 0-4),
     # at least MIN_SEEDS_ROUND2 paired, with an exact test (sign_flip, or wilcoxon where one

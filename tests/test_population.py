@@ -255,25 +255,33 @@ def test_resume_is_exact(shared, loop_run):
         assert a == b
 
 
-def test_members_spread_over_a_mesh_axis(shared, first_steps):
-    """4 ε values x 2 seeds on 8 simulated devices, one member each (mesh.population=8): the
-    state is sharded member by member, and the member with the first population's member-0
-    values takes the same first step."""
+@pytest.mark.parametrize(
+    "groups,data",
+    [(8, 1), (4, 2)],
+    ids=["a member per device", "2 members per 2-device group"],
+)
+def test_members_spread_over_a_mesh_axis(shared, first_steps, groups, data):
+    """4 ε values x 2 seeds on 8 simulated devices (mesh.population=groups, each group's rows
+    over mesh.data=data devices): the state is sharded member by member over the groups, the
+    per-member rollout samples each member on its own device group (first_step_population checks
+    it against the batched rollout), and the member with the first population's member-0 values
+    takes the same first step."""
     _, (tokens, ms, _, _), _ = first_steps
     config = pop_config(
         shared,
         seeds=(0, 1),
         vary={"objective": {"eps_low": (3e-4, 1e-3, 3e-3, 1e-2)}},
         num_devices=8,
-        **{"mesh.data": 1, "mesh.population": 8},
+        **{"mesh.data": data, "mesh.population": groups},
     )
     pop = population.build_population(config)
-    assert pop.run.mesh.shape["population"] == 8 and pop.axis == "population"
+    assert pop.run.mesh.shape["population"] == groups and pop.axis == "population"
     params, _ = build.base_params(pop.run, shared["cache"])
     tok8, ms8, state, _ = first_step_population(pop, params)
     for leaf in jax.tree.leaves(state.params):
         assert leaf.sharding.spec[0] == "population"  # spec: ("population", None, ...)
-        assert {s.data.shape[0] for s in leaf.addressable_shards} == {1}  # a member per device
+        # each device holds its group's members: 8 members over `groups` groups
+        assert {s.data.shape[0] for s in leaf.addressable_shards} == {8 // groups}
     i = [m.name for m in pop.members].index("eps_low=0.0003-seed0")
     np.testing.assert_array_equal(tok8[i], tokens[0])
     off = {
