@@ -16,8 +16,9 @@ criterion are in experiments/claims_registry.py, committed before its runs; PLAN
 registry's claims whose current entry's notebook cells come with their runs (``--runs_only`` makes
 those runs): round 2's entries (issue 33), whose sweeps (``r2_*``) run 12 fresh seeds (100-111,
 ``Sweep.seeds``) with the warm start drawn per seed, a process per run (the launcher's populations
-merge an arm's seeds only when they share a warm start), and the int8 rollout's (issue 32,
-sweep ``quant``, seeds 0-4). The notebook is executed in place with nbclient (its outputs are
+merge an arm's seeds only when they share a warm start), and issue 32's (the int8 rollout,
+sweep ``quant``; LoRA against full fine-tuning, ``lora_arith`` and ``lora_countdown``; seeds
+0-4). The notebook is executed in place with nbclient (its outputs are
 what is committed); it finds the runs through the GSPO_CLAIMS_RUNS environment variable, which
 this launcher sets.
 tests/test_notebooks.py executes every notebook on tiny runlocal runs.
@@ -80,6 +81,11 @@ SWEEPS = {
         Sweep("staleness", "configs/arith_async.py", "", ("--config.eval.every=20",)),
         # the int8 rollout's mismatch (issue 32), held-out accuracy every 20 steps (8 arms)
         Sweep("quant", "configs/arith_quant.py", "", ("--config.eval.every=20",)),
+        # LoRA rank 1 / 8 / 64 against full fine-tuning, a learning-rate grid per arm (issue 32)
+        Sweep("lora_arith", "configs/lora_rank.py:task=arith", "", ("--config.eval.every=20",)),
+        Sweep(
+            "lora_countdown", "configs/lora_rank.py:task=countdown", "", ("--config.eval.every=20",)
+        ),
         # round 2 of the registry (issue 33): ROUND2 seeds 100-111, the warm start drawn per seed
         # (seed mod 3; the arith family's converged warm start, docs/warmstart.md)
         Sweep("r2_eps", ARITH_CONVERGED, "study=r2_eps", (), R2),
@@ -121,7 +127,7 @@ NOTEBOOKS = {
 
 # registry claims whose current entry has no notebook cells yet -> the sweeps its runs come from
 # (--runs_only; a name here takes these sweeps, not the notebook's, "all" the notebooks'): the
-# round-2 entries (issue 33) and the int8 rollout's (issue 32), registered before their runs
+# round-2 entries (issue 33) and issue 32's (the int8 rollout, LoRA), registered before their runs
 PLANNED: dict[str, tuple[str, ...]] = {
     # new versions of the claims above
     "dapo_clip_higher_entropy": ("r2_countdown",),
@@ -148,6 +154,9 @@ PLANNED: dict[str, tuple[str, ...]] = {
     "deepseekmath_inert_clip": ("r2_ratio",),
     # the int8 rollout's mismatch (issue 32)
     "int8_rollout_mismatch": ("quant",),
+    # LoRA against full fine-tuning (issue 32)
+    "lora_rank1_matches_full": ("lora_arith",),
+    "lora_rank1_matches_full_countdown": ("lora_countdown",),
 }
 
 SEEDS = 5  # the registry's minimum for a criterion that compares two arms
