@@ -65,11 +65,14 @@ _HF_MODULE = {
 
 @dataclasses.dataclass(frozen=True)
 class LoraSpec:
-    """config.lora, typed: rank r (0 = no adapters), α, the target module-path patterns."""
+    """config.lora, typed: rank r (0 = no adapters), α, the target module-path patterns and
+    base_quant, the frozen base's quantization under the adapters (QLoRA: "int8", "fp8"; "" =
+    none; rl/build.py adapted_model applies it through rollout/quant.py)."""
 
     rank: int = 0
     alpha: float = 16.0
     targets: tuple[str, ...] = DEFAULT_TARGETS
+    base_quant: str = ""
 
     @classmethod
     def of(cls, lora_cfg: Any) -> LoraSpec:
@@ -81,6 +84,7 @@ class LoraSpec:
             rank=int(get("rank", 0)),
             alpha=float(get("alpha", 16.0)),
             targets=tuple(get("targets", DEFAULT_TARGETS)),
+            base_quant=str(get("base_quant", "")),
         )
 
     @property
