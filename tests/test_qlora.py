@@ -156,6 +156,8 @@ QLORA = {
     "lora.alpha": 16.0,
     "lora.base_quant": "int8",
     "optimizer.learning_rate": 1e-3,
+    # random init: every reward is 0 and so is every advantage; the entropy bonus moves B
+    "objective.entropy_coef": 0.01,
 }
 
 
