@@ -411,7 +411,8 @@ def format_plan(p: dict[str, Any]) -> str:
     lines = [
         f"memory plan: {p['model']} on {p['slice']} ({p['devices']} devices, mesh {mesh}; "
         f"{p['shapes']})",
-        f"  parameters ({_params_label(p)}){g(p['params'])} GiB per device" + _params_note(p),
+        f"  {'parameters (' + _params_label(p) + ')':<28}{g(p['params'])} GiB per device"
+        + _params_note(p),
         f"  optimizer state             {g(p['optimizer'])} GiB",
         f"  reference parameters        {g(p['reference'])} GiB",
         f"  update peak (compiled)      {g(p['update_peak'])} GiB",
@@ -464,9 +465,9 @@ def format_plan(p: dict[str, Any]) -> str:
 
 
 def _params_label(p: dict[str, Any]) -> str:
-    """The parameters' dtype in the table (QLoRA: the quantized base's), padded to its column."""
+    """The parameters' dtype in the table (QLoRA: the quantized base's)."""
     quant = p.get("base_quant")
-    return f"{(quant + ' base') if quant else 'float32':<15}"
+    return f"{quant} base" if quant else "float32"
 
 
 def _params_note(p: dict[str, Any]) -> str:
