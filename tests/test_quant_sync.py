@@ -43,9 +43,8 @@ def test_the_sync_sends_quantized_weights_the_rollout_reads_as_they_are(shared, 
     assert 0.25 < _nbytes(sent) / _nbytes(proj) < 0.3
     # rollout_model reads the copy as it is (the same QArrays, not quantized again)
     model = ts.rollout_model(run, copy)
-    assert (
-        model.layers.attn.q_proj.get_raw_value() is copy["layers"]["attn"]["q_proj"].get_raw_value()
-    )
+    read, sent_q = model.layers.attn.q_proj.get_raw_value(), copy["layers"]["attn"]["q_proj"]
+    assert read.qvalue is sent_q.get_raw_value().qvalue
     batch = next(data_iterator.make_data_iterator(run.config, run.task))
     args = [jnp.asarray(batch[f], jnp.int32) for f in ("prompt", "prompt_length")]  # [P, Lp], [P]
     key = jax.random.key_data(jax.random.key(3))

@@ -28,7 +28,10 @@ rollout runs on its devices while the update runs on the trainer's):
      under a bf16 rollout. The layers cast at use, so the rollout computes the same; but a
      compiler that keeps a float32 weight's excess precision through a bf16 cast (XLA:CPU does)
      differs from it by float rounding. With "trainer" the copy keeps the parameters' dtype and
-     the rollout computes exactly as the synchronous one, so staleness is the only difference;
+     the rollout computes exactly as the synchronous one, so staleness is the only difference.
+     With rl.rollout_quant the copy holds the projection weights already quantized (qvalues +
+     scales, quantized from the parameters' dtype as the synchronous rollout does), about a
+     quarter of their float32 bytes, and the rollout reads them without quantizing again;
   2. start the rollout of step t + d: its prompts are the data stream's next batch and its key is
      step t + d's rollout key, so a batch's tokens do not depend on the schedule;
   3. take step t's batch (for d = 0 after waiting for it), score it, make its RLBatch and update.

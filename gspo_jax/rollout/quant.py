@@ -23,8 +23,11 @@ What is quantized: the attention projections (q, k, v, o), the dense SwiGLU's ga
 the MoE experts' gate/up/down. What is not: the embedding and output matrix, the norms, the
 biases and the MoE router (the routes are discrete: a rounded router moves tokens to other
 experts, not by a rounding error). One place prepares the rollout's weights: rl/step.py
-rollout_model calls quantize_weights inside the rollout's jit, so every sync of the parameters
-(each step, the pipeline's refresh) is quantized afresh.
+rollout_model calls quantize_weights inside the rollout's jit, so each step's rollout quantizes
+the current parameters afresh; the asynchronous pipeline's sync (rl/pipeline.py rollout_copy)
+quantizes them once per refresh and sends the QArrays, which rollout_model reads as they are.
+QLoRA (config.lora.base_quant, rl/build.py adapted_model) holds the trainer's frozen base so;
+state_shardings places such a state on a mesh.
 
 Dimension legend: L layers, D hidden, H query heads, K kv heads, Dh head dim, F SwiGLU hidden,
 E experts, Fe per-expert hidden.
