@@ -126,6 +126,20 @@ def test_qlora_shardings_follow_the_weights_and_leave_scales_contracted_axes_who
     assert placed.qvalue.sharding == q.qvalue and placed.scale.sharding == q.scale
 
 
+def test_merged_qlora_is_the_dequantized_base_plus_the_delta(qlora):
+    """lora.merged (the export's weights) of a QLoRA model with random B: a plain float decoder
+    computing the QLoRA model's function to float rounding."""
+    trained = nnx.clone(qlora)
+    for _, module in nnx.iter_modules(trained.layers):
+        for name, v in vars(module).items():
+            if name.endswith("_lora_b"):
+                v.set_value(0.05 * jax.random.normal(jax.random.key(len(name)), v.shape))
+    merged = lora.merged(trained, SPEC)
+    assert not nnx.state(merged, rollout.QuantizedParam) and not nnx.state(merged, nnx.LoRAParam)
+    assert float(jnp.abs(trained(TOKENS) - qlora(TOKENS)).max()) > 1e-3  # the adapters act
+    np.testing.assert_allclose(merged(TOKENS), trained(TOKENS), rtol=1e-5, atol=1e-5)
+
+
 def test_bad_base_quant_configs_are_one_line_errors(shared):
     small = {"init.kind": "random", "num_devices": 1}
     for fields, match in (

@@ -273,10 +273,13 @@ def merged(model: Transformer, spec: LoraSpec) -> Transformer:
 
 
 def create_plain_like(model: Transformer) -> Transformer:
-    """The model's base weights under a plain Transformer (no adapters, no qwix)."""
+    """The model's base weights under a plain Transformer (no adapters, no qwix); a QLoRA base
+    (held quantized: rollout/quant.py QuantizedParam) dequantized, as the model reads it."""
     graphdef, state = nnx.split(nnx.eval_shape(lambda: create_model(model.cfg)))
     base = nnx.state(model, nnx.Param).filter(nnx.Not(nnx.LoRAParam))
-    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.copy, base.to_pure_dict()))
+    weights = {path: v[...] for path, v in nnx.to_flat_state(base)}  # reads dequantize
+    for path, v in nnx.to_flat_state(state):
+        v.set_value(jnp.copy(weights[path]))
     return nnx.merge(graphdef, state)
 
 
