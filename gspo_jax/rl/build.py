@@ -416,6 +416,8 @@ def adapted_model(model, spec: models.lora.LoraSpec, seed: int):
     quantized under them (rollout/quant.py: QuantizedParam, read dequantized by the trainer,
     the reference and the rollout; the adapters stay in their dtype). The one place the policy
     gets its adapters and its quantized base, for the abstract model and the concrete one."""
+    if spec.rank <= 0:  # full fine-tuning: every weight trains, none is held quantized
+        return model
     return rollout.quantize_weights(
         models.lora.add_adapters(model, spec, seed=seed), spec.base_quant
     )
