@@ -140,6 +140,31 @@ def test_merged_qlora_is_the_dequantized_base_plus_the_delta(qlora):
     np.testing.assert_allclose(merged(TOKENS), trained(TOKENS), rtol=1e-5, atol=1e-5)
 
 
+def test_the_plan_counts_the_base_quantized(shared):
+    """The dry run's figures (planning/memory_plan.py): the parameters as held (the int8 base)
+    beside the float32 base's, and the rollout's weights the int8 rollout's."""
+    from gspo_jax.planning import memory_plan
+
+    small = {"init.kind": "random", "num_devices": 1, "lora.rank": 4}
+    q_run = build.build_run(make_config(shared, **small, **{"lora.base_quant": "int8"}))
+    r_run = build.build_run(make_config(shared, **small, **{"rl.rollout_quant": "int8"}))
+    held = memory_plan.shard_bytes(q_run.abs_params)
+    float_base = memory_plan.shard_bytes(memory_plan.float_abstract(q_run)[1])
+    assert float_base == memory_plan.shard_bytes(r_run.abs_params)  # LoRA's float32 base
+    proj = [  # the quantized projections: 4 bytes -> 1 per weight, plus one scale per channel
+        q for p, q in nnx.to_flat_state(q_run.abs_params) if isinstance(q, rollout.QuantizedParam)
+    ]
+    qbytes = sum(
+        x.size * x.dtype.itemsize for q in proj for x in jax.tree.leaves(q.get_raw_value())
+    )
+    elements = sum(q.get_raw_value().qvalue.size for q in proj)
+    assert held == float_base - 4 * elements + qbytes and held < float_base
+    w_q, w_r = memory_plan.rollout_weight_bytes(q_run), memory_plan.rollout_weight_bytes(r_run)
+    assert w_q == w_r and w_q["quant"] == "int8"
+    text = memory_plan._params_note({"base_quant": "int8", "params_float": float_base})
+    assert "with a float32 base" in text
+
+
 def test_bad_base_quant_configs_are_one_line_errors(shared):
     small = {"init.kind": "random", "num_devices": 1}
     for fields, match in (
