@@ -84,3 +84,24 @@ def test_the_pipeline_dry_run_counts_the_quantized_sync():
     run = build.build_run(cfg)
     assert ro["copy"] == p["params_total"] and p["sync_bytes"] == 4 * ro["copy"]
     assert p["params_total"] < 0.5 * _nbytes(run.abs_params)
+
+
+@pytest.mark.long
+def test_a_rollout_device_group_receives_the_quantized_copy(shared):
+    """int8 on a rollout group of 4 of 8 devices: the sync puts the quantized copy on the
+    rollout's devices, with copy_shardings's shardings, and the pipelined step samples what the
+    shared 8-device int8 run samples (its metrics to float tolerance, as without quantization:
+    tests/test_pipeline.py)."""
+    from test_pipeline import _pipeline_steps, _run_and_state, _same_metrics, _sync_steps
+
+    quant = {"rl.rollout_quant": "int8"}
+    run8, params = _run_and_state(shared, num_devices=8, **quant)
+    _, sync_ms, _ = _sync_steps(run8, params, 1)
+    run, params = _run_and_state(shared, num_devices=8, **{"rollout.devices": 4.0}, **quant)
+    _, ms, pipe = _pipeline_steps(run, params, 1)
+    copy = pipe.params
+    assert nnx.to_flat_state(copy.filter(rollout.QuantizedParam))
+    want = pipeline.copy_shardings(run, run.rollout_mesh)
+    for x, s in zip(jax.tree.leaves(copy), jax.tree.leaves(want), strict=True):
+        assert x.sharding == s
+    _same_metrics(ms[0], sync_ms[0], rtol=1e-5, atol=1e-6)
