@@ -234,11 +234,20 @@ BF16_TRAINER_COPY = {"rl.rollout_dtype": "bfloat16", "rollout.sync_dtype": "trai
 
 
 @pytest.mark.parametrize(
-    "devices,fields", [(1, {}), (8, {}), (1, BF16_TRAINER_COPY)], ids=["1", "8", "1-bf16"]
+    "devices,fields",
+    [
+        (1, {}),
+        (8, {}),
+        (1, BF16_TRAINER_COPY),
+        (1, {"rl.rollout_quant": "int8"}),
+        (1, {"lora.rank": 4, "lora.base_quant": "int8"}),
+    ],
+    ids=["1", "8", "1-bf16", "1-int8", "1-qlora"],
 )
 def test_depth_zero_pipeline_is_the_synchronous_step_bit_for_bit(shared, devices, fields):
     """Also under a bf16 rollout whose sync keeps the parameters' dtype (rollout.sync_dtype
-    "trainer")."""
+    "trainer"), under an int8 rollout, whose sync sends the weights quantized
+    (tests/test_quant_sync.py), and with QLoRA (the copy: the int8 base and the adapters)."""
     run, params = _run_and_state(shared, num_devices=devices, **fields)
     sync_state, sync_ms, phases = _sync_steps(run, params, 2)
     pipe_state, pipe_ms, _ = _pipeline_steps(run, params, 2, phases)

@@ -125,6 +125,25 @@ def check_rollout_options(config: ml_collections.ConfigDict) -> None:
             f"config.rl.rollout_quant={rl.rollout_quant!r}; valid: {ROLLOUT_QUANTS} "
             "('' = the rollout's weights in their own dtype)"
         )
+    lora = config.get("lora") or {}
+    base_quant, rank = lora.get("base_quant", ""), lora.get("rank", 0)
+    if base_quant not in ROLLOUT_QUANTS:
+        raise ConfigError(
+            f"config.lora.base_quant={base_quant!r}; valid: {ROLLOUT_QUANTS} "
+            "('' = the frozen base in the parameters' dtype)"
+        )
+    if base_quant and rank == 0:
+        raise ConfigError(
+            f"config.lora.base_quant={base_quant!r} quantizes the frozen base under LoRA "
+            "adapters, but config.lora.rank=0 trains every weight: set lora.rank > 0 or "
+            "base_quant=''"
+        )
+    if base_quant and rl.rollout_quant not in ("", base_quant):
+        raise ConfigError(
+            f"config.rl.rollout_quant={rl.rollout_quant!r} with config.lora.base_quant="
+            f"{base_quant!r}: the rollout reads the base as quantized already; set "
+            f"rollout_quant='' or {base_quant!r}"
+        )
     if rl.max_gen_batches < 1:
         raise ConfigError(
             f"config.rl.max_gen_batches={rl.max_gen_batches} must be >= 1 (rollouts per step "

@@ -231,6 +231,10 @@ def default_config() -> ml_collections.ConfigDict:
     c.lora.rank = 0
     c.lora.alpha = 16.0
     c.lora.targets = ("layers/attn", "layers/mlp")
+    # QLoRA: the frozen base's projection weights held quantized under the adapters ("int8",
+    # "fp8" or "" = the parameters' dtype; rollout/quant.py's weights and scheme). The trainer,
+    # the reference and the rollout read the dequantized base; only the adapters train.
+    c.lora.base_quant = ""
 
     c.objective = objective_placeholders()
     c.objective.name = "gspo"

@@ -65,11 +65,14 @@ _HF_MODULE = {
 
 @dataclasses.dataclass(frozen=True)
 class LoraSpec:
-    """config.lora, typed: rank r (0 = no adapters), α, the target module-path patterns."""
+    """config.lora, typed: rank r (0 = no adapters), α, the target module-path patterns and
+    base_quant, the frozen base's quantization under the adapters (QLoRA: "int8", "fp8"; "" =
+    none; rl/build.py adapted_model applies it through rollout/quant.py)."""
 
     rank: int = 0
     alpha: float = 16.0
     targets: tuple[str, ...] = DEFAULT_TARGETS
+    base_quant: str = ""
 
     @classmethod
     def of(cls, lora_cfg: Any) -> LoraSpec:
@@ -81,6 +84,7 @@ class LoraSpec:
             rank=int(get("rank", 0)),
             alpha=float(get("alpha", 16.0)),
             targets=tuple(get("targets", DEFAULT_TARGETS)),
+            base_quant=str(get("base_quant", "")),
         )
 
     @property
@@ -269,10 +273,13 @@ def merged(model: Transformer, spec: LoraSpec) -> Transformer:
 
 
 def create_plain_like(model: Transformer) -> Transformer:
-    """The model's base weights under a plain Transformer (no adapters, no qwix)."""
+    """The model's base weights under a plain Transformer (no adapters, no qwix); a QLoRA base
+    (held quantized: rollout/quant.py QuantizedParam) dequantized, as the model reads it."""
     graphdef, state = nnx.split(nnx.eval_shape(lambda: create_model(model.cfg)))
     base = nnx.state(model, nnx.Param).filter(nnx.Not(nnx.LoRAParam))
-    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.copy, base.to_pure_dict()))
+    weights = {path: v[...] for path, v in nnx.to_flat_state(base)}  # reads dequantize
+    for path, v in nnx.to_flat_state(state):
+        v.set_value(jnp.copy(weights[path]))
     return nnx.merge(graphdef, state)
 
 

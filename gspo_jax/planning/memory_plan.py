@@ -11,7 +11,8 @@ the two programs of an RL step at the run's real shapes (the rollout: P prompts 
 cache slots; the update: μ·K minibatches of B/K rows), and reads per-device sizes from them:
 
     parameters         float32 master weights, this device's shard (from the shardings); with
-                       LoRA (config.lora.rank > 0) the frozen base and the adapters
+                       LoRA (config.lora.rank > 0) the frozen base and the adapters, and with
+                       QLoRA (config.lora.base_quant) the base's projections as qvalues + scales
     optimizer          Adam moments and count, this device's shard (with LoRA: the adapters')
     reference          a second copy of the parameters when kl_coef > 0 or rl.log_kl_ref (none
                        with LoRA: the reference is the base inside the policy, adapters off)
@@ -159,7 +160,8 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     times = {**roll["times"], "update": upd["time"]}
     rollout_peak, steps, engine = roll["peak"], roll["decode_steps"], roll["engine"]
     (t_roll, t_step), t_upd = roll["compile_s"], upd["compile_s"]
-    params = shard_bytes(abs_state.params)
+    params = shard_bytes(abs_state.params)  # QLoRA: the quantized base as it is held
+    base_quant = exp.lora_spec(config).base_quant if spec.lora_adapters else ""
     opt = shard_bytes(abs_state.opt_state)
     # LoRA: the reference is the policy's own base weights with the adapters off (no copy)
     ref = params if rl_batch.uses_reference(run) and not spec.lora_adapters else 0
@@ -174,6 +176,9 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
         + (f" + LoRA rank {config.lora.rank}" if spec.lora_adapters else ""),
         "shapes": f"P={P} G={spec.group_size} Lp={Lp} T={T} K={spec.num_minibatches}",
         "params": params,
+        "base_quant": base_quant,
+        # the parameters' bytes were the base held in float32 (QLoRA's saving is the difference)
+        "params_float": shard_bytes(float_abstract(run)[1]) if base_quant else params,
         "optimizer": opt,
         "reference": ref,
         "update_peak": update_peak,
@@ -406,7 +411,8 @@ def format_plan(p: dict[str, Any]) -> str:
     lines = [
         f"memory plan: {p['model']} on {p['slice']} ({p['devices']} devices, mesh {mesh}; "
         f"{p['shapes']})",
-        f"  parameters (float32)        {g(p['params'])} GiB per device",
+        f"  {'parameters (' + _params_label(p) + ')':<28}{g(p['params'])} GiB per device"
+        + _params_note(p),
         f"  optimizer state             {g(p['optimizer'])} GiB",
         f"  reference parameters        {g(p['reference'])} GiB",
         f"  update peak (compiled)      {g(p['update_peak'])} GiB",
@@ -458,6 +464,19 @@ def format_plan(p: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _params_label(p: dict[str, Any]) -> str:
+    """The parameters' dtype in the table (QLoRA: the quantized base's)."""
+    quant = p.get("base_quant")
+    return f"{quant} base" if quant else "float32"
+
+
+def _params_note(p: dict[str, Any]) -> str:
+    """QLoRA: the float32 base's figure beside the quantized one."""
+    if not p.get("base_quant"):
+        return ""
+    return f" ({p['params_float'] / GIB:.3f} GiB with a float32 base)"
+
+
 def format_seconds(t: float) -> str:
     return f"{t * 1e3:.2f} ms" if t < 1.0 else f"{t:.2f} s"
 
@@ -481,18 +500,32 @@ def rollout_weight_bytes(run) -> dict[str, Any]:
     config.rl.rollout_quant (int8 / fp8 qvalues + float32 scales; shapes only, nothing is
     allocated). Keys: quant, float_bytes, rollout_bytes."""
     quant = run.step.rollout_quant
+    base_quant = exp.lora_spec(run.config).base_quant if run.step.lora_adapters else ""
 
     def prepared(params):
         model = rollout.quantize_weights(nnx.merge(run.rollout_graphdef, params, run.rest), quant)
         return nnx.split(model)
 
-    plain = nnx.merge(run.rollout_graphdef, run.abs_params, run.rest)
+    # QLoRA: the rollout reads the base as the trainer holds it (quantized), the float figure is
+    # the float32 base's
+    plain = nnx.merge(*float_abstract(run), run.rest)
     graphdef, state = jax.eval_shape(prepared, run.abs_params)
     return {
-        "quant": quant,
+        "quant": quant or base_quant,
         "float_bytes": rollout.weight_bytes(plain),
         "rollout_bytes": rollout.weight_bytes(nnx.merge(graphdef, state)),
     }
+
+
+def float_abstract(run):
+    """(graphdef, abstract params) of the run's model with its base in float32: the run's own
+    unless QLoRA (config.lora.base_quant) holds the base quantized (shapes only)."""
+    spec = exp.lora_spec(run.config)
+    if not (run.step.lora_adapters and spec.base_quant):
+        return run.rollout_graphdef, run.abs_params
+    spec = dataclasses.replace(spec, base_quant="")
+    graphdef, abs_params, _, _ = exp.abstract_params(run.model_cfg, run.mesh, run.config.seed, spec)
+    return graphdef, abs_params
 
 
 def format_rollout_weights(p: dict[str, Any]) -> str:

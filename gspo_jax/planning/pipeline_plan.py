@@ -18,13 +18,15 @@ compile tells a TPU's):
   with a rollout group       the update on the trainer's group (config.mesh over the first D − R
                              devices) and the rollout with one decode step on the rollout's
                              (config.rollout.mesh over the last R), its parameters on the
-                             rollout's shardings, in the rollout's compute dtype, as
-                             Pipeline's sync puts them
+                             rollout's shardings, in the rollout's compute dtype (with
+                             rl.rollout_quant the projections quantized), as Pipeline's sync
+                             puts them
 
 Memory per device: the trainer group holds the parameters, the optimizer state, the reference and
 the update's peak; the rollout group the rollout's peak (its parameter copy, the KV cache, the
 logits) and no optimizer state. On a shared mesh (rollout.devices = 0, max_staleness > 0) the
-rollout's copy is a second copy of the parameters on every device, added to the baseline's need.
+rollout's copy is a second copy of the parameters (as the sync sends them) on every device, added
+to the baseline's need.
 
 Step time (roofline seconds, an estimate):
   synchronous                 t_rollout(D) + t_update(D)
@@ -146,7 +148,8 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     sync = memory_plan.plan(synchronous_config(config, D - R))
     run = build.build_run(config)
     abs_state = build.abstract_state(run, run.abs_params)
-    # the whole model as the sync sends it (the rollout's compute dtype)
+    # the whole model as the sync sends it (the rollout's compute dtype; with rl.rollout_quant
+    # the projections as qvalues + scales)
     sent = jax.eval_shape(pipeline.rollout_copy(run), run.abs_params)
     params_total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(sent))
     P = run.step.prompts
@@ -164,7 +167,10 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     }
     t_sync_step = sync["times"]["rollout"] + sync["times"]["update"]
     if R == 0:  # a shared mesh: a second copy of the parameters, the same devices' time
-        needed = sync["needed"] + sync["params"]
+        shared_copy = memory_plan.shard_bytes(
+            sharding.with_shardings(sent, pipeline.copy_shardings(run, run.mesh))
+        )
+        needed = sync["needed"] + shared_copy
         trainer = dict(
             devices=D,
             mesh=sync["mesh"],
@@ -179,7 +185,7 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
             devices=D,
             mesh=sync["mesh"],
             rollout_peak=sync["rollout_peak"],
-            copy=sync["params"],
+            copy=shared_copy,
             needed=needed,
             time=sync["times"]["rollout"],
         )
@@ -189,10 +195,9 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     else:
         phases = ts.make_phases(run, abs_state, with_ref=rl_batch.uses_reference(run))
         upd = memory_plan.update_part(run, phases.update, abs_state, run.mesh, slc)
-        # the sync's copy (in the rollout's compute dtype) on the rollout's shardings
-        r_params = sharding.with_shardings(
-            jax.eval_shape(pipeline.rollout_copy(run), run.abs_params), run.rollout_shardings
-        )
+        # the sync's copy (in the rollout's compute dtype, quantized with rl.rollout_quant) on
+        # the rollout's shardings
+        r_params = sharding.with_shardings(sent, pipeline.copy_shardings(run, run.rollout_mesh))
         r_fn = ts.make_rollout_fn(run, mesh=run.rollout_mesh)
         roll = memory_plan.rollout_part(run, r_fn, r_params, run.rollout_mesh, slc)
         params = memory_plan.shard_bytes(abs_state.params)

@@ -410,15 +410,28 @@ def check_lora(spec: models.lora.LoraSpec, model_cfg: models.ModelConfig) -> Non
         raise ConfigError(str(e)) from None
 
 
+def adapted_model(model, spec: models.lora.LoraSpec, seed: int):
+    """The policy's model from the base ``model``: with LoRA the base under its adapters
+    (models/lora.py), and with spec.base_quant (QLoRA) the base's projection weights held
+    quantized under them (rollout/quant.py: QuantizedParam, read dequantized by the trainer,
+    the reference and the rollout; the adapters stay in their dtype). The one place the policy
+    gets its adapters and its quantized base, for the abstract model and the concrete one."""
+    if spec.rank <= 0:  # full fine-tuning: every weight trains, none is held quantized
+        return model
+    return rollout.quantize_weights(
+        models.lora.add_adapters(model, spec, seed=seed), spec.base_quant
+    )
+
+
 def abstract_params(model_cfg, mesh, seed: int, lora=None):
     """(graphdef, params ShapeDtypeStructs with their mesh shardings, rest) without allocating;
-    with a LoraSpec of rank > 0 the model carries its adapters (models/lora.py)."""
+    with a LoraSpec of rank > 0 the model carries its adapters (and its quantized base: QLoRA)."""
     spec = lora or models.lora.LoraSpec()
     abstract = nnx.eval_shape(
-        lambda: models.lora.add_adapters(models.create_model(model_cfg, seed=seed), spec, seed=seed)
+        lambda: adapted_model(models.create_model(model_cfg, seed=seed), spec, seed)
     )
     graphdef, params, rest = _split_model(abstract)
-    shardings = sharding.state_shardings(params, mesh)
+    shardings = rollout.quant.state_shardings(params, mesh)
     abs_params = sharding.with_shardings(params, shardings)
     return graphdef, abs_params, rest, shardings
 
@@ -487,7 +500,7 @@ def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
         )
     spec = lora_spec(config)
     if spec.rank > 0:  # the base's weights under fresh adapters (B = 0: the base's function)
-        _, params, _ = _split_model(models.lora.add_adapters(model, spec, seed=config.seed))
+        _, params, _ = _split_model(adapted_model(model, spec, config.seed))
     if config.init.kind == "warmstart" or spec.rank > 0:
         params = jax.device_put(params, run.state_shardings)  # a no-op unless the rules differ
     return params, time.time() - t0

@@ -28,7 +28,10 @@ rollout runs on its devices while the update runs on the trainer's):
      under a bf16 rollout. The layers cast at use, so the rollout computes the same; but a
      compiler that keeps a float32 weight's excess precision through a bf16 cast (XLA:CPU does)
      differs from it by float rounding. With "trainer" the copy keeps the parameters' dtype and
-     the rollout computes exactly as the synchronous one, so staleness is the only difference;
+     the rollout computes exactly as the synchronous one, so staleness is the only difference.
+     With rl.rollout_quant the copy holds the projection weights already quantized (qvalues +
+     scales, quantized from the parameters' dtype as the synchronous rollout does), about a
+     quarter of their float32 bytes, and the rollout reads them without quantizing again;
   2. start the rollout of step t + d: its prompts are the data stream's next batch and its key is
      step t + d's rollout key, so a batch's tokens do not depend on the schedule;
   3. take step t's batch (for d = 0 after waiting for it), score it, make its RLBatch and update.
@@ -56,6 +59,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from gspo_jax import models, rollout, sharding
 from gspo_jax.errors import ConfigError
@@ -248,11 +252,12 @@ class Pipeline:
         self.rollout = phases.rollout if shared else ts.make_rollout_fn(run, mesh=self.mesh)
         # a copy (not an alias) of the parameters in the rollout's dtype, on the trainer's
         # shardings; with a rollout group then moved onto its shardings
-        cast = jax.jit(rollout_copy(run), out_shardings=run.state_shardings)
+        cast = jax.jit(rollout_copy(run), out_shardings=copy_shardings(run, run.mesh))
         if shared:
             self._copy = cast
         else:
-            self._copy = lambda p: jax.device_put(cast(p), run.rollout_shardings)
+            to_rollout = copy_shardings(run, self.mesh)
+            self._copy = lambda p: jax.device_put(cast(p), to_rollout)
         self.params = None  # the rollout's copy of the parameters
         self.version: int | None = None  # the policy version it holds
         self.note = ""  # printed once by the trainer (a resume that re-synced off schedule)
@@ -380,16 +385,30 @@ def _mark_ready(started: dict) -> None:
 def rollout_copy(run: Run):
     """params -> the rollout's copy of them (module docstring, step 1): each leaf a fresh array;
     with rollout.sync_dtype "rollout" in the rollout's compute dtype where the layers read it so
-    (not with LoRA adapters, which qwix computes from the stored dtype)."""
+    (not with LoRA adapters, which qwix computes from the stored dtype); with rl.rollout_quant
+    the decoder's projection weights already quantized (rollout/quant.py, from the parameters'
+    own dtype, as the synchronous rollout quantizes them: int8 / fp8 qvalues + float32 scales,
+    about a quarter of float32's bytes), which rl/step.py rollout_model then reads as they are."""
     cast = run.config.rollout.sync_dtype == "rollout" and not run.step.lora_adapters
     dtype = jnp.dtype(run.config.rl.rollout_dtype or run.model_cfg.dtype)
+    quant = run.step.rollout_quant
 
     def copy(params):
-        if cast:
-            params = models.layers.compute_dtype_params(params, dtype)
-        return jax.tree.map(jnp.copy, params)
+        sent = models.layers.compute_dtype_params(params, dtype) if cast else params
+        if quant:
+            model = rollout.quantize_weights(nnx.merge(run.graphdef, params, run.rest), quant)
+            quantized = nnx.state(model, rollout.QuantizedParam)
+            sent = nnx.merge_state(sent.filter(nnx.Not(rollout.QuantizedParam)), quantized)
+        return jax.tree.map(jnp.copy, sent)
 
     return copy
+
+
+def copy_shardings(run: Run, mesh: jax.sharding.Mesh):
+    """The shardings of rollout_copy's output on ``mesh`` (the trainer's or the rollout's): the
+    parameters' own, and with rl.rollout_quant the quantized weights' (rollout/quant.py)."""
+    sent = jax.eval_shape(rollout_copy(run), run.abs_params)
+    return rollout.quant.state_shardings(sent, mesh)
 
 
 def rollout_mesh(config, devices: list) -> jax.sharding.Mesh:
@@ -415,6 +434,7 @@ __all__ = [
     "PipelineQueue",
     "Schedule",
     "check_pipeline",
+    "copy_shardings",
     "rollout_copy",
     "rollout_device_count",
     "rollout_mesh",

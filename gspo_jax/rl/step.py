@@ -46,8 +46,10 @@ def rollout_model(run: Run, params) -> models.Transformer:
     """The model the rollout engine runs, from the trainer's parameters: the one place the
     rollout's weights are prepared. It computes in config.rl.rollout_dtype (run.rollout_graphdef)
     and, with config.rl.rollout_quant, holds the decoder's projection weights quantized
-    (rollout/quant.py), quantized afresh from ``params`` at every call (inside the rollout's jit:
-    each step's, and each refresh of the pipeline's rollout parameters)."""
+    (rollout/quant.py), quantized afresh from ``params`` at every call (inside the rollout's jit,
+    each step). Weights that arrive quantized are read as they are (quantize_weights skips a
+    QuantizedParam): the pipeline's sync sends them so (rl/pipeline.py rollout_copy), and a
+    QLoRA base (config.lora.base_quant) is held so by the trainer."""
     model = nnx.merge(run.rollout_graphdef, params, run.rest)
     return rollout.quantize_weights(model, run.step.rollout_quant)
 

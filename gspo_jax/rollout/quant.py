@@ -23,8 +23,11 @@ What is quantized: the attention projections (q, k, v, o), the dense SwiGLU's ga
 the MoE experts' gate/up/down. What is not: the embedding and output matrix, the norms, the
 biases and the MoE router (the routes are discrete: a rounded router moves tokens to other
 experts, not by a rounding error). One place prepares the rollout's weights: rl/step.py
-rollout_model calls quantize_weights inside the rollout's jit, so every sync of the parameters
-(each step, the pipeline's refresh) is quantized afresh.
+rollout_model calls quantize_weights inside the rollout's jit, so each step's rollout quantizes
+the current parameters afresh; the asynchronous pipeline's sync (rl/pipeline.py rollout_copy)
+quantizes them once per refresh and sends the QArrays, which rollout_model reads as they are.
+QLoRA (config.lora.base_quant, rl/build.py adapted_model) holds the trainer's frozen base so;
+state_shardings places such a state on a mesh.
 
 Dimension legend: L layers, D hidden, H query heads, K kv heads, Dh head dim, F SwiGLU hidden,
 E experts, Fe per-expert hidden.
@@ -37,6 +40,9 @@ import jax.extend
 import jax.numpy as jnp
 import qwix
 from flax import nnx
+from jax.sharding import NamedSharding
+
+from gspo_jax import sharding
 
 # config.rl.rollout_quant -> the qwix qtype of the stored weights ("" = no quantization)
 QTYPES = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
@@ -116,6 +122,24 @@ def quantize_weights(model: nnx.Module, quant: str) -> nnx.Module:
             q = quantize_array(p.get_value(), name, axes, quant)
             setattr(module, name, QuantizedParam(q, **_metadata(p)))
     return model
+
+
+def state_shardings(state: nnx.State, mesh: jax.sharding.Mesh) -> nnx.State:
+    """sharding.state_shardings for a state that may hold QuantizedParams: a QArray's qvalue
+    takes its weight's logical axes, and so does its scale, whose contracted axes (size 1) stay
+    unsharded (logical_to_spec drops a mesh axis that does not divide a dimension)."""
+
+    def one(v):
+        q, axes = v.get_raw_value(), v.get_metadata()["out_sharding"]
+        named = lambda x: NamedSharding(mesh, sharding.logical_to_spec(axes, x.shape, mesh))  # noqa: E731
+        return v.replace(q.replace(qvalue=named(q.qvalue), scale=named(q.scale)))
+
+    quantized = state.filter(QuantizedParam)
+    if not jax.tree.leaves(quantized):
+        return sharding.state_shardings(state, mesh)
+    plain = sharding.state_shardings(state.filter(nnx.Not(QuantizedParam)), mesh)
+    is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+    return nnx.merge_state(plain, jax.tree.map(one, quantized, is_leaf=is_var))
 
 
 def _metadata(p: nnx.Variable) -> dict:
