@@ -21,14 +21,12 @@ notebooks and tests as ``gspo_jax.rl.trainer.train(config, workdir)``.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from gspo_jax import config as config_lib
-from gspo_jax import sharding
 from gspo_jax.config import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -114,6 +112,7 @@ def main(argv: list[str]) -> None:
 def _dry_run(config) -> None:
     """The memory plan on simulated CPU devices: the slice's device count must be set before JAX
     starts its backend, so this runs before anything touches a device."""
+    import os
 
     from gspo_jax.planning import memory_plan
 
@@ -125,7 +124,9 @@ def _dry_run(config) -> None:
     # jax is imported (the config imports it) but no backend has started: both settings still
     # apply. The environment variable JAX_PLATFORMS would not: jax read it at import.
     jax.config.update("jax_platforms", "cpu")
-    os.environ["XLA_FLAGS"] = sharding.host_device_flags(os.environ.get("XLA_FLAGS", ""), devices)
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
+    )
     from gspo_jax.config import population as population_cfg
     from gspo_jax.planning import pipeline_plan
 
@@ -168,9 +169,6 @@ def run() -> None:
     into a ConfigError) before absl parses the flags, and everything else by experiment.build_run,
     the first thing trainer.train and experiment.prepare do.
     """
-    # simulated CPU devices (XLA_FLAGS) get patient collectives before the backend starts
-    if xla_flags := sharding.host_device_flags(os.environ.get("XLA_FLAGS", "")):
-        os.environ["XLA_FLAGS"] = xla_flags
     try:
         spec = _config_spec(sys.argv)
         if spec is not None:

@@ -47,31 +47,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
 POPULATION_AXIS = "population"  # a population's member axis (config.mesh.population)
 
-# XLA:CPU's in-process collectives abort the whole process when one simulated device waits at a
-# collective longer than --xla_cpu_collective_call_terminate_timeout_seconds (40 s by default, a
-# deadlock guard) for another. Simulated devices share the host's cores, so on a loaded host one
-# device's partition can reach an all-reduce minutes before another's: a population over two
-# host devices (mesh.population=2) aborted at its first update so at a load average of 6-7 on 2
-# cores (docs/population.md). The simulated devices' flags wait this long instead.
-CPU_COLLECTIVE_TIMEOUT_S = 3600
-_HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
-_CPU_TIMEOUT_FLAG = "--xla_cpu_collective_call_terminate_timeout_seconds"
-
-
-def host_device_flags(xla_flags: str = "", devices: int | None = None) -> str:
-    """``xla_flags`` (an XLA_FLAGS value) with ``devices`` simulated CPU devices when given, and,
-    wherever simulated devices are asked for, the patient collective timeout above (unless the
-    flags set their own). Set XLA_FLAGS to it before JAX starts its backend."""
-    flags = xla_flags.split()
-    if devices is not None:
-        flags = [f for f in flags if not f.startswith(_HOST_DEVICES_FLAG)]
-        flags.append(f"{_HOST_DEVICES_FLAG}={devices}")
-    simulated = any(f.startswith(_HOST_DEVICES_FLAG) for f in flags)
-    if simulated and not any(f.startswith(_CPU_TIMEOUT_FLAG) for f in flags):
-        flags.append(f"{_CPU_TIMEOUT_FLAG}={CPU_COLLECTIVE_TIMEOUT_S}")
-    return " ".join(flags)
-
-
 RULES: tuple[tuple[str, Any], ...] = (
     # Rows over the expert axis too: the sparse MoE (models/moe_dispatch.py) gathers an expert
     # group's tokens itself, and attention, router and head are not repeated on that axis.

@@ -7,16 +7,12 @@ unsharded computations still run on device 0 only.
 
 import os
 
+os.environ.setdefault("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Tests compare float32 results to 1e-5; keep matmuls in full float32 precision.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
-
-# (jax reads the two settings above at import, XLA_FLAGS when its backend starts)
-from gspo_jax.sharding import host_device_flags  # noqa: E402
-
-_flags = os.environ.get("XLA_FLAGS", "")
-_simulated = "xla_force_host_platform_device_count" in _flags
-os.environ["XLA_FLAGS"] = host_device_flags(_flags, None if _simulated else 8)
 
 
 import sys  # noqa: E402

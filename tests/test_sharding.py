@@ -4,8 +4,6 @@ Dimension legend: P prompts, G samples per prompt, B = P * G rows, Lp padded pro
 T response length, V vocab, D hidden, E experts.
 """
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,26 +36,6 @@ def test_make_mesh_sizes_and_errors():
         sharding.make_mesh({"data": 2, "tensor": 2})
     with pytest.raises(ValueError, match="At most one"):
         sharding.make_mesh({"data": -1, "fsdp": -1})
-
-
-def test_simulated_devices_get_patient_collectives():
-    """Simulated CPU devices come with XLA:CPU's collective timeout raised (a loaded host skews
-    them by more than its 40 s default); flags without simulated devices are left alone, a
-    timeout the flags set is kept, and a device count replaces the one given."""
-    timeout = (
-        f"--xla_cpu_collective_call_terminate_timeout_seconds={sharding.CPU_COLLECTIVE_TIMEOUT_S}"
-    )
-    assert sharding.host_device_flags("") == ""
-    assert sharding.host_device_flags("--xla_dump_to=/tmp/x") == "--xla_dump_to=/tmp/x"
-    assert sharding.host_device_flags("", 2).split() == [
-        "--xla_force_host_platform_device_count=2",
-        timeout,
-    ]
-    own = "--xla_cpu_collective_call_terminate_timeout_seconds=5"
-    flags = sharding.host_device_flags(f"--xla_force_host_platform_device_count=8 {own}", 4)
-    assert flags.split() == [own, "--xla_force_host_platform_device_count=4"]
-    # this test session's own flags (conftest.py) carry it
-    assert timeout in os.environ["XLA_FLAGS"].split()
 
 
 def test_logical_to_spec_drops_axes_that_do_not_fit():

@@ -31,8 +31,6 @@ import numpy as np
 from machine import write_report  # this folder is on sys.path: the script runs from it
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, REPO)
-from gspo_jax.sharding import host_device_flags  # noqa: E402  (this checkout's)
 
 
 def _env(devices: int = 0) -> dict:
@@ -41,7 +39,7 @@ def _env(devices: int = 0) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     if devices:
-        env["XLA_FLAGS"] = host_device_flags(devices=devices)
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     return env
 
 
