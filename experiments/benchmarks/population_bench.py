@@ -8,8 +8,9 @@ arms share them, as every sweep does. Then, timed from the first launch to the l
   processes   N runs of `python -m gspo_jax.main` (config.seed = 0..N-1), --parallel at once
               (two at a time on a 2-core CPU: today's practice)
   population  one process running config.population.seeds = (0, ..., N-1) (rl/population.py)
-The population spreads over --population_devices host devices (default: one per core;
-mesh.population), as the processes spread over the cores. No persistent compilation cache unless
+The population runs on --population_devices host devices (default 1, as the sweeps run it; more
+spread its member groups over simulated CPU devices, mesh.population, which can deadlock XLA:CPU
+on a host with as few cores as devices: docs/population.md). No persistent compilation cache unless
 JAX_COMPILATION_CACHE_DIR is set (the main job sets none: every process compiles, today's
 practice). Each arm's wall time includes its start-up, compiles, evaluations and checkpoints. It
 prints the runs per hour of each and the ratio, each run's final held-out greedy accuracy with the
@@ -150,8 +151,8 @@ def main() -> None:
     p.add_argument(
         "--population_devices",
         type=int,
-        default=os.cpu_count() or 1,
-        help="host devices the population spreads over (mesh.population; default one per core)",
+        default=1,
+        help="host devices the population spreads over (mesh.population; default 1)",
     )
     p.add_argument("--out", default="")
     args = p.parse_args()
