@@ -7,7 +7,9 @@ First (untimed) the dataset and the warm start are prepared once (`main --prepar
 arms share them, as every sweep does. Then, timed from the first launch to the last exit:
   processes   N runs of `python -m gspo_jax.main` (config.seed = 0..N-1), --parallel at once
               (two at a time on a 2-core CPU: today's practice)
-  population  one process running config.population.seeds = (0, ..., N-1) (rl/population.py)
+  population  one process running config.population.seeds = (0, ..., N-1) (rl/population.py),
+              or with --populations K, K processes at once, each with a K-th of the seeds (a
+              sweep with --parallel 2 runs two arms' populations so on a 2-core CPU)
 The population runs on --population_devices host devices (default 1, as the sweeps run it; more
 spread its member groups over simulated CPU devices, mesh.population, which can deadlock XLA:CPU
 on a host with as few cores as devices: docs/population.md). No persistent compilation cache unless
@@ -94,19 +96,35 @@ population.train(config, sys.argv[2])
 """
 
 
-def run_population(config, root, seeds, overrides, devices: int = 0) -> float:
-    """One process running the seeds as a population (over ``devices`` host devices, one
-    member group each, when > 1); returns the wall seconds."""
+def population_roots(root: str, populations: int) -> list[str]:
+    """Where each population writes (one: ``root``; several: ``root/p<i>``)."""
+    return [root] if populations == 1 else [os.path.join(root, f"p{i}") for i in range(populations)]
+
+
+def run_population(config, root, seeds, overrides, devices: int = 0, populations: int = 1) -> float:
+    """The seeds as ``populations`` populations at once (one process each, the seeds split in
+    order: two on a 2-core CPU keep both cores busy, as a sweep's --parallel 2 does with two
+    arms' populations), each over ``devices`` host devices (one member group each, when > 1);
+    returns the wall seconds until the last one ends."""
     if devices > 1:
         overrides = [*overrides, "mesh.data=1", f"mesh.population={devices}"]
-    os.makedirs(root, exist_ok=True)
-    seeds_arg = ",".join(str(s) for s in seeds)
-    cmd = [sys.executable, "-c", POPULATION_RUNNER, config, root, seeds_arg, *overrides]
+    chunks = [list(c) for c in np.array_split(np.asarray(seeds), populations)]
     t0 = time.time()
-    with open(os.path.join(root, "log.txt"), "w") as log:
-        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(devices), cwd=REPO)
-    if rc:
-        raise RuntimeError(f"the population failed (code {rc}); see {root}/log.txt")
+    procs = []
+    for wd, chunk in zip(population_roots(root, populations), chunks, strict=True):
+        os.makedirs(wd, exist_ok=True)
+        seeds_arg = ",".join(str(int(s)) for s in chunk)
+        cmd = [sys.executable, "-c", POPULATION_RUNNER, config, wd, seeds_arg, *overrides]
+        log = open(os.path.join(wd, "log.txt"), "w")  # noqa: SIM115 (closed below)
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(devices), cwd=REPO
+        )
+        procs.append((proc, log, wd))
+    for proc, log, wd in procs:
+        rc = proc.wait()
+        log.close()
+        if rc:
+            raise RuntimeError(f"the population failed (code {rc}); see {wd}/log.txt")
     return time.time() - t0
 
 
@@ -154,6 +172,12 @@ def main() -> None:
         default=1,
         help="host devices the population spreads over (mesh.population; default 1)",
     )
+    p.add_argument(
+        "--populations",
+        type=int,
+        default=1,
+        help="split the seeds into this many populations run at once (one process each)",
+    )
     p.add_argument("--out", default="")
     args = p.parse_args()
     seeds = list(range(args.seeds))
@@ -169,12 +193,18 @@ def main() -> None:
             walls[arm] = run_processes(args.config, root, seeds, args.parallel, overrides)
         else:
             walls[arm] = run_population(
-                args.config, root, seeds, overrides, args.population_devices
+                args.config, root, seeds, overrides, args.population_devices, args.populations
             )
         print(f"{arm}: {len(seeds)} runs in {walls[arm]:.1f} s", flush=True)
     acc_proc = [_final_accuracy(os.path.join(args.workdir, "processes", f"seed{s}")) for s in seeds]
-    members = os.path.join(args.workdir, "population", "members")
-    acc_pop = [_final_accuracy(os.path.join(members, f"seed{s}")) for s in seeds]
+    pop_roots = population_roots(os.path.join(args.workdir, "population"), args.populations)
+    member_dirs = {
+        s: os.path.join(r, "members", f"seed{s}")
+        for r in pop_roots
+        for s in seeds
+        if os.path.isdir(os.path.join(r, "members", f"seed{s}"))
+    }
+    acc_pop = [_final_accuracy(member_dirs[s]) for s in seeds]
     spread = _spread(acc_proc)
     per_hour = {arm: len(seeds) * 3600.0 / w for arm, w in walls.items()}
     result = {
@@ -183,6 +213,7 @@ def main() -> None:
         "steps": args.steps,
         "parallel": args.parallel,
         "population_devices": args.population_devices,
+        "populations": args.populations,
         "compilation_cache": os.environ.get("JAX_COMPILATION_CACHE_DIR", ""),
         "wall_s": walls,
         "runs_per_hour": per_hour,
@@ -195,7 +226,7 @@ def main() -> None:
         # median phase seconds per step: one process (seed 0) and the whole population
         "step_times": {
             "process_seed0": _step_times(os.path.join(args.workdir, "processes", "seed0")),
-            "population": _step_times(os.path.join(members, "seed0")),
+            "population": _step_times(member_dirs[seeds[0]]),
         },
         "load_average": os.getloadavg(),
     }
