@@ -448,6 +448,72 @@ RATIOS_AT_CLIP = Precondition(
     threshold=math.log(1.2),
 )
 
+
+def _lora_rank1_claim(key: str, task: str, sweep: str, setting: str) -> Claim:
+    """lora_rank1_matches_full on one task (issue 32): the same design and criterion on the
+    default experiment and on countdown."""
+    return Claim(
+        key=key,
+        version=1,
+        claim=(
+            f"LoRA RL at rank 1 matches full fine-tuning ({task}): each at its own tuned learning "
+            "rate, rank-1 adapters end within 0.02 held-out accuracy of full fine-tuning"
+        ),
+        paper=(
+            "LoRA without regret (Schulman et al., Thinking Machines 2025): LoRA, even at rank 1, "
+            "matches full fine-tuning for policy-gradient RL, which carries little information "
+            "per episode; 7 of 9 RL frameworks train with LoRA"
+        ),
+        notebook=f"planned: {key}",
+        sweeps=(sweep,),
+        arms=(
+            f"<arm>_lr<lr> (configs/lora_rank.py, {setting}): full "
+            "(lora.rank 0) at learning rate 5e-5, 1e-4, 2e-4; r1, r8, r64 (adapters on the "
+            "attention projections and the MLP, alpha 16, B = 0 at the start) at 3e-4, 1e-3, "
+            "3e-3; 60 RL steps from the task's warm start, held-out greedy accuracy on 500 "
+            "problems, seeds 0-4 (the issue's >= 5 paired seeds)",
+            "an arm's tuned learning rate: the grid's rate with the highest mean final held-out "
+            "accuracy over the seeds (ties: the smaller rate), chosen the same way for every arm",
+        ),
+        primary=Criterion(
+            statistic=(
+                "final held-out greedy accuracy of full minus r1, each at its tuned learning "
+                "rate, per seed (non-inferiority: the claim holds when the mean difference is "
+                "below the 0.02 margin)"
+            ),
+            arms=("tuned(full_lr5e-5, full_lr1e-4, full_lr2e-4, r1_lr3e-4, r1_lr1e-3, r1_lr3e-3)",),
+            direction="<",
+            threshold=0.02,
+            test="sign_flip",
+            min_seeds=MIN_SEEDS_DIFFERENCE,
+        ),
+        preconditions=(
+            Precondition(
+                name="RL that moves the policy (full fine-tuning gains >= 0.05 over the base)",
+                statistic=(
+                    "final minus base held-out greedy accuracy of full at its tuned learning rate"
+                ),
+                arm="tuned(full_lr5e-5, full_lr1e-4, full_lr2e-4)",
+                direction=">",
+                threshold=0.05,
+            ),
+        ),
+        secondary=(
+            "r8 and r64 against full the same way, and every arm's accuracy at every rate of its "
+            "grid (mean and spread over seeds): the learning-rate curves",
+            "the tuned rate per arm (LoRA's about 10x full's is the paper's observation)",
+            "optimizer-state and checkpoint bytes per arm (experiments/benchmarks/lora_bytes.py)",
+            "training stability: diverged (non-finite) runs per arm",
+        ),
+        doses="lora.rank 0 (full), 1, 8, 64",
+        confounds=(
+            "the tuned rate is chosen on the same seeds it is evaluated on: each arm gets the "
+            "best of its three rates, the same selection for every arm; a rate at the edge of an "
+            "arm's grid is reported as such"
+        ),
+    )
+
+
 ENTRIES: tuple[Claim, ...] = (
     Claim(
         key="clip_fraction_vs_eps",
@@ -1200,126 +1266,14 @@ ENTRIES: tuple[Claim, ...] = (
         ),
     ),
     # --- LoRA RL against full fine-tuning (issue 32): registered before their runs -------------
-    Claim(
-        key="lora_rank1_matches_full",
-        version=1,
-        claim=(
-            "LoRA RL at rank 1 matches full fine-tuning (the default experiment): each at its own "
-            "tuned learning rate, rank-1 adapters end within 0.02 held-out accuracy of full "
-            "fine-tuning"
-        ),
-        paper=(
-            "LoRA without regret (Schulman et al., Thinking Machines 2025): LoRA, even at rank 1, "
-            "matches full fine-tuning for policy-gradient RL, which carries little information "
-            "per episode; 7 of 9 RL frameworks train with LoRA"
-        ),
-        notebook="planned: lora_rank1_matches_full",
-        sweeps=("lora_arith",),
-        arms=(
-            "<arm>_lr<lr> (configs/lora_rank.py, the default experiment: arith, GSPO): full "
-            "(lora.rank 0) at learning rate 5e-5, 1e-4, 2e-4; r1, r8, r64 (adapters on the "
-            "attention projections and the MLP, alpha 16, B = 0 at the start) at 3e-4, 1e-3, "
-            "3e-3; 60 RL steps from the task's warm start, held-out greedy accuracy on 500 "
-            "problems, seeds 0-4 (the issue's >= 5 paired seeds)",
-            "an arm's tuned learning rate: the grid's rate with the highest mean final held-out "
-            "accuracy over the seeds (ties: the smaller rate), chosen the same way for every arm",
-        ),
-        primary=Criterion(
-            statistic=(
-                "final held-out greedy accuracy of full minus r1, each at its tuned learning "
-                "rate, per seed (non-inferiority: the claim holds when the mean difference is "
-                "below the 0.02 margin)"
-            ),
-            arms=("tuned(full_lr5e-5, full_lr1e-4, full_lr2e-4, r1_lr3e-4, r1_lr1e-3, r1_lr3e-3)",),
-            direction="<",
-            threshold=0.02,
-            test="sign_flip",
-            min_seeds=MIN_SEEDS_DIFFERENCE,
-        ),
-        preconditions=(
-            Precondition(
-                name="RL that moves the policy (full fine-tuning gains >= 0.05 over the base)",
-                statistic=(
-                    "final minus base held-out greedy accuracy of full at its tuned learning rate"
-                ),
-                arm="tuned(full_lr5e-5, full_lr1e-4, full_lr2e-4)",
-                direction=">",
-                threshold=0.05,
-            ),
-        ),
-        secondary=(
-            "r8 and r64 against full the same way, and every arm's accuracy at every rate of its "
-            "grid (mean and spread over seeds): the learning-rate curves",
-            "the tuned rate per arm (LoRA's about 10x full's is the paper's observation)",
-            "optimizer-state and checkpoint bytes per arm (experiments/benchmarks/lora_bytes.py)",
-            "training stability: diverged (non-finite) runs per arm",
-        ),
-        doses="lora.rank 0 (full), 1, 8, 64",
-        confounds=(
-            "the tuned rate is chosen on the same seeds it is evaluated on: each arm gets the "
-            "best of its three rates, the same selection for every arm; a rate at the edge of an "
-            "arm's grid is reported as such"
-        ),
+    _lora_rank1_claim(
+        "lora_rank1_matches_full",
+        "the default experiment",
+        "lora_arith",
+        "the default experiment: arith, GSPO",
     ),
-    Claim(
-        key="lora_rank1_matches_full_countdown",
-        version=1,
-        claim=(
-            "LoRA RL at rank 1 matches full fine-tuning (countdown): each at its own tuned "
-            "learning rate, rank-1 adapters end within 0.02 held-out accuracy of full fine-tuning"
-        ),
-        paper=(
-            "LoRA without regret (Schulman et al., Thinking Machines 2025): LoRA, even at rank 1, "
-            "matches full fine-tuning for policy-gradient RL, which carries little information "
-            "per episode; 7 of 9 RL frameworks train with LoRA"
-        ),
-        notebook="planned: lora_rank1_matches_full_countdown",
-        sweeps=("lora_countdown",),
-        arms=(
-            "<arm>_lr<lr> (configs/lora_rank.py, countdown, GRPO): full (lora.rank 0) at learning "
-            "rate 5e-5, 1e-4, 2e-4; r1, r8, r64 (adapters on the attention projections and the "
-            "MLP, alpha 16, B = 0 at the start) at 3e-4, 1e-3, 3e-3; 60 RL steps from the task's "
-            "warm start, held-out greedy accuracy on 500 problems, seeds 0-4 (the issue's >= 5 "
-            "paired seeds)",
-            "an arm's tuned learning rate: the grid's rate with the highest mean final held-out "
-            "accuracy over the seeds (ties: the smaller rate), chosen the same way for every arm",
-        ),
-        primary=Criterion(
-            statistic=(
-                "final held-out greedy accuracy of full minus r1, each at its tuned learning "
-                "rate, per seed (non-inferiority: the claim holds when the mean difference is "
-                "below the 0.02 margin)"
-            ),
-            arms=("tuned(full_lr5e-5, full_lr1e-4, full_lr2e-4, r1_lr3e-4, r1_lr1e-3, r1_lr3e-3)",),
-            direction="<",
-            threshold=0.02,
-            test="sign_flip",
-            min_seeds=MIN_SEEDS_DIFFERENCE,
-        ),
-        preconditions=(
-            Precondition(
-                name="RL that moves the policy (full fine-tuning gains >= 0.05 over the base)",
-                statistic=(
-                    "final minus base held-out greedy accuracy of full at its tuned learning rate"
-                ),
-                arm="tuned(full_lr5e-5, full_lr1e-4, full_lr2e-4)",
-                direction=">",
-                threshold=0.05,
-            ),
-        ),
-        secondary=(
-            "r8 and r64 against full the same way, and every arm's accuracy at every rate of its "
-            "grid (mean and spread over seeds): the learning-rate curves",
-            "the tuned rate per arm (LoRA's about 10x full's is the paper's observation)",
-            "optimizer-state and checkpoint bytes per arm (experiments/benchmarks/lora_bytes.py)",
-            "training stability: diverged (non-finite) runs per arm",
-        ),
-        doses="lora.rank 0 (full), 1, 8, 64",
-        confounds=(
-            "the tuned rate is chosen on the same seeds it is evaluated on: each arm gets the "
-            "best of its three rates, the same selection for every arm; a rate at the edge of an "
-            "arm's grid is reported as such"
-        ),
+    _lora_rank1_claim(
+        "lora_rank1_matches_full_countdown", "countdown", "lora_countdown", "countdown, GRPO"
     ),
     # --- round 2 (issue 33): registered before any of their runs --------------------------------
     # Every entry below runs at the fresh seeds ROUND2_SEEDS (100-111; the entries above ran 0-4),

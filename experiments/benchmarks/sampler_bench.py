@@ -895,34 +895,21 @@ def main(argv=None):
         help="only compare our engines with the peers at a uniform shape (module docstring)",
     )
     a = ap.parse_args(argv)
-    if a.compare_peers:
-        results = compare_peers(a)
-        if a.out:
-            os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-            with open(a.out, "w") as f:
-                json.dump({"machine": describe(), "peers": results}, f, indent=2)
-        return results
-    if a.compare_quant:
-        results = compare_quant(a)
-        if a.out:
-            os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-            with open(a.out, "w") as f:
-                json.dump({"machine": describe(), "quantized_weights": results}, f, indent=2)
-        return results
-    if a.compare_engines:
-        results = compare_engines(a)
-        if a.out:
-            os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-            with open(a.out, "w") as f:
-                json.dump({"machine": describe(), "engines": results}, f, indent=2)
-        return results
-    if a.compare_decode:
-        results = compare_decode(a)
-        if a.out:
-            os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-            with open(a.out, "w") as f:
-                json.dump({"machine": describe(), "decode_layouts": results}, f, indent=2)
-        return results
+    # the comparisons that replace the figures above: flag -> (function, its key in --out)
+    comparisons = {
+        "compare_peers": (compare_peers, "peers"),
+        "compare_quant": (compare_quant, "quantized_weights"),
+        "compare_engines": (compare_engines, "engines"),
+        "compare_decode": (compare_decode, "decode_layouts"),
+    }
+    for flag, (compare, key) in comparisons.items():
+        if getattr(a, flag):
+            results = compare(a)
+            if a.out:
+                os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
+                with open(a.out, "w") as f:
+                    json.dump({"machine": describe(), key: results}, f, indent=2)
+            return results
 
     figures, targets, results = {}, {}, {}
     for shape in a.shapes.split(","):
