@@ -603,6 +603,7 @@ def test_matches_transformers(family, checkpoints, loaded, tmp_path):
         _assert_close_relative(ours, want)
 
 
+@pytest.mark.long  # a trainer run from a written folder: .ci/run's long stage
 def test_a_run_starts_from_a_checkpoint_folder(shared, tmp_path):
     """config.init.kind='hf': the model's shapes come from the folder's config.json and its
     weights are the checkpoint's (here an export of the arith task's tiny model)."""
@@ -630,6 +631,7 @@ def test_a_run_starts_from_a_checkpoint_folder(shared, tmp_path):
         experiment.build_run(cfg, None)
 
 
+@pytest.mark.long  # a trained run exported and reloaded: .ci/run's long stage
 def test_a_trained_run_exports_to_a_checkpoint_folder(single, tmp_path):
     """experiments/export_hf.py: the newest checkpoint's parameters, as a loadable folder."""
     from trainer_runs import final_params, load_repo_module

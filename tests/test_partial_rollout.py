@@ -84,6 +84,7 @@ def sampled(setup):
     return _two_steps(setup, temperature=1.0)
 
 
+@pytest.mark.long  # two engine steps of the carried rows: .ci/run's long stage
 def test_greedy_rows_continued_across_steps_equal_one_uninterrupted_rollout(setup, greedy):
     m, prompts, lengths = setup
     full, carry, _ = greedy
@@ -99,6 +100,7 @@ def test_greedy_rows_continued_across_steps_equal_one_uninterrupted_rollout(setu
     assert (n > 0).any() and (~np.asarray(carry.done) & (n > 0)).any()
 
 
+@pytest.mark.long  # two engine steps of the carried rows: .ci/run's long stage
 @pytest.mark.parametrize("rollout", ["greedy", "sampled"])
 def test_carried_tokens_keep_their_versions_and_the_trainers_logprobs(setup, rollout, request):
     """The carried prefix is kept token for token with version 0, the continuation is version
@@ -121,6 +123,7 @@ def test_carried_tokens_keep_their_versions_and_the_trainers_logprobs(setup, rol
     np.testing.assert_allclose(np.asarray(trainer) * full.mask, full.logp, atol=1e-5, rtol=0)
 
 
+@pytest.mark.long  # a whole queue through the engine: .ci/run's long stage
 def test_a_queue_run_to_the_end_is_the_plain_engine(setup):
     m, prompts, lengths = setup
     out, sel, car, carry = _partial(

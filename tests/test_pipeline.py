@@ -239,8 +239,9 @@ BF16_TRAINER_COPY = {"rl.rollout_dtype": "bfloat16", "rollout.sync_dtype": "trai
         (1, {}),
         (8, {}),
         (1, BF16_TRAINER_COPY),
-        (1, {"rl.rollout_quant": "int8"}),
-        (1, {"lora.rank": 4, "lora.base_quant": "int8"}),
+        # two more trainer runs each (about a minute): .ci/run's long stage
+        pytest.param(1, {"rl.rollout_quant": "int8"}, marks=pytest.mark.long),
+        pytest.param(1, {"lora.rank": 4, "lora.base_quant": "int8"}, marks=pytest.mark.long),
     ],
     ids=["1", "8", "1-bf16", "1-int8", "1-qlora"],
 )
