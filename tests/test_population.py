@@ -17,6 +17,7 @@ import pytest
 import trainer_runs as runs
 
 from gspo_jax import config as config_lib
+from gspo_jax import sharding
 from gspo_jax.config import population as population_cfg
 from gspo_jax.data import iterator as data_iterator
 from gspo_jax.rl import build, population
@@ -64,7 +65,9 @@ def first_step_population(pop: population.Population, params, temperatures=None)
     if phases.member_rollout is not None:  # what the step samples with on a CPU: the same tokens
         own = phases.member_rollout(state.params, prompts, lengths, keys["rollout"], *temps)
         np.testing.assert_array_equal(np.asarray(own.tokens), tokens)
-        assert own.tokens.sharding.is_equivalent_to(pop.on_members((None, None)), 3)
+        # placed as the batched rollout's: members over the groups, rows over each group's rows
+        rows = sharding.row_spec(pop.run.mesh)
+        assert own.tokens.sharding.is_equivalent_to(pop.on_members((rows, None)), 3)
     other = None if temperatures is None else rollout(jnp.asarray(temperatures, jnp.float32))
     active = np.ones(pop.size, bool)
     state, ms, kept = population.population_step(pop, phases, state, batches, active)
