@@ -120,6 +120,7 @@ def test_first_step_equals_single_runs(first_steps):
         "eps_low=0.001-learning_rate=0.0003-temperature=0.7-seed1",
     ]
     assert [m.config.rl.temperature for m in pop.members] == list(TEMPERATURES)
+    assert population.cpu_deadlock_warning(pop) is None  # one device: no warning
     for i, (tok_1, m_1, state_1) in enumerate(singles):
         np.testing.assert_array_equal(tokens[i], tok_1)  # the same sampled tokens
         assert set(ms[i]) == set(m_1)
@@ -268,7 +269,8 @@ def test_members_spread_over_a_mesh_axis(shared, first_steps, groups, data):
     over mesh.data=data devices): the state is sharded member by member over the groups, the
     per-member rollout samples each member on its own device group (first_step_population checks
     it against the batched rollout), and the member with the first population's member-0 values
-    takes the same first step."""
+    takes the same first step; on these CPU devices the build warns of XLA:CPU's collective
+    deadlock (docs/population.md "Sharding")."""
     _, (tokens, ms, _, _), _ = first_steps
     config = pop_config(
         shared,
@@ -278,6 +280,7 @@ def test_members_spread_over_a_mesh_axis(shared, first_steps, groups, data):
         **{"mesh.data": data, "mesh.population": groups},
     )
     pop = population.build_population(config)
+    assert "--config.mesh.population=1" in population.cpu_deadlock_warning(pop)
     assert pop.run.mesh.shape["population"] == groups and pop.axis == "population"
     params, _ = build.base_params(pop.run, shared["cache"])
     tok8, ms8, state, _ = first_step_population(pop, params)

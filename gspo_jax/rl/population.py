@@ -38,6 +38,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import logging
 import os
 import time
 
@@ -510,6 +511,22 @@ def _fmt_accuracy(m: dict | None) -> str:
     return "n/a" if not m else f"{m.get('eval/greedy_accuracy', float('nan')):.3f}"
 
 
+def cpu_deadlock_warning(pop: Population) -> str | None:
+    """The warning for members spread over CPU host devices (mesh.population > 1), else None.
+
+    XLA:CPU runs every host device's programs from one launch pool; under load a member group's
+    launch can wait on it while another group waits in their shared collective, for good
+    (docs/population.md "Sharding"). Warned, not refused: small runs finish, and the tests spread
+    members over simulated devices."""
+    if pop.axis is None or pop.run.mesh.devices.flat[0].platform != "cpu":
+        return None
+    return (
+        f"config.mesh.population={pop.run.mesh.shape[pop.axis]} spreads members over CPU host "
+        "devices, which can deadlock XLA:CPU's collectives on a loaded host: on a CPU use "
+        "--config.mesh.population=1"
+    )
+
+
 def train(
     config: ml_collections.ConfigDict,
     workdir: str,
@@ -521,6 +538,8 @@ def train(
     stopped it early (like a crash, without a final checkpoint: tests use it)."""
     t_start = time.time()
     pop = build_population(config, workdir)
+    if (warning := cpu_deadlock_warning(pop)) is not None:
+        logging.warning(warning)
     run, M = pop.run, pop.size
     names = [m.name for m in pop.members]
     rl, ev = run.config.rl, run.config.eval
