@@ -52,6 +52,23 @@ def test_an_arms_seeds_run_as_one_population(sweep, tmp_path):
     assert sweep.population_runs(one_seed) == one_seed
 
 
+def test_a_population_is_split_to_fill_the_parallel_slots(sweep):
+    """With fewer population runs than --parallel, each is split into consecutive parts, one per
+    process slot (a part of one run is that run); with as many as --parallel, none is."""
+    gspo = [_run("gspo", s, **{"objective.name": "gspo"}) for s in range(5)]
+    parts = sweep.population_runs(gspo, parallel=2)
+    assert [p["name"] for p in parts] == ["population/gspo.part1of2", "population/gspo.part2of2"]
+    assert [p["overrides"]["population.seeds"] for p in parts] == [(0, 1, 2), (3, 4)]
+    assert parts[1]["members"] == {"seed3": "gspo_s3", "seed4": "gspo_s4"}
+    three = sweep.population_runs(gspo[:3], parallel=3)  # parts of one run are the runs
+    assert [r["name"] for r in three] == ["gspo_s0", "gspo_s1", "gspo_s2"]
+    grpo = [_run("grpo", s, **{"objective.name": "grpo"}) for s in range(2)]
+    two_arms = sweep.population_runs(gspo + grpo, parallel=2)
+    assert [r["name"] for r in two_arms] == ["population/gspo", "population/grpo"]
+    assert sweep.population_runs(gspo) == sweep.population_runs(gspo, parallel=1)
+    assert len(sweep.population_runs(gspo)) == 1
+
+
 def test_numeric_arms_merge_into_one_population(sweep):
     """Arms that differ only in fields a population varies (ε here) merge with their seeds into
     one zip population, one member per run, named as the library names its members; an arm that
