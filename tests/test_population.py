@@ -259,6 +259,40 @@ def test_resume_is_exact(shared, loop_run):
         assert a == b
 
 
+def test_sigterm_saves_the_step_and_resumes_exactly(shared, loop_run, monkeypatch):
+    """SIGTERM during step 2 of a population whose periodic checkpoints are off: the step is
+    finished and saved, train raises Preempted (exit code 143) and restores the handlers, and
+    the rerun resumes to the uninterrupted run's parameters and records."""
+    import signal
+
+    from gspo_jax.rl import trainer
+
+    wd, _ = loop_run
+    wd2 = os.path.join(shared["root"], "population_sigterm")
+    config = _loop_config(shared)
+    config.checkpoint.every = 100  # only the stop's save and the final one
+    real_step = population.population_step
+
+    def step_then_sigterm(pop, phases, state, *args, **kw):
+        if int(np.max(jax.device_get(state.step))) + 1 == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(pop, phases, state, *args, **kw)
+
+    monkeypatch.setattr(population, "population_step", step_then_sigterm)
+    with pytest.raises(trainer.Preempted) as e:
+        population.train(config, wd2)
+    assert e.value.step == 2 and e.value.exit_code == 128 + signal.SIGTERM
+    assert sorted(os.listdir(os.path.join(wd2, "checkpoints"))) == ["2"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    monkeypatch.undo()
+    population.train(config, wd2)
+    runs.assert_trees(runs.final_params(wd, STEPS), runs.final_params(wd2, STEPS))
+    for name in _members(wd):
+        a = runs.records(os.path.join(wd, "members", name))
+        b = runs.records(os.path.join(wd2, "members", name))
+        assert a == b
+
+
 @pytest.mark.parametrize(
     "groups,data",
     [(8, 1), (4, 2)],

@@ -601,29 +601,35 @@ def train(
         ckpt.save(done, state, iters, meta, force=force)
 
     try:
-        for step in range(start, rl.num_steps):
-            if stop_after is not None and step - start >= stop_after:
-                break
-            active = np.asarray([f is None for f in frozen_at])
-            state, ms, kept = population_step(
-                pop, phases, state, next(iters), active, ref_params=ref_params
-            )
-            done = step + 1
-            due = done == rl.num_steps or (ev.every and done % ev.every == 0)
-            for i in range(M):
-                if frozen_at[i] is not None:
-                    continue  # a frozen member's run ended: nothing more in its metrics
-                if not kept[i]:
-                    frozen_at[i] = done
-                    ms[i]["train/frozen"] = 1.0
-                    progress.write(f"member {names[i]} diverged at step {done}: frozen")
-                elif due and ev.num_problems > 0:
-                    last_eval[i] = trainer.evaluate(run, member_params(pop, state, i))
-                    ms[i].update(last_eval[i])
-                writers[i].write(done, ms[i])
-            save(done, force=done == rl.num_steps)
-            live = [m for i, m in enumerate(ms) if frozen_at[i] is None]
-            progress.update(live[0] if live else ms[0])
+        with trainer.StopSignals() as signals:  # SIGTERM / SIGINT: save the step, stop
+            for step in range(start, rl.num_steps):
+                if stop_after is not None and step - start >= stop_after:
+                    break
+                active = np.asarray([f is None for f in frozen_at])
+                state, ms, kept = population_step(
+                    pop, phases, state, next(iters), active, ref_params=ref_params
+                )
+                done = step + 1
+                due = done == rl.num_steps or (ev.every and done % ev.every == 0)
+                for i in range(M):
+                    if frozen_at[i] is not None:
+                        continue  # a frozen member's run ended: nothing more in its metrics
+                    if not kept[i]:
+                        frozen_at[i] = done
+                        ms[i]["train/frozen"] = 1.0
+                        progress.write(f"member {names[i]} diverged at step {done}: frozen")
+                    elif due and ev.num_problems > 0:
+                        last_eval[i] = trainer.evaluate(run, member_params(pop, state, i))
+                        ms[i].update(last_eval[i])
+                    writers[i].write(done, ms[i])
+                save(done, force=done == rl.num_steps)
+                live = [m for i, m in enumerate(ms) if frozen_at[i] is None]
+                progress.update(live[0] if live else ms[0])
+                signum = signals.agreed()
+                if signum and done < rl.num_steps:  # as a single run stops (trainer.Session.stop)
+                    save(done, force=True)
+                    ckpt.close()
+                    raise trainer.Preempted(signum, done)
     finally:
         progress.close()
         for w in writers:
