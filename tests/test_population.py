@@ -259,6 +259,46 @@ def test_resume_is_exact(shared, loop_run):
         assert a == b
 
 
+def test_a_collapsed_member_stops_alone(shared, monkeypatch, capfd):
+    """rl.stop_on_collapse in a population: the member with no learning signal for
+    collapse_patience steps is warned about and stops there (its summary's steps and
+    collapsed_at_step, its parameters kept from then on); the other member runs to the end."""
+    config = pop_config(
+        shared,
+        seeds=(0, 1),
+        **{
+            "rl.num_steps": STEPS,
+            "rl.collapse_patience": 2,
+            "rl.stop_on_collapse": True,
+            "checkpoint.every": 1,
+            "checkpoint.max_to_keep": 5,
+        },
+    )
+    real_step = population.population_step
+
+    def member_1_collapses(*args, **kw):
+        state, ms, kept = real_step(*args, **kw)
+        for i, frac in enumerate((0.5, 1.0)):  # member 1: every group's rewards equal
+            ms[i]["rollout/frac_zero_std_groups"] = frac
+        return state, ms, kept
+
+    monkeypatch.setattr(population, "population_step", member_1_collapses)
+    wd = os.path.join(shared["root"], "population_collapse")
+    summaries = population.train(config, wd)
+    out, err = capfd.readouterr()  # stdout without a progress bar, above it with one
+    assert "member seed1: warning: no learning signal for 2 steps" in out + err
+    ok, stopped = summaries["seed0"], summaries["seed1"]
+    assert ok["steps"] == STEPS and ok["collapsed_at_step"] is None
+    assert stopped["steps"] == 2 and stopped["collapsed_at_step"] == 2 and not stopped["frozen"]
+    assert [r["step"] for r in runs.records(os.path.join(wd, "members", "seed1"))] == [0, 1, 2]
+    at_2, final = runs.final_params(wd, 2)["params"], runs.final_params(wd, STEPS)["params"]
+    runs.assert_trees(*(jax.tree.map(lambda x: x[1], p) for p in (at_2, final)))
+    assert any(
+        not np.array_equal(a[0], b[0])
+        for a, b in zip(*map(jax.tree.leaves, (at_2, final)), strict=True)
+    )
+
+
 def test_sigterm_saves_the_step_and_resumes_exactly(shared, loop_run, monkeypatch):
     """SIGTERM during step 2 of a population whose periodic checkpoints are off: the step is
     finished and saved, train raises Preempted (exit code 143) and restores the handlers, and

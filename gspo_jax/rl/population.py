@@ -23,7 +23,10 @@ shared warm start (keyed by init.warmstart.seed, not the run's seed). The checkp
 (WORKDIR/checkpoints) holds the whole stacked state, every member's iterator position and which
 members are frozen, so a resume is exact. A member whose loss, gradient norm or new parameters
 are not finite keeps its last finite parameters and optimizer state from then on (frozen, marked
-``train/frozen`` in its metrics and ``frozen_at_step`` in its summary); the others go on.
+``train/frozen`` in its metrics and ``frozen_at_step`` in its summary); the others go on. Each
+member's collapse (rl.collapse_patience steps in a row without a learning signal) is watched as
+a single run's is: warned, and with rl.stop_on_collapse that member stops there
+(``collapsed_at_step``), the others go on; the counts are in the checkpoint.
 
 Not bit-identical to the single runs: vmapped matmuls and reductions may sum in another order, and
 traced hyperparameters are float32 arithmetic where a single run folds Python floats; the first
@@ -565,10 +568,15 @@ def train(
         writers.append(w)
     uses_ref = rl_batch.uses_reference(run)
     frozen_at = [None] * M  # the step at which each member froze
+    collapsed_at = [None] * M  # the step after which each member stopped (rl.stop_on_collapse)
+    watches = [metrics_lib.CollapseWatch(rl.collapse_patience) for _ in range(M)]
     base_eval, warm_s, prior_wall, ref_params = None, 0.0, 0.0, None
     if restored is not None:
         _, state, meta = restored
         frozen_at = list(meta["frozen_at"])
+        collapsed_at = list(meta.get("collapsed_at") or collapsed_at)
+        for w, count in zip(watches, meta.get("collapse") or [None] * M, strict=True):
+            w.load(count)
         prior_wall = float(meta.get("wall_s", 0.0))
         base_eval = rundir.read_base_eval(member_dir(workdir, names[0]))
         if uses_ref:
@@ -595,36 +603,54 @@ def train(
         meta = {
             "wall_s": prior_wall + time.time() - t_start,
             "frozen_at": frozen_at,
+            "collapsed_at": collapsed_at,
+            "collapse": [w.state() for w in watches],
             "members": names,
             "config": rundir.config_dict(run.config),
         }
         ckpt.save(done, state, iters, meta, force=force)
+
+    def ended_runs() -> list[bool]:  # frozen or stopped on collapse: no more steps
+        return [frozen_at[i] is not None or collapsed_at[i] is not None for i in range(M)]
 
     try:
         with trainer.StopSignals() as signals:  # SIGTERM / SIGINT: save the step, stop
             for step in range(start, rl.num_steps):
                 if stop_after is not None and step - start >= stop_after:
                     break
-                active = np.asarray([f is None for f in frozen_at])
+                ended = ended_runs()
+                active = ~np.asarray(ended)
                 state, ms, kept = population_step(
                     pop, phases, state, next(iters), active, ref_params=ref_params
                 )
                 done = step + 1
                 due = done == rl.num_steps or (ev.every and done % ev.every == 0)
                 for i in range(M):
-                    if frozen_at[i] is not None:
-                        continue  # a frozen member's run ended: nothing more in its metrics
+                    if ended[i]:
+                        continue  # a frozen or stopped member's run ended: no more metrics
+                    evaluated = False
                     if not kept[i]:
-                        frozen_at[i] = done
+                        frozen_at[i], last_eval[i] = done, None  # the end evaluates its policy
                         ms[i]["train/frozen"] = 1.0
                         progress.write(f"member {names[i]} diverged at step {done}: frozen")
-                    elif due and ev.num_problems > 0:
+                    elif evaluated := bool(due and ev.num_problems > 0):
                         last_eval[i] = trainer.evaluate(run, member_params(pop, state, i))
                         ms[i].update(last_eval[i])
                     writers[i].write(done, ms[i])
-                save(done, force=done == rl.num_steps)
-                live = [m for i, m in enumerate(ms) if frozen_at[i] is None]
+                    # before the save: the count is run state (as trainer.train's)
+                    warning = watches[i].update(done, ms[i]) if kept[i] else None
+                    if warning:
+                        progress.write(f"member {names[i]}: {warning}")
+                    if warning and rl.stop_on_collapse:
+                        collapsed_at[i] = done
+                        last_eval[i] = last_eval[i] if evaluated else None
+                        progress.write(f"member {names[i]} stopped at step {done} (collapse)")
+                over = all(ended_runs())
+                save(done, force=done == rl.num_steps or over)
+                live = [m for i, m in enumerate(ms) if frozen_at[i] is None and not ended[i]]
                 progress.update(live[0] if live else ms[0])
+                if over:  # every member's run has ended
+                    break
                 signum = signals.agreed()
                 if signum and done < rl.num_steps:  # as a single run stops (trainer.Session.stop)
                     save(done, force=True)
@@ -641,20 +667,23 @@ def train(
         return None
     summaries = {}
     for i, m in enumerate(pop.members):
-        if last_eval[i] is None and ev.num_problems > 0:  # frozen: its last finite policy
+        if last_eval[i] is None and ev.num_problems > 0:  # frozen or stopped: its last policy
             last_eval[i] = trainer.evaluate(run, member_params(pop, state, i))
         s = rundir.make_summary(
             m.config.objective.name,
             member_dir(workdir, m.name),
             base_eval,
             last_eval[i],
-            steps=rl.num_steps if frozen_at[i] is None else frozen_at[i] - 1,
+            steps=(
+                frozen_at[i] - 1 if frozen_at[i] is not None else collapsed_at[i] or rl.num_steps
+            ),
             wall_s=prior_wall + time.time() - t_start,
             warmstart_s=warm_s,
             rl_s=time.time() - t_loop,
         )
         s.update(seed=m.seed, values=m.values, frozen=frozen_at[i] is not None)
         s["frozen_at_step"] = frozen_at[i]
+        s["collapsed_at_step"] = collapsed_at[i]
         with open(os.path.join(member_dir(workdir, m.name), "summary.json"), "w") as f:
             json.dump(rundir.strict_json(s), f, indent=2, allow_nan=False)
         summaries[m.name] = s
