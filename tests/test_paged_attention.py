@@ -81,6 +81,25 @@ def test_ragged_paged_attention_reads_only_visible_pages(block_pages, chunk):
         np.testing.assert_allclose(got, _dense_reference(q, cache, valid, layer), atol=1e-5)
 
 
+@pytest.mark.parametrize("chunk", [1, None])
+def test_ragged_items_fully_masked_first_item_weighs_nothing(chunk):
+    """Each ragged item runs its own softmax (max m_i) and is folded into its row's by
+    e^(m_i - m): an item whose keys are all masked (m_i = NEG_INF; here every row's first page,
+    before its visible pages, and rows that see keys in one later page only) must weigh
+    nothing, in the same trip as the row's other items or (chunk 1) in an earlier one."""
+    q, cache, valid, kv_end = _ragged_case(seed=3, scratch=7.0)
+    valid = np.asarray(valid).copy()
+    valid[:, :ps] = False  # every row's first page masked
+    valid[1, 2 * ps :] = False  # row 1 sees page 1 only (prompt slots 4 .. its length)
+    valid[1, ps : 2 * ps] = True
+    valid = jnp.asarray(valid)
+    for layer in range(L):
+        got = paged_attention.paged_attention(
+            q, cache, valid, layer, kv_end, block_pages=1, chunk=chunk
+        )
+        np.testing.assert_allclose(got, _dense_reference(q, cache, valid, layer), atol=1e-5)
+
+
 @pytest.mark.parametrize("block_pages", [1, 2])
 def test_shared_prefixes_read_once_equal_the_reference(block_pages):
     """With the engine's shared prefixes in the cache (continuous.shared_prefixes: each active

@@ -17,16 +17,16 @@ and for a decode step, optionally, its shared prefixes: "prefix_table" [Q, Pp] i
 of Q prefixes, each the first Pp table entries of the rows attending it) and "prefix_rows" [Q, G]
 int32 (those rows, N where none; the engine's rollout.continuous.shared_prefixes). With them
 paged_attention reads each prefix's pages once for all its rows (prefix_attention: its rows'
-queries are G x Gq rows of one matmul, as the static engine's shared-prefix decode reads a
-prompt once per group), and each row's own pages past the prefix in the ragged items below;
-without them (and in the Pallas kernel, which ignores them) every row reads its whole table.
-A one-token decode step passes forward this cache, write_index = [N] int32 logical slots (one per
-row: rows are at different steps of their sequences) and a SlotMask whose key_valid [N, Sk] says
-which logical slots each row sees (causality included: the rows' query slots differ, so the mask
-does not use query_slots). layers.Attention writes the step's key/value at each row's slot
-(write_paged, a scatter) and attends over the row's pages (paged_attention). Page 0 is the
-engine's scratch page: table entries no row owns point there, and rows with nothing to decode
-write there, so a write never lands in a page someone reads.
+queries are G x Gq rows of one matmul over the prefix's Pp * ps keys, as the static engine's
+shared-prefix decode reads a prompt once per group), and each row's own pages past the prefix
+in the ragged items below; without them (and in the Pallas kernel, which ignores them) every
+row reads its whole table. A one-token decode step passes forward this cache, write_index = [N]
+int32 logical slots (one per row: rows are at different steps of their sequences) and a SlotMask
+whose key_valid [N, Sk] says which logical slots each row sees (causality included: the rows'
+query slots differ, so the mask does not use query_slots). layers.Attention writes the step's
+key/value at each row's slot (write_paged, a scatter) and attends over the row's pages
+(paged_attention). Page 0 is the engine's scratch page: table entries no row owns point there,
+and rows with nothing to decode write there, so a write never lands in a page someone reads.
 
 layers.Attention calls attend_pages, which runs the implementation ModelConfig.paged_attention
 selects: paged_attention (plain JAX, every platform, the default) or the Pallas kernel of
@@ -38,14 +38,16 @@ paged_attention is ragged flash-decoding in plain JAX. Its work is the list of (
 items below each row's kv_end, a block being bp = block_pages table entries:
 sum_r ceil(kv_end_r / (bp * ps)) items, row-major; a loop with a traced trip count takes
 `chunk` items per trip, gathers their pages ([C, bp, K, Dh, ps], a copy of bp * ps keys per
-item) and folds each item's masked scores into its row's running softmax (float32
-max m, normaliser l, output acc, combined by scatter: m' = max(m, m_i), l' = l e^(m - m') +
-sum_j e^(s_j - m')). Batching by rows instead (one loop over page blocks up to the longest live
-row) costs every row the longest row's length, which with long-tailed lengths is most of the
-table (docs/benchmarks.md). paged_attention_reference is the whole-table softmax both are
-tested against. (JAX's Pallas TPU kernels, jax.experimental.pallas.ops.tpu.paged_attention and
-ragged_paged_attention, expect each row's keys contiguous in [0, length) in another layout; this
-layout keeps the prompt's right-padding hole, hence our own kernel.)
+item) and runs each item's own masked softmax (float32 max m_i, normaliser l_i, output o_i),
+folded into its row's running one by scatter: m' = max(m, m_i), l' = l e^(m - m') +
+l_i e^(m_i - m'), acc' = acc e^(m - m') + o_i e^(m_i - m'): the items' [C, K, Gq, bp * ps]
+exp reads no row statistics, only the [C, K, Gq] rescaling does. Batching by rows instead (one
+loop over page blocks up to the longest live row) costs every row the longest row's length,
+which with long-tailed lengths is most of the table (docs/benchmarks.md).
+paged_attention_reference is the whole-table softmax both are tested against. (JAX's Pallas TPU
+kernels, jax.experimental.pallas.ops.tpu.paged_attention and ragged_paged_attention, expect each
+row's keys contiguous in [0, length) in another layout; this layout keeps the prompt's
+right-padding hole, hence our own kernel.)
 """
 
 from __future__ import annotations
@@ -197,28 +199,25 @@ def prefix_attention(qg: jax.Array, cache: dict, key_valid: jax.Array, layer):
     N, K, Gq, Dh = qg.shape
     (Q, Pp), G = pt.shape, rows.shape[1]
     ps, cdt = cache["k_pages"].shape[-1], qg.dtype
-    M = G * Gq
-    chex.assert_shape(key_valid, (N, Pp * ps))
+    M, S = G * Gq, Pp * ps
+    chex.assert_shape(key_valid, (N, S))
     qpad = jnp.concatenate([qg, jnp.zeros((1, K, Gq, Dh), cdt)])  # row N: no row
     qq = qpad[rows].transpose(0, 2, 1, 3, 4).reshape(Q, K, M, Dh)  # [Q, K, G * Gq, Dh]
-    valid = jnp.concatenate([key_valid, jnp.zeros((1, Pp * ps), bool)])[rows]  # [Q, G, Pp*ps]
-    valid = valid.reshape(Q, G, Pp, ps).transpose(0, 2, 1, 3)  # [Q, Pp, G, ps]
-    k = cache["k_pages"][layer, pt].astype(cdt)  # [Q, Pp, K, Dh, ps]
-    v = cache["v_pages"][layer, pt].astype(cdt)  # [Q, Pp, K, ps, Dh]
-    qb = jnp.broadcast_to(qq[:, None], (Q, Pp, K, M, Dh))
-    s = jnp.einsum("qpkmd,qpkdx->qpkmx", qb, k, preferred_element_type=jnp.float32)
-    s = s.reshape(Q, Pp, K, G, Gq, ps) * Dh**-0.5
-    s = jnp.where(valid[:, :, None, :, None, :], s, NEG_INF)
-    m = jnp.max(s, axis=(1, 5))  # [Q, K, G, Gq]
-    e = jnp.exp(s - m[:, None, ..., None])  # [Q, Pp, K, G, Gq, ps]
-    den = jnp.sum(e, axis=(1, 5))  # [Q, K, G, Gq]
+    valid = jnp.concatenate([key_valid, jnp.zeros((1, S), bool)])[rows]  # [Q, G, S]
+    # The prefix's pages as one [Q, K, Dh, S] / [Q, K, S, Dh] operand (a copy of Q * Pp pages),
+    # so that the softmax runs over S = Pp * ps keys at once, as the static engine's shared
+    # prefix does: a [Q, Pp, K, ..] page axis made the matmuls ps keys wide and the exp's
+    # elementwise loop about 6x slower per element on XLA:CPU (docs/benchmarks.md).
+    k = cache["k_pages"][layer, pt].astype(cdt).transpose(0, 2, 3, 1, 4).reshape(Q, K, Dh, S)
+    v = cache["v_pages"][layer, pt].astype(cdt).transpose(0, 2, 1, 3, 4).reshape(Q, K, S, Dh)
+    s = jnp.einsum("qkmd,qkds->qkms", qq, k, preferred_element_type=jnp.float32)
+    s = jnp.where(valid[:, None, :, None, :], s.reshape(Q, K, G, Gq, S) * Dh**-0.5, NEG_INF)
+    m = jnp.max(s, axis=-1)  # [Q, K, G, Gq]
+    e = jnp.exp(s - m[..., None])  # [Q, K, G, Gq, S]
+    den = jnp.sum(e, axis=-1)  # [Q, K, G, Gq]
     pv = jnp.einsum(
-        "qpkmx,qpkxd->qpkmd",
-        e.astype(cdt).reshape(Q, Pp, K, M, ps),
-        v,
-        preferred_element_type=jnp.float32,
-    )
-    pv = jnp.sum(pv, axis=1).reshape(Q, K, G, Gq, Dh)
+        "qkms,qksd->qkmd", e.astype(cdt).reshape(Q, K, M, S), v, preferred_element_type=jnp.float32
+    ).reshape(Q, K, G, Gq, Dh)
     to_rows = rows.reshape(-1)  # [Q * G]; N (no row) lands in the padding row
 
     def scatter(x, fill):  # [Q, K, G, Gq, ...] -> [N + 1, K, Gq, ...] by row
@@ -246,33 +245,41 @@ def _ragged_pages(qg, cache, table, key_valid, kv_end, layer, stats, block_pages
     total = jnp.sum(per_row)
     trips = (total + C - 1) // C
 
+    # Row N (the padding items' row) sees nothing: one gather gives each item its mask.
+    key_valid = jnp.concatenate([key_valid, jnp.zeros((1, nb, bp * ps), bool)])
+
     def body(c, carry):
         m, den, acc = carry  # [N + 1, K, Gq](, Dh): row N collects the padding items
         item = c * C + jnp.arange(C, dtype=jnp.int32)  # [C]
-        row = jnp.searchsorted(first, item, side="right").astype(jnp.int32) - 1
+        # compare_all: one [C, N] comparison, not a loop of log2(N) steps in every layer's trip
+        row = jnp.searchsorted(first, item, side="right", method="compare_all")
+        row = row.astype(jnp.int32) - 1
         blk = jnp.clip(item - first[row], 0, nb - 1)
         row = jnp.where(item < total, row, N)
         rr = jnp.minimum(row, N - 1)
         pages = table[rr, blk]  # [C, bp]
-        valid = key_valid[rr, blk] & (row < N)[:, None]  # [C, bp * ps]
+        valid = key_valid[row, blk]  # [C, bp * ps]
         # One gather each, the layer index part of it (a slice of the layer first would copy
         # the layer's whole pool).
         k = cache["k_pages"][layer, pages].astype(cdt)  # [C, bp, K, Dh, ps]
         v = cache["v_pages"][layer, pages].astype(cdt)  # [C, bp, K, ps, Dh]
         s = jnp.einsum("ckgd,cpkdx->ckgpx", qg[rr], k, preferred_element_type=jnp.float32)
         s = jnp.where(valid[:, None, None, :], s.reshape(C, K, Gq, bp * ps) * Dh**-0.5, NEG_INF)
+        # The item's own softmax (max m_i, normaliser l_i, output pv), then folded into its
+        # row's: the [C, K, Gq, bp * ps] exp reads no row statistics.
         m_i = jnp.max(s, axis=-1)  # [C, K, Gq]
-        m_new = m.at[row].max(m_i)
-        e = jnp.exp(s - m_new[row][..., None])
+        e = jnp.exp(s - m_i[..., None])
         pv = jnp.einsum(
             "ckgpx,cpkxd->ckgd",
             e.astype(cdt).reshape(C, K, Gq, bp, ps),
             v,
             preferred_element_type=jnp.float32,
         )
-        corr = jnp.exp(m - m_new)
-        den = (den * corr).at[row].add(jnp.sum(e, axis=-1))
-        acc = (acc * corr[..., None]).at[row].add(pv)
+        m_new = m.at[row].max(m_i)
+        corr = jnp.exp(m - m_new)  # [N + 1, K, Gq]: the rows' old statistics rescaled
+        w = jnp.exp(m_i - m_new[row])  # [C, K, Gq]: the items' rescaled
+        den = (den * corr).at[row].add(jnp.sum(e, axis=-1) * w)
+        acc = (acc * corr[..., None]).at[row].add(pv * w[..., None])
         return m_new, den, acc
 
     return jax.lax.fori_loop(0, trips, body, stats)
