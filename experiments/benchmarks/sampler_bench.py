@@ -415,6 +415,26 @@ def _engine_fns(model, prompts, lengths, G, T, eos_id, slots, chunk):
     }
 
 
+def _check_same_tokens(name: str, ref, out, atol: float = 1e-4) -> None:
+    """The engine's tokens are the static engine's, or a row diverges where float32 summation
+    order flips a draw at a CDF boundary: its log-probs agree to ``atol`` up to its first other
+    token (the engines sum attention in different orders). Anything else raises."""
+    a, b = np.asarray(ref.tokens), np.asarray(out.tokens)
+    if np.array_equal(a, b):
+        return
+    la, lb = np.asarray(ref.logp), np.asarray(out.logp)
+    rows = sorted({int(r) for r in np.argwhere(a != b)[:, 0]})
+    first = {r: int(np.argmax(a[r] != b[r])) for r in rows}
+    worst = max(float(np.abs(la[r, : first[r]] - lb[r, : first[r]]).max(initial=0.0)) for r in rows)
+    if worst > atol:
+        raise AssertionError(f"{name} sampled other tokens than the static engine ({worst:.1e})")
+    log(
+        f"{name}: {len(rows)} of {a.shape[0]} rows diverge from the static engine's tokens (first "
+        f"at token {min(first.values())}) where their log-probs agreed to {worst:.1e}: a draw "
+        "at a CDF boundary flipped by float32 summation order"
+    )
+
+
 def bench_engines(model, prompts, lengths, G, T, eos_id, slots, chunk, repeats):
     """Per engine: occupancy, useful tokens/s, first-call seconds; interleaved repeats. Checks
     that every engine returned the static engine's tokens."""
@@ -427,9 +447,9 @@ def bench_engines(model, prompts, lengths, G, T, eos_id, slots, chunk, repeats):
         jax.block_until_ready(out.tokens)
         lengths_np = np.asarray(out.lengths)
         if ref is None:
-            ref = np.asarray(out.tokens)
-        elif not np.array_equal(ref, np.asarray(out.tokens)):
-            raise AssertionError(f"{name} sampled other tokens than the static engine")
+            ref = out
+        else:
+            _check_same_tokens(name, ref, out)
         res[name] = {
             "first_call_s": time.perf_counter() - t0,
             "slot_steps": slot_steps,
