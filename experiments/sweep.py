@@ -291,9 +291,8 @@ def population_runs(
     ``extra``: the flags every run gets after its own; a field they set varies in no population
     (varied_fields). ``parallel``: the processes the launcher runs at once; when fewer
     population runs than that stand for all the runs, each is split into parts (split_group),
-    so that no process slot idles: one population is one program on one core, and on two cores
-    two populations of 4 seeds made 1.18x-1.62x the runs per hour of processes two at a time,
-    where one population of 8 made 0.83x (docs/population.md "Runs per hour")."""
+    so that no process slot idles: one population is one program on one core, so on two cores
+    two populations beat one (the figures: docs/population.md "Runs per hour")."""
     units: dict[str, dict] = {}  # the first run's name -> its population run
     accepted: dict[str, list[dict]] = {}  # the first run's name -> its group
 
