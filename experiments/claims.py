@@ -8,7 +8,10 @@
     python experiments/claims.py gmpo_ratio_range --runs_only --only '*_k16x2_*'   # some runs
 
 Runs go to <runs_dir>/<sweep>/<run> (default runs/claims; a run that finished is skipped, an
-interrupted one resumes), at laptop scale: 5 seeds (paired: seed s of every arm has the same
+interrupted one resumes); each finished run is kept as a committed record,
+<results_dir>/<sweep>/<run>.json.gz (default results/claims; notebooks/reporting/records.py), so a
+run recorded by an earlier session on another machine is not run again, and the notebooks are
+executed on the records. At laptop scale: 5 seeds (paired: seed s of every arm has the same
 prompts and base), 60 RL steps (a sweep's own flags may say more: the clip sweep runs 150),
 held-out greedy accuracy on 500 problems every 10 steps (FULL_FLAGS). Several notebooks read the
 same sweep (the arith sweep serves three claims), so it runs once. Each claim's design and primary
@@ -16,11 +19,10 @@ criterion are in experiments/claims_registry.py, committed before its runs; PLAN
 registry's claims whose current entry's notebook cells come with their runs (``--runs_only`` makes
 those runs): round 2's entries (issue 33), whose sweeps (``r2_*``) run 12 fresh seeds (100-111,
 ``Sweep.seeds``) with the warm start drawn per seed, a process per run (the launcher's populations
-merge an arm's seeds only when they share a warm start), and issue 32's (the int8 rollout,
-sweep ``quant``; LoRA against full fine-tuning, ``lora_arith`` and ``lora_countdown``; seeds
-0-4). The notebook is executed in place with nbclient (its outputs are
-what is committed); it finds the runs through the GSPO_CLAIMS_RUNS environment variable, which
-this launcher sets.
+merge an arm's seeds only when they share a warm start), and issue 32's LoRA against full
+fine-tuning (``lora_arith`` and ``lora_countdown``; seeds 0-4). The notebook is executed in
+place with nbclient (its outputs are what is committed); it finds the runs (the records) through
+the GSPO_CLAIMS_RUNS environment variable, which this launcher sets.
 tests/test_notebooks.py executes every notebook on tiny runlocal runs.
 
 This file holds launcher logic only; no library code (docs/design.md "Layout").
@@ -123,6 +125,8 @@ NOTEBOOKS = {
     "drgrpo_length_bias": ("drgrpo_length",),
     # the asynchronous pipeline's staleness dose (issue 31)
     "staleness_dose": ("staleness",),
+    # the int8 rollout's mismatch (issue 32)
+    "int8_rollout_mismatch": ("quant",),
 }
 
 # registry claims whose current entry has no notebook cells yet -> the sweeps its runs come from
@@ -152,8 +156,6 @@ PLANNED: dict[str, tuple[str, ...]] = {
     "gmpo_token_vs_sequence_clip": ("r2_countdown",),
     "gmpo_grpo_wide_clip": ("r2_countdown",),
     "deepseekmath_inert_clip": ("r2_ratio",),
-    # the int8 rollout's mismatch (issue 32)
-    "int8_rollout_mismatch": ("quant",),
     # LoRA against full fine-tuning (issue 32)
     "lora_rank1_matches_full": ("lora_arith",),
     "lora_rank1_matches_full_countdown": ("lora_countdown",),
@@ -170,6 +172,15 @@ FULL_FLAGS = (
 def _sweep_module():
     spec = importlib.util.spec_from_file_location(
         "_sweep_launcher", os.path.join(REPO, "experiments", "sweep.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _records_module():
+    spec = importlib.util.spec_from_file_location(
+        "_claims_records", os.path.join(NOTEBOOK_DIR, "reporting", "records.py")
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -217,13 +228,17 @@ def run_sweeps(
     extra: Sequence[str] = (),
     only: str = "",
     population: bool = False,
+    results_dir: str | None = None,
 ) -> list[str]:
     """Launches every run of ``sweeps`` that has not finished (``only``: those whose names match
     one of its comma-separated patterns, in every sweep that has any), with FULL_FLAGS, the
     sweep's own flags and then ``extra`` (the later flag wins); returns the failed run names.
     ``population``: each arm's seeds (and arms a population varies) run as one population where
-    the library runs one; other arms one process per run (experiments/sweep.py --population)."""
+    the library runs one; other arms one process per run (experiments/sweep.py --population).
+    ``results_dir``: a run whose record is in <results_dir>/<sweep> is not run again, and every
+    finished run is recorded there (reporting/records.py), also when others failed."""
     sw = _sweep_module()
+    rec = _records_module()
     failed = []
     for s in sweeps:
         root = os.path.join(runs_dir, s.name)
@@ -233,6 +248,13 @@ def run_sweeps(
             runs = [r for r in runs if any(fnmatch.fnmatch(r["name"], p) for p in patterns)]
             if not runs:
                 continue
+        if results_dir:
+            kept = os.path.join(results_dir, s.name)
+            recorded = [r for r in runs if os.path.exists(rec.path_of(kept, r["name"]))]
+            runs = [r for r in runs if r not in recorded]
+            print(f"[claims] sweep {s.name}: {len(recorded)} runs recorded in {kept} already")
+            if not runs:
+                continue
         print(f"[claims] sweep {s.name}: {len(runs)} runs in {root}", flush=True)
         flags = [*FULL_FLAGS, *s.flags, *extra]
         # (population only when asked: a launcher without the option still runs a process per run)
@@ -240,7 +262,12 @@ def run_sweeps(
         if population and not population_names_unique(sw, runs):
             print(f"[claims] sweep {s.name}: a process per run (warm start drawn per seed)")
             kw = {}
-        codes = sw.launch(os.path.join(REPO, s.config), runs, root, parallel, flags, **kw)
+        try:
+            codes = sw.launch(os.path.join(REPO, s.config), runs, root, parallel, flags, **kw)
+        finally:
+            if results_dir:  # what finished is kept, also when the sweep stopped half way
+                new = rec.record_all(root, os.path.join(results_dir, s.name))
+                print(f"[claims] sweep {s.name}: {len(new)} runs recorded in {results_dir}")
         sw.write_tables(sw.collect(runs, root), root)
         failed += [f"{s.name}/{n}" for n, c in codes.items() if c != 0]
     return failed
@@ -287,6 +314,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("notebooks", nargs="*", help="notebook names (notebooks/<name>.ipynb) or all")
     p.add_argument("--runs_dir", default=os.path.join(REPO, "runs", "claims"))
+    p.add_argument(
+        "--results_dir",
+        default=os.path.join(REPO, "results", "claims"),
+        help="the finished runs' committed records (read by the notebooks; a recorded run is "
+        "not run again); empty: workdirs only, the notebooks read --runs_dir",
+    )
     p.add_argument("--seeds", type=int, default=None, help="default: each sweep's own, else 5")
     p.add_argument("--parallel", type=int, default=1, help="runs at once (each is a process)")
     p.add_argument("--runs_only", action="store_true", help="make the runs, do not execute")
@@ -333,6 +366,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             extra=extra,
             only=args.only,
             population=_sweep_module()._parse_bool(args.population),
+            results_dir=args.results_dir or None,
         )
         print(f"[claims] runs done in {time.time() - t0:.0f}s; failed: {failed or 'none'}")
     if failed:
@@ -341,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.runs_only:
         for n in names:
             t0 = time.time()
-            nb = execute_notebook(n, args.runs_dir)
+            nb = execute_notebook(n, args.results_dir or args.runs_dir)
             print(f"[claims] executed notebooks/{n}.ipynb in {time.time() - t0:.0f}s")
             for line in verdict_lines(nb):
                 print(f"  {line}")

@@ -1212,7 +1212,7 @@ ENTRIES: tuple[Claim, ...] = (
             "rollouts of slime, verl, SkyRL, NeMo-RL and prime-rl, corrected by token-level "
             "truncated IS (verl) or sequence-level masked IS"
         ),
-        notebook="planned: int8_rollout_mismatch",
+        notebook="int8_rollout_mismatch",
         sweeps=("quant",),
         arms=(
             "<objective>_<rollout>_<correction> (configs/arith_quant.py): objective grpo or gspo "

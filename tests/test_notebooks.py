@@ -2,7 +2,7 @@
 
 The runs are the notebooks' own sweeps (experiments/claims.py SWEEPS) at runlocal size with one
 seed and 2 RL steps, trained once per session in this process (sharing the session's warm-start
-cache, data and compilation cache) and read by all 14 notebooks: a notebook that no longer
+cache, data and compilation cache) and read by all 15 notebooks: a notebook that no longer
 runs against what the trainer writes fails here. The verdicts of tiny runs mean nothing (one seed:
 every primary criterion that needs paired seeds is inconclusive); that the registry's verdict is
 computed, and is one of its three outcomes, is what is checked.
@@ -48,6 +48,8 @@ TINY_ARMS = {
     },
     # the primary criterion's and the precondition's arms: synchronous and 8 versions stale
     "staleness": {"grpo_k0_none", "grpo_k8_none", "gspo_k0_none", "gspo_k8_none"},
+    # the same for the int8 rollout: float32 and int8, no correction
+    "quant": {"grpo_f32_none", "grpo_int8_none", "gspo_f32_none", "gspo_int8_none"},
 }
 
 

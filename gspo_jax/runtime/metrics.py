@@ -170,7 +170,12 @@ def read_jsonl(path: str) -> list[dict[str, float]]:
     Non-finite values, stored as the strings "nan" / "inf" / "-inf", come back as floats.
     """
     with open(path) as f:
-        recs = [json.loads(line) for line in f if line.strip()]
+        return parse_jsonl(f)
+
+
+def parse_jsonl(lines: Iterable[str]) -> list[dict[str, float]]:
+    """The records of metrics.jsonl's lines (read_jsonl's parsing, for text held elsewhere)."""
+    recs = [json.loads(line) for line in lines if line.strip()]
     return [
         {k: _NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in r.items()} for r in recs
     ]

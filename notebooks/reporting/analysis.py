@@ -2,7 +2,9 @@
 
 A sweep writes one workdir per run (experiments/sweep.py), named ``<arm>_s<seed>``; every workdir
 holds config.json, metrics.jsonl (one record per RL step, plus the eval records) and, once the run
-has ended, summary.json. Here:
+has ended, summary.json. experiments/claims.py keeps each finished claim run as a committed record
+of those three files (results/claims/<sweep>/<run>.json.gz, reporting/records.py), which is read
+here the same way. Here:
 
     runs = analysis.load_runs("runs/claims/arith")          # {name: RunData}
     arms = analysis.by_arm(runs)                            # {"gspo": [s0, s1, s2], ...}
@@ -32,6 +34,8 @@ import numpy as np
 
 from gspo_jax.runtime import metrics as metrics_lib
 
+from . import records as records_lib
+
 _SEED_SUFFIX = re.compile(r"^(?P<arm>.+)_s(?P<seed>\d+)$")
 
 
@@ -42,22 +46,35 @@ class RunData:
     name: str
     arm: str  # the name without its "_s<seed>" suffix
     seed: int
-    workdir: str
+    workdir: str  # the run's folder, or its record's path (reporting/records.py)
     config: dict[str, Any]
     summary: dict[str, Any] | None  # None while the run has not ended
     records: list[dict[str, float]]  # metrics.jsonl, in step order
 
 
 def load_runs(root: str, pattern: str = "*", *, finished: bool = True) -> dict[str, RunData]:
-    """Every run under ``root`` whose directory name matches ``pattern`` (glob).
+    """Every run under ``root`` whose directory name matches ``pattern`` (glob), and every
+    run record there (``<name>.json.gz``, reporting/records.py; a workdir of the same name wins).
 
     Raises FileNotFoundError naming the command that makes the runs when none is there, and when
     ``finished`` a run without summary.json (still running, or stopped: rerun its sweep).
     """
     out = {}
+    for path in sorted(glob.glob(os.path.join(root, pattern + records_lib.SUFFIX))):
+        rec = records_lib.read(path)
+        m = _SEED_SUFFIX.match(rec["name"])
+        out[rec["name"]] = RunData(
+            name=rec["name"],
+            arm=m["arm"] if m else rec["name"],
+            seed=int(m["seed"]) if m else int(rec["config"].get("seed", 0)),
+            workdir=path,
+            config=rec["config"],
+            summary=rec["summary"],
+            records=metrics_lib.parse_jsonl(rec["metrics"].splitlines()),
+        )
     for wd in sorted(glob.glob(os.path.join(root, pattern))):
         if not os.path.exists(os.path.join(wd, "config.json")):
-            continue  # not a run (the sweep's tables, a preparation log)
+            continue  # not a run (the sweep's tables, a preparation log, a record)
         name = os.path.basename(wd)
         m = _SEED_SUFFIX.match(name)
         summary_path = os.path.join(wd, "summary.json")

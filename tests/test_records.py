@@ -1,0 +1,91 @@
+"""The claims' runs kept as committed records (notebooks/reporting/records.py): a record reads
+back as its run, is written with the same bytes each time, and the launcher does not run a run
+again whose record exists, while it records every run that finished."""
+
+import json
+import os
+import types
+
+import pytest
+from reporting import analysis, records
+from trainer_runs import load_repo_module
+
+claims = load_repo_module("experiments/claims.py")
+
+
+def fake_run(root: str, name: str, *, finished: bool = True, acc: float = 0.5) -> str:
+    """A workdir as the trainer leaves it: config.json, metrics.jsonl (a NaN included, stored as
+    the string "nan") and, when finished, summary.json."""
+    wd = os.path.join(root, name)
+    os.makedirs(wd)
+    with open(os.path.join(wd, "config.json"), "w") as f:
+        json.dump({"seed": 3, "objective": {"name": "gspo"}}, f)
+    with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
+        f.write(json.dumps({"step": 1, "train/loss": 0.25, "train/clip_frac": "nan"}) + "\n")
+        f.write(json.dumps({"step": 2, "train/loss": -0.5, "eval/greedy_accuracy": acc}) + "\n")
+    if finished:
+        with open(os.path.join(wd, "summary.json"), "w") as f:
+            json.dump({"final": {"greedy_accuracy": acc}, "base": {"greedy_accuracy": 0.4}}, f)
+    return wd
+
+
+def test_a_record_reads_back_as_its_run_with_the_same_bytes_each_time(tmp_path):
+    runs, kept = str(tmp_path / "runs"), str(tmp_path / "kept")
+    wd = fake_run(runs, "gspo_int8_none_s3")
+    path = records.write(wd, kept)
+    first = open(path, "rb").read()
+    assert records.write(wd, kept) == path and open(path, "rb").read() == first
+    from_run = analysis.load_runs(runs)["gspo_int8_none_s3"]
+    from_record = analysis.load_runs(kept)["gspo_int8_none_s3"]
+    assert (from_record.arm, from_record.seed) == ("gspo_int8_none", 3)
+    assert from_record.config == from_run.config and from_record.summary == from_run.summary
+    assert from_record.records[1] == from_run.records[1]
+    assert from_record.records[0]["train/clip_frac"] != from_record.records[0]["train/clip_frac"]
+    assert analysis.final(from_record, "eval/greedy_accuracy") == 0.5
+
+
+def test_an_unfinished_run_is_not_recorded(tmp_path):
+    runs, kept = str(tmp_path / "runs"), str(tmp_path / "kept")
+    wd = fake_run(runs, "grpo_f32_none_s0", finished=False)
+    fake_run(runs, "grpo_f32_none_s1")
+    with pytest.raises(FileNotFoundError, match="has not finished"):
+        records.write(wd, kept)
+    assert records.record_all(runs, kept) == [records.path_of(kept, "grpo_f32_none_s1")]
+    assert records.record_all(runs, kept) == []  # unchanged: nothing rewritten
+    assert sorted(os.listdir(kept)) == ["grpo_f32_none_s1.json.gz"]
+
+
+def test_a_record_of_an_unknown_format_is_refused(tmp_path):
+    import gzip
+
+    path = str(tmp_path / "x_s0.json.gz")
+    with gzip.open(path, "wt") as f:
+        json.dump({"format": 99, "name": "x_s0"}, f)
+    with pytest.raises(ValueError, match="record format 99"):
+        records.read(path)
+
+
+def test_the_launcher_skips_recorded_runs_and_records_those_that_finish(tmp_path, monkeypatch):
+    runs_dir, results = str(tmp_path / "runs"), str(tmp_path / "results")
+    names = ["a_s0", "a_s1", "b_s0", "b_s1"]
+    launched = []
+
+    def launch(config, runs, root, parallel, flags, **kw):
+        launched.extend(r["name"] for r in runs)
+        for r in runs:  # b_s1 fails before it finishes
+            fake_run(root, r["name"], finished=r["name"] != "b_s1")
+        return {r["name"]: int(r["name"] == "b_s1") for r in runs}
+
+    sw = types.SimpleNamespace(launch=launch, collect=lambda runs, root: [], write_tables=print)
+    monkeypatch.setattr(claims, "_sweep_module", lambda: sw)
+    monkeypatch.setattr(claims, "sweep_runs", lambda s, seeds: [{"name": n} for n in names])
+    sweep = claims.Sweep("toy", "configs/arith.py")
+    fake_run(str(tmp_path / "elsewhere"), "a_s1")  # a run recorded by an earlier session
+    records.write(str(tmp_path / "elsewhere" / "a_s1"), os.path.join(results, "toy"))
+
+    failed = claims.run_sweeps([sweep], runs_dir, results_dir=results)
+    assert launched == ["a_s0", "b_s0", "b_s1"] and failed == ["toy/b_s1"]
+    kept = sorted(os.listdir(os.path.join(results, "toy")))
+    assert kept == ["a_s0.json.gz", "a_s1.json.gz", "b_s0.json.gz"]
+    # the notebooks read the records as they read workdirs
+    assert sorted(analysis.load_runs(os.path.join(results, "toy"))) == ["a_s0", "a_s1", "b_s0"]
