@@ -18,8 +18,8 @@ same sweep (the arith sweep serves three claims), so it runs once. Each claim's 
 criterion are in experiments/claims_registry.py, committed before its runs; PLANNED names the
 registry's claims whose current entry's notebook cells come with their runs (``--runs_only`` makes
 those runs): round 2's entries (issue 33), whose sweeps (``r2_*``) run 12 fresh seeds (100-111,
-``Sweep.seeds``) with the warm start drawn per seed, a process per run (the launcher's populations
-merge an arm's seeds only when they share a warm start), and issue 32's LoRA against full
+``Sweep.seeds``) with the warm start drawn per seed (the launcher's populations merge an arm's
+seeds that share a warm start: one population per draw), and issue 32's LoRA against full
 fine-tuning (``lora_arith`` and ``lora_countdown``; seeds 0-4). The notebook is executed in
 place with nbclient (its outputs are what is committed); it finds the runs (the records) through
 the GSPO_CLAIMS_RUNS environment variable, which this launcher sets.
@@ -211,14 +211,6 @@ def seeds_of(sweep: Sweep, seeds: int | None = None) -> int:
     return seeds or sweep.seeds or SEEDS
 
 
-def population_names_unique(sw, runs: list[dict]) -> bool:
-    """Whether merging ``runs`` into populations gives distinct names: a sweep that draws the warm
-    start per seed has several populations per arm (one per draw), which the launcher would name
-    alike, so such a sweep runs a process per run."""
-    names = [r["name"] for r in sw.population_runs(runs)]
-    return len(names) == len(set(names))
-
-
 def run_sweeps(
     sweeps: Sequence[Sweep],
     runs_dir: str,
@@ -259,9 +251,6 @@ def run_sweeps(
         flags = [*FULL_FLAGS, *s.flags, *extra]
         # (population only when asked: a launcher without the option still runs a process per run)
         kw = {"population": True} if population else {}
-        if population and not population_names_unique(sw, runs):
-            print(f"[claims] sweep {s.name}: a process per run (warm start drawn per seed)")
-            kw = {}
         try:
             codes = sw.launch(os.path.join(REPO, s.config), runs, root, parallel, flags, **kw)
         finally:

@@ -299,6 +299,7 @@ def population_runs(
     def merge(groups: list[list[dict]]) -> list[list[dict]]:
         cands = [(g, population_run(g, fields)) for g in groups]
         cands = [(g, c) for g, c in cands if c is not None]
+        name_apart([c for _, c in cands])
         refused = check([c for _, c in cands]) if check and cands else {}
         retry, notes = [], {}
         for g, c in cands:
@@ -337,7 +338,7 @@ def population_runs(
             p
             for u in out
             for p in (
-                split_group(accepted[first[u["name"]]], parts, fields)
+                split_group(accepted[first[u["name"]]], parts, fields, u["name"])
                 if u["name"] in first
                 else [u]
             )
@@ -345,9 +346,29 @@ def population_runs(
     return out
 
 
-def split_group(group: list[dict], parts: int, fields: Sequence[str] = ()) -> list[dict]:
+def name_apart(units: list[dict]) -> None:
+    """Population runs of one arm that differ in a common override are named apart in place,
+    population/<arm>.<field>=<value> for the fields that differ (round 2's sweeps draw the warm
+    start per seed, so an arm's seeds form one population per draw: ``init.warmstart.seed=1``)."""
+    by_name: dict[str, list[dict]] = {}
+    for u in units:
+        by_name.setdefault(u["name"], []).append(u)
+    own = ("population.seeds", "population.vary", "population.mode")
+    for same in by_name.values():
+        if len(same) < 2:
+            continue
+        keys = sorted({k for u in same for k in u["overrides"] if k not in own})
+        differ = [k for k in keys if len({_flag_value(u["overrides"].get(k)) for u in same}) > 1]
+        for u in same:
+            u["name"] += "." + ",".join(f"{k}={_flag_value(u['overrides'].get(k))}" for k in differ)
+
+
+def split_group(
+    group: list[dict], parts: int, fields: Sequence[str] = (), name: str = ""
+) -> list[dict]:
     """``group``'s population run as ``parts`` population runs of consecutive members (as even
-    as they go; a part of one run is that run), named population/<arm>.part<i>of<parts>."""
+    as they go; a part of one run is that run), named <name>.part<i>of<parts> (``name``: the
+    whole group's population run's, by default population/<arm>)."""
     parts = min(parts, len(group))
     size, extra = divmod(len(group), parts)
     out, start = [], 0
@@ -358,6 +379,8 @@ def split_group(group: list[dict], parts: int, fields: Sequence[str] = ()) -> li
         if unit is None:
             out += chunk
             continue
+        if name:
+            unit["name"] = name
         if parts > 1:
             unit["name"] += f".part{i + 1}of{parts}"
         out.append(unit)

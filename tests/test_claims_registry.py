@@ -343,8 +343,8 @@ def test_round2_entries_count_only_their_own_seeds():
 
 def test_round2_sweeps_draw_the_warm_start_per_seed_and_keep_the_old_sweeps():
     """Seed s of a round-2 sweep trains from warm-start draw s mod 3 in every arm (luspo_length's
-    from its one calibrated base); the launcher then runs a process per run (a population per
-    arm would merge different bases under one name); the earlier sweeps' runs are unchanged."""
+    from its one calibrated base); the launcher's populations then merge only the seeds of one
+    draw, one population per draw, named apart; the earlier sweeps' runs are unchanged."""
     sw = claims._sweep_module()
     for name, sweep in claims.SWEEPS.items():
         runs = claims.sweep_runs(sweep, 3)
@@ -357,7 +357,13 @@ def test_round2_sweeps_draw_the_warm_start_per_seed_and_keep_the_old_sweeps():
         for r in runs:
             assert r["overrides"]["init.warmstart.seed"] == r["overrides"]["seed"] % draws, r
         full = claims.sweep_runs(sweep, claims.seeds_of(sweep))  # 4 seeds per draw
-        assert claims.population_names_unique(sw, full) == (draws == 1), name
+        pops = [p for p in sw.population_runs(full) if "members" in p]
+        assert len({p["name"] for p in pops}) == len(pops), name
+        by_name = {r["name"]: r for r in full}
+        for p in pops:
+            ws = {by_name[m]["overrides"]["init.warmstart.seed"] for m in p["members"].values()}
+            assert len(ws) == 1, (name, p["name"])
+            assert p["overrides"]["init.warmstart.seed"] == ws.pop()
     # the earlier studies' run names, as the registry's runs on disk have them
     assert [r["name"] for r in claims.sweep_runs(claims.SWEEPS["ratio_doses"], 1)][:2] == [
         "grpo_nokl_k4x1_s0",

@@ -69,6 +69,26 @@ def test_a_population_is_split_to_fill_the_parallel_slots(sweep):
     assert len(sweep.population_runs(gspo)) == 1
 
 
+def test_an_arms_seeds_on_different_bases_are_populations_named_apart(sweep):
+    """Seeds whose warm-start draw differs (round 2: draw = seed mod 3) never share a population:
+    one population per draw, named by the draw, also when split to fill the process slots."""
+    runs_ = [
+        _run("gspo", s, **{"objective.name": "gspo", "init.warmstart.seed": s % 2})
+        for s in range(8)
+    ]
+    pops = sweep.population_runs(runs_)
+    assert [p["name"] for p in pops] == [
+        "population/gspo.init.warmstart.seed=0",
+        "population/gspo.init.warmstart.seed=1",
+    ]
+    assert [p["overrides"]["population.seeds"] for p in pops] == [(0, 2, 4, 6), (1, 3, 5, 7)]
+    assert [p["overrides"]["init.warmstart.seed"] for p in pops] == [0, 1]
+    parts = sweep.population_runs(runs_, parallel=4)
+    assert [p["name"] for p in parts] == [
+        f"population/gspo.init.warmstart.seed={d}.part{i}of2" for d in (0, 1) for i in (1, 2)
+    ]
+
+
 def test_numeric_arms_merge_into_one_population(sweep):
     """Arms that differ only in fields a population varies (ε here) merge with their seeds into
     one zip population, one member per run, named as the library names its members; an arm that
