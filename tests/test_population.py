@@ -15,11 +15,13 @@ import ml_collections
 import numpy as np
 import pytest
 import trainer_runs as runs
+from flax import nnx
 
 from gspo_jax import config as config_lib
 from gspo_jax import sharding
 from gspo_jax.config import population as population_cfg
 from gspo_jax.data import iterator as data_iterator
+from gspo_jax.models import lora
 from gspo_jax.rl import build, population
 from gspo_jax.rl import step as ts
 
@@ -43,12 +45,13 @@ def pop_config(shared, seeds, vary=None, mode="product", **extra):
     return c
 
 
-def first_step_population(pop: population.Population, params, temperatures=None):
+def first_step_population(pop: population.Population, params, temperatures=None, own=None):
     """(tokens [M, B, T], each member's host metrics, state) of the population's first step, and
     with ``temperatures`` [M] (when the population varies rl.temperature) the tokens its first
     rollout samples at those temperatures instead (else None). The batched rollout program and,
-    on a CPU, the per-member rollouts the step samples with (make_member_rollout) must agree."""
-    state = population.initial_state(pop, params)
+    on a CPU, the per-member rollouts the step samples with (make_member_rollout) must agree.
+    ``own``: each member's initial parameters (LoRA: population.initial_params)."""
+    state = population.initial_state(pop, params, own)
     phases = population.make_phases(pop, with_ref=False)
     iters = [data_iterator.make_data_iterator(m.config, pop.run.task) for m in pop.members]
     batches = [next(it) for it in iters]
@@ -192,6 +195,77 @@ def test_refuses_zip_of_unequal_lengths(shared):
         config.population.mode = "zip"
     with pytest.raises(config_lib.ConfigError, match="mode='zip'"):
         population_cfg.members(config)
+
+
+# LoRA (config.lora): each member's adapters are its single run's (drawn from its own seed)
+LORA = {"lora.rank": 2, "lora.alpha": 4.0}
+LORA_VARY = {"optimizer": {"learning_rate": (1e-3, 3e-3)}}
+
+
+def test_lora_members_are_their_single_runs(shared):
+    """A LoRA population's member i starts from the adapters its single run draws (its seed:
+    A differs between members, B = 0) and its first step is that run's: the same tokens, the
+    metrics and the adapters after it to float32 rounding; only adapters change."""
+    config = pop_config(shared, seeds=(0, 1), vary=LORA_VARY, mode="zip", **LORA)
+    pop = population.build_population(config)
+    params, own, _ = population.initial_params(pop, shared["cache"])
+    assert own is not None and len(own) == 2
+    a0, a1 = (o.filter(nnx.LoRAParam) for o in own)  # A from each seed, B = 0
+    pairs = zip(jax.tree.leaves(a0), jax.tree.leaves(a1), strict=True)
+    assert any(not np.array_equal(x, y) for x, y in pairs)
+    tokens, ms, state, _ = first_step_population(pop, params, own=own)
+    for i, m in enumerate(pop.members):
+        run = build.build_run(m.config)
+        single_params, _ = build.base_params(run, shared["cache"])
+        runs.assert_trees(own[i], single_params)  # the member's start is its single run's
+        tok_1, m_1, state_1 = first_step_single(m.config, single_params)
+        np.testing.assert_array_equal(tokens[i], tok_1)
+        off = {
+            k: (ms[i][k], m_1[k])
+            for k in m_1
+            if not k.startswith("time/")
+            and not np.isclose(ms[i][k], m_1[k], rtol=RTOL, atol=ATOL_OF.get(k, ATOL))
+        }
+        assert not off, off
+        lr = m.config.optimizer.learning_rate
+        runs.assert_trees(
+            population.member(state.params, i), state_1.params, rtol=RTOL, atol=0.01 * lr
+        )
+    frozen = lambda p: p.filter(nnx.Not(nnx.LoRAParam))  # noqa: E731
+    runs.assert_trees(frozen(population.member(state.params, 1)), frozen(params))  # base kept
+
+
+def _lora_loop_config(shared):
+    # grpo: its preset's KL term reads the reference, here each member's base (adapters off)
+    return pop_config(
+        shared,
+        seeds=(0, 1),
+        **LORA,
+        **{
+            "objective.name": "grpo",
+            "rl.num_steps": STEPS,
+            "checkpoint.every": 1,
+            "checkpoint.max_to_keep": 5,
+        },
+    )
+
+
+def test_lora_population_checkpoints_adapters_and_resumes_exactly(shared):
+    """A LoRA population's checkpoint holds the members' adapters alone (the base loads again on
+    resume, its identity checked), and a resume from step 2 equals the uninterrupted run."""
+    whole = os.path.join(shared["root"], "lora_population")
+    population.train(_lora_loop_config(shared), whole)
+    split = os.path.join(shared["root"], "lora_population_resumed")
+    assert population.train(_lora_loop_config(shared), split, stop_after=2) is None
+    population.train(_lora_loop_config(shared), split)
+    saved = runs.final_params(whole, STEPS)
+    leaves = jax.tree_util.tree_leaves_with_path(saved["params"])
+    assert leaves and all(lora.is_adapter(p) for p, _ in leaves)  # adapters only on disk
+    runs.assert_trees(runs.final_params(split, STEPS), saved)
+    for name in _members(whole):
+        recs = runs.records(os.path.join(whole, "members", name))
+        assert recs == runs.records(os.path.join(split, "members", name))
+        assert any(r.get("train/kl_ref", 0.0) > 0 for r in recs[1:])  # the reference was read
 
 
 def _loop_config(shared):

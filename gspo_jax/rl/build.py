@@ -473,11 +473,17 @@ def abstract_state(run: Run, abs_params) -> TrainState:
 
 def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
     """The initial policy's parameters on the mesh (warm start or random), and the seconds spent."""
+    t0 = time.time()
+    params = policy_params(run, base_model(run, cache_dir), run.config.seed)
+    return params, time.time() - t0
+
+
+def base_model(run: Run, cache_dir: str | None = None):
+    """The base policy's model on the mesh: the warm start, a released checkpoint or random."""
     config = run.config
     cache_dir = cache_dir or cache_dir_of(config)
-    t0 = time.time()
     if config.init.kind == "warmstart":
-        model = _base_model(
+        return _base_model(
             config,
             run.task,
             run.model_cfg,
@@ -485,25 +491,25 @@ def base_params(run: Run, cache_dir: str | None = None) -> tuple[Any, float]:
             mesh=run.mesh,
             progress=config.log.progress and metrics_lib.is_writer_process(),
         )
-        _, params, _ = _split_model(model)
-    elif config.init.kind == "hf":  # a released checkpoint, read slice by slice onto the mesh
-        model = models.load_hf_checkpoint(
+    if config.init.kind == "hf":  # a released checkpoint, read slice by slice onto the mesh
+        return models.load_hf_checkpoint(
             config.init.checkpoint, dtype=run.model_cfg.dtype, mesh=run.mesh
         )
-        _, params, _ = _split_model(model)
-    elif config.init.kind == "random":
-        model = models.create_model(run.model_cfg, seed=config.seed, mesh=run.mesh)
-        _, params, _ = _split_model(model)
-    else:
-        raise ConfigError(
-            f"config.init.kind={config.init.kind!r}; valid: 'warmstart', 'hf', 'random'"
-        )
+    if config.init.kind == "random":
+        return models.create_model(run.model_cfg, seed=config.seed, mesh=run.mesh)
+    raise ConfigError(f"config.init.kind={config.init.kind!r}; valid: 'warmstart', 'hf', 'random'")
+
+
+def policy_params(run: Run, model, seed: int):
+    """The policy's parameters from the base ``model`` (base_model): its own, or with LoRA the
+    base's under fresh adapters drawn from ``seed`` (B = 0: the base's function; a run's are its
+    config.seed's, a population member's its own seed's)."""
+    config = run.config
     spec = lora_spec(config)
-    if spec.rank > 0:  # the base's weights under fresh adapters (B = 0: the base's function)
-        _, params, _ = _split_model(adapted_model(model, spec, config.seed))
+    _, params, _ = _split_model(adapted_model(model, spec, seed))
     if config.init.kind == "warmstart" or spec.rank > 0:
         params = jax.device_put(params, run.state_shardings)  # a no-op unless the rules differ
-    return params, time.time() - t0
+    return params
 
 
 def _base_model(config, task, model_cfg, cache_dir: str, *, mesh, progress: bool):
@@ -544,10 +550,10 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
     updates_per_step = rl.num_epochs * rl.num_minibatches
     lora = lora_spec(config)
     check_lora(lora, model_cfg)
-    if lora.rank > 0 and config.population.seeds:
+    if lora.base_quant and config.population.seeds:
         raise ConfigError(
-            "config.lora.rank > 0 with a population (config.population.seeds) is not supported; "
-            "run the LoRA runs one by one (experiments/sweep.py) or set config.lora.rank=0"
+            f"config.lora.base_quant={lora.base_quant!r} (QLoRA) in a population is not built; "
+            "run the QLoRA runs one by one (experiments/sweep.py) or set config.lora.base_quant=''"
         )
     tx, schedule = make_optimizer(config.optimizer, rl.num_steps * updates_per_step)
     graphdef, abs_params, rest, state_sh = abstract_params(model_cfg, mesh, config.seed, lora)

@@ -170,12 +170,15 @@ def member_params(pop: Population, state: TrainState, i: int):
     return jax.device_put(member(state.params, i), pop.run.state_shardings)
 
 
-def initial_state(pop: Population, params) -> TrainState:
-    """Step 0 of every member: the shared base parameters and fresh optimizer state, stacked, and
-    each member's base key (key(its seed), as build.initial_state gives its single run)."""
+def initial_state(pop: Population, params, member_params: list | None = None) -> TrainState:
+    """Step 0 of every member: the shared base parameters (``member_params``: each member's own,
+    with LoRA its adapters drawn from its seed) and fresh optimizer state, stacked, and each
+    member's base key (key(its seed), as build.initial_state gives its single run)."""
     single = build.initial_state(pop.run, params)
     M = pop.size
     state = jax.tree.map(lambda x: jnp.broadcast_to(x, (M, *x.shape)).copy(), single)
+    if member_params is not None:  # Adam's moments start at 0 whatever the parameters
+        state = state.replace(params=stack(member_params))
     rngs = [jax.random.key_data(jax.random.key(m.seed)) for m in pop.members]
     state = state.replace(rng=jnp.stack(rngs))
     return jax.device_put(state, jax.tree.map(lambda a: a.sharding, abstract_state(pop)))
@@ -193,9 +196,38 @@ def stacked_abstract(pop: Population, tree):
 
 
 def abstract_state(pop: Population) -> TrainState:
-    """The stacked TrainState's shapes and shardings (the restore target): each leaf with a
-    leading M axis over the population axis, the rest as in a single run."""
+    """The stacked TrainState's shapes and shardings: each leaf with a leading M axis over the
+    population axis, the rest as in a single run."""
     return stacked_abstract(pop, build.abstract_state(pop.run, pop.run.abs_params))
+
+
+def saved_abstract_state(pop: Population) -> TrainState:
+    """What a checkpoint holds, stacked (the restore target): the whole state, or with LoRA the
+    adapters' parameters and optimizer state (build.saved_state, as a single run's)."""
+    return stacked_abstract(pop, build.saved_abstract_state(pop.run))
+
+
+def initial_params(pop: Population, cache_dir: str | None = None) -> tuple:
+    """(member 0's initial parameters, each member's (None without LoRA: all start from the
+    first), seconds): the base loaded once; with LoRA each member's adapters drawn from its own
+    seed, as its single run draws them."""
+    t0 = time.time()
+    model = build.base_model(pop.run, cache_dir)
+    params = build.policy_params(pop.run, model, pop.members[0].seed)
+    own = None
+    if pop.run.step.lora_adapters:
+        own = [params] + [build.policy_params(pop.run, model, m.seed) for m in pop.members[1:]]
+    return params, own, time.time() - t0
+
+
+def with_base(pop: Population, restored: TrainState, base) -> TrainState:
+    """A restored stacked state (saved_abstract_state) with the base's frozen weights put back in
+    every member (LoRA; without it the checkpoint holds everything and this is ``restored``)."""
+    if not pop.run.step.lora_adapters:
+        return restored
+    shardings = jax.tree.map(lambda a: a.sharding, abstract_state(pop).params)
+    stacked = jax.tree.map(lambda x: jnp.broadcast_to(x, (pop.size, *x.shape)), base)
+    return build.with_base(pop.run, restored, jax.device_put(stacked, shardings))
 
 
 # ------------------------------------------------------------------------------------ the step
@@ -324,6 +356,7 @@ def make_population_update(
             shuffle=spec.shuffle_minibatches,
             aux_loss_coef=spec.aux_loss_coef,
             mesh=run.mesh,
+            lora=spec.lora_adapters,
         )
         return update(state, batch, shuffle_key)
 
@@ -356,7 +389,8 @@ class PopulationPhases:
     prepare: object
     logprob: object  # None unless config.rl.recompute_old_logp
     recompute_metrics: object
-    ref: object  # None without a reference pass; the reference parameters are shared (in_axes None)
+    ref: object  # None without a reference pass; the reference parameters are shared (in_axes
+    # None), with LoRA each member's own parameters with the adapters off (in_axes 0)
     kl_reward: object
     update: object
 
@@ -370,6 +404,7 @@ def make_phases(pop: Population, with_ref: bool) -> PopulationPhases:
 
     batching = resolve_batching(run.config.population.batching)
     groups = run.mesh.shape[pop.axis] if pop.axis else 1
+    ref_axis = 0 if run.step.lora_adapters else None
     return PopulationPhases(
         keys=vm(step_keys),
         # the heavy phases: the rollout and the update (config.population.batching)
@@ -382,8 +417,11 @@ def make_phases(pop: Population, with_ref: bool) -> PopulationPhases:
         prepare=vm(single.prepare),
         logprob=vm(single.logprob),
         recompute_metrics=vm(single.recompute_metrics),
-        # the reference parameters are shared; a varied temperature is the members'
-        ref=vm(single.ref, in_axes=(None, 0, 0) if TEMPERATURE in pop.hparams else (None, 0)),
+        # the reference parameters are shared (with LoRA: each member's own base, its adapters
+        # off, inside its parameters); a varied temperature is the members'
+        ref=vm(
+            single.ref, in_axes=(ref_axis, 0, 0) if TEMPERATURE in pop.hparams else (ref_axis, 0)
+        ),
         kl_reward=vm(single.kl_reward),
         update=make_population_update(
             run,
@@ -448,7 +486,8 @@ def population_step(
             pass_m.update(phases.recompute_metrics(logp, batch))
             batch = batch.replace(old_logp=logp)
         if phases.ref is not None:
-            batch = batch.replace(ref_logp=phases.ref(ref_params, batch, *temps)["logp"])
+            ref = state.params if spec.lora_adapters else ref_params  # LoRA: adapters off
+            batch = batch.replace(ref_logp=phases.ref(ref, batch, *temps)["logp"])
         if phases.kl_reward is not None:
             batch, kl_m = phases.kl_reward(batch, shaped)
             pass_m.update(kl_m)
@@ -556,7 +595,7 @@ def train(
         max_to_keep=run.config.checkpoint.max_to_keep,
         async_save=run.config.checkpoint.async_save,
     )
-    restored = ckpt.restore_latest(abstract_state(pop), iters)
+    restored = ckpt.restore_latest(saved_abstract_state(pop), iters)
     resumed = restored[0] if restored is not None else None
     writers = []
     for m in pop.members:
@@ -567,6 +606,8 @@ def train(
         w.write_config(m.config)
         writers.append(w)
     uses_ref = rl_batch.uses_reference(run)
+    lora = run.step.lora_adapters  # the reference is each member's base, its adapters off
+    lora_base = None  # LoRA: the base's identity (build.base_identity), checked on resume
     frozen_at = [None] * M  # the step at which each member froze
     collapsed_at = [None] * M  # the step after which each member stopped (rl.stop_on_collapse)
     watches = [metrics_lib.CollapseWatch(rl.collapse_patience) for _ in range(M)]
@@ -579,19 +620,26 @@ def train(
             w.load(count)
         prior_wall = float(meta.get("wall_s", 0.0))
         base_eval = rundir.read_base_eval(member_dir(workdir, names[0]))
-        if uses_ref:
+        if lora:  # the checkpoint holds the adapters; the base loads again
+            base, _ = build.base_params(run)
+            lora_base = build.base_identity(run.config, base)
+            build.check_base_identity(meta.get("lora_base"), lora_base, ckpt.directory)
+            state = with_base(pop, state, base)
+        elif uses_ref:
             ref_params, _ = build.base_params(run)
     else:
-        params, warm_s = build.base_params(run)
-        if uses_ref:
+        params, own, warm_s = initial_params(pop)
+        if lora:
+            lora_base = build.base_identity(run.config, params)
+        elif uses_ref:
             ref_params = jax.tree.map(jnp.copy, params)
-        state = initial_state(pop, params)
+        state = initial_state(pop, params, own)
         if ev.at_start and ev.num_problems > 0:  # one base policy for all members
             base_eval = trainer.evaluate(run, params)
             for i, w in enumerate(writers):
                 w.write(0, base_eval)
                 rundir.write_base_eval(member_dir(workdir, names[i]), base_eval, writer=True)
-    phases = make_phases(pop, with_ref=ref_params is not None)
+    phases = make_phases(pop, with_ref=ref_params is not None or (lora and uses_ref))
     start = int(np.max(jax.device_get(state.step)))
     last_eval: list[dict | None] = [None] * M
     t_loop = time.time()
@@ -608,7 +656,9 @@ def train(
             "members": names,
             "config": rundir.config_dict(run.config),
         }
-        ckpt.save(done, state, iters, meta, force=force)
+        if lora:  # the adapters' base, checked on resume
+            meta["lora_base"] = lora_base
+        ckpt.save(done, build.saved_state(run, state), iters, meta, force=force)
 
     def ended_runs() -> list[bool]:  # frozen or stopped on collapse: no more steps
         return [frozen_at[i] is not None or collapsed_at[i] is not None for i in range(M)]
