@@ -19,8 +19,7 @@ criterion are in experiments/claims_registry.py, committed before its runs; PLAN
 registry's claims whose current entry's notebook cells come with their runs (``--runs_only`` makes
 those runs): round 2's entries (issue 33), whose sweeps (``r2_*``) run 12 fresh seeds (100-111,
 ``Sweep.seeds``) with the warm start drawn per seed (the launcher's populations merge an arm's
-seeds that share a warm start: one population per draw), and issue 32's LoRA against full
-fine-tuning (``lora_arith`` and ``lora_countdown``; seeds 0-4). The notebook is executed in
+seeds that share a warm start: one population per draw). The notebook is executed in
 place with nbclient (its outputs are what is committed); it finds the runs (the records) through
 the GSPO_CLAIMS_RUNS environment variable, which this launcher sets.
 tests/test_notebooks.py executes every notebook on tiny runlocal runs.
@@ -125,8 +124,10 @@ NOTEBOOKS = {
     "drgrpo_length_bias": ("drgrpo_length",),
     # the asynchronous pipeline's staleness dose (issue 31)
     "staleness_dose": ("staleness",),
-    # the int8 rollout's mismatch (issue 32)
+    # the int8 rollout's mismatch and LoRA against full fine-tuning (issue 32)
     "int8_rollout_mismatch": ("quant",),
+    "lora_rank1_matches_full": ("lora_arith",),
+    "lora_rank1_matches_full_countdown": ("lora_countdown",),
 }
 
 # registry claims whose current entry has no notebook cells yet -> the sweeps its runs come from
@@ -156,9 +157,6 @@ PLANNED: dict[str, tuple[str, ...]] = {
     "gmpo_token_vs_sequence_clip": ("r2_countdown",),
     "gmpo_grpo_wide_clip": ("r2_countdown",),
     "deepseekmath_inert_clip": ("r2_ratio",),
-    # LoRA against full fine-tuning (issue 32)
-    "lora_rank1_matches_full": ("lora_arith",),
-    "lora_rank1_matches_full_countdown": ("lora_countdown",),
 }
 
 SEEDS = 5  # the registry's minimum for a criterion that compares two arms

@@ -464,7 +464,7 @@ def _lora_rank1_claim(key: str, task: str, sweep: str, setting: str) -> Claim:
             "matches full fine-tuning for policy-gradient RL, which carries little information "
             "per episode; 7 of 9 RL frameworks train with LoRA"
         ),
-        notebook=f"planned: {key}",
+        notebook=key,
         sweeps=(sweep,),
         arms=(
             f"<arm>_lr<lr> (configs/lora_rank.py, {setting}): full "

@@ -519,3 +519,18 @@ def test_runs_only_makes_a_round2_claims_runs_and_all_keeps_the_notebooks_sweeps
     for e in ROUND2:
         text = "\n".join(reg.describe(e))
         assert f"seeds: {min(e.seeds)}-{max(e.seeds)} (fresh for this claim)" in text, e.name
+
+
+def test_tuned_takes_the_best_mean_rate_and_the_smaller_of_ties():
+    """The tuned(...) arms of the LoRA entries: the grid's rate with the highest mean over seeds,
+    the smaller rate on a tie, non-finite seeds left out, None when nothing ran."""
+    grid = ("r1_lr3e-4", "r1_lr1e-3", "r1_lr3e-3")
+    final = {
+        "r1_lr3e-4": {0: 0.5, 1: 0.7},
+        "r1_lr1e-3": {0: 0.8, 1: float("nan")},  # mean 0.8 over its finite seed
+        "r1_lr3e-3": {0: 0.8, 1: 0.8},
+    }
+    assert verdicts.tuned(final, grid) == "r1_lr1e-3"  # tie at 0.8: the smaller rate
+    final["r1_lr3e-3"] = {0: 0.9, 1: 0.85}
+    assert verdicts.tuned(final, grid) == "r1_lr3e-3"
+    assert verdicts.tuned({}, grid) is None

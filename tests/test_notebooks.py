@@ -2,7 +2,7 @@
 
 The runs are the notebooks' own sweeps (experiments/claims.py SWEEPS) at runlocal size with one
 seed and 2 RL steps, trained once per session in this process (sharing the session's warm-start
-cache, data and compilation cache) and read by all 15 notebooks: a notebook that no longer
+cache, data and compilation cache) and read by all 17 notebooks: a notebook that no longer
 runs against what the trainer writes fails here. The verdicts of tiny runs mean nothing (one seed:
 every primary criterion that needs paired seeds is inconclusive); that the registry's verdict is
 computed, and is one of its three outcomes, is what is checked.
@@ -48,14 +48,20 @@ TINY_ARMS = {
     },
     # the primary criterion's and the precondition's arms: synchronous and 8 versions stale
     "staleness": {"grpo_k0_none", "grpo_k8_none", "gspo_k0_none", "gspo_k8_none"},
-    # the same for the int8 rollout: float32 and int8, no correction
-    "quant": {"grpo_f32_none", "grpo_int8_none", "gspo_f32_none", "gspo_int8_none"},
+    # the int8 rollout: GRPO's float32 and int8 arms (the GSPO arms are read with .get)
+    "quant": {"grpo_f32_none", "grpo_int8_none"},
+    # LoRA: one rate of full fine-tuning and of rank 1 (each then its arm's tuned rate)
+    "lora_arith": {"full_lr1e-4", "r1_lr1e-3"},
+    "lora_countdown": {"full_lr1e-4", "r1_lr1e-3"},
 }
 
 
 def tiny_config(shared, sweep, run):
     """The run's config at runlocal size, with the session's shared directories."""
-    c = config_lib.load_config_file(os.path.join(REPO, sweep.config) + ":runlocal")
+    path, _, arg = sweep.config.partition(":")  # the sweep's own argument, then runlocal
+    c = config_lib.load_config_file(
+        os.path.join(REPO, path) + ":" + ",".join(a for a in (arg, "runlocal") if a)
+    )
     overrides = {
         **run["overrides"],
         "init.cache_dir": shared["cache"],

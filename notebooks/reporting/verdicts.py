@@ -138,6 +138,15 @@ def seed_mean(per_seed_values: Mapping[int, float]) -> float:
     return float(v.mean()) if v.size else float("nan")
 
 
+def tuned(per_arm: Mapping[str, Mapping[int, float]], grid: Sequence[str]) -> str | None:
+    """The registry's ``tuned(...)`` arm: of ``grid`` (one arm's learning rates, smallest rate
+    first) the arm with the highest mean over seeds (seed_mean; ties: the smaller rate), or None
+    when no arm of the grid has a value. Every arm of a claim is tuned the same way."""
+    means = [(seed_mean(per_arm.get(a, {})), a) for a in grid]
+    means = [(m, a) for m, a in means if np.isfinite(m)]
+    return max(means, key=lambda ma: ma[0])[1] if means else None  # max keeps the first of ties
+
+
 # --- per-seed statistics the registry's entries name ---------------------------------------------
 
 
