@@ -167,22 +167,20 @@ FULL_FLAGS = (
 )
 
 
-def _sweep_module():
-    spec = importlib.util.spec_from_file_location(
-        "_sweep_launcher", os.path.join(REPO, "experiments", "sweep.py")
-    )
+def _load(name: str, path: str):
+    """A module loaded by path (this file runs as a script, outside any package)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _sweep_module():
+    return _load("_sweep_launcher", os.path.join(REPO, "experiments", "sweep.py"))
 
 
 def _records_module():
-    spec = importlib.util.spec_from_file_location(
-        "_claims_records", os.path.join(NOTEBOOK_DIR, "reporting", "records.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _load("_claims_records", os.path.join(NOTEBOOK_DIR, "reporting", "records.py"))
 
 
 def sweeps_of(names: Sequence[str], planned: bool = True) -> list[Sweep]:

@@ -92,6 +92,27 @@ def first_step_single(config, params):
     return tokens, m, state
 
 
+def assert_member_is_single(pop, first_step, i, single):
+    """Member i's first step (first_step_population's tokens, metrics, state) is the single run's
+    (first_step_single's): the same tokens, every metric to float32 rounding, the parameters after
+    the update within 1e-5 relative or 1 % of the learning rate."""
+    tokens, ms, state = first_step
+    tok_1, m_1, state_1 = single
+    np.testing.assert_array_equal(tokens[i], tok_1)  # the same sampled tokens
+    assert set(ms[i]) == set(m_1)
+    off = {
+        k: (ms[i][k], m_1[k])
+        for k in m_1
+        if not k.startswith("time/")
+        and not np.isclose(ms[i][k], m_1[k], rtol=RTOL, atol=ATOL_OF.get(k, ATOL))
+    }
+    assert not off, off
+    # Adam's first step moves an element by lr * g / (|g| + eps): for a gradient element that
+    # cancels to near 0, float32 rounding of g moves it by up to lr; allow 1 % of lr
+    lr = pop.members[i].config.optimizer.learning_rate
+    runs.assert_trees(population.member(state.params, i), state_1.params, rtol=RTOL, atol=0.01 * lr)
+
+
 # member 0 has the config's temperature (1.0), member 1 another: traced (rl/population.py)
 TEMPERATURES = (1.0, 0.7)
 FIRST_VARY = {
@@ -124,22 +145,8 @@ def test_first_step_equals_single_runs(first_steps):
     ]
     assert [m.config.rl.temperature for m in pop.members] == list(TEMPERATURES)
     assert population.cpu_deadlock_warning(pop) is None  # one device: no warning
-    for i, (tok_1, m_1, state_1) in enumerate(singles):
-        np.testing.assert_array_equal(tokens[i], tok_1)  # the same sampled tokens
-        assert set(ms[i]) == set(m_1)
-        off = {
-            k: (ms[i][k], m_1[k])
-            for k in m_1
-            if not k.startswith("time/")
-            and not np.isclose(ms[i][k], m_1[k], rtol=RTOL, atol=ATOL_OF.get(k, ATOL))
-        }
-        assert not off, off
-        # Adam's first step moves an element by lr * g / (|g| + eps): for a gradient element that
-        # cancels to near 0, float32 rounding of g moves it by up to lr; allow 1 % of lr
-        lr = pop.members[i].config.optimizer.learning_rate
-        runs.assert_trees(
-            population.member(state.params, i), state_1.params, rtol=RTOL, atol=0.01 * lr
-        )
+    for i, single in enumerate(singles):
+        assert_member_is_single(pop, (tokens, ms, state), i, single)
     # the varied fields took effect: the members' updates differ in size (learning rate x3)
     assert ms[1]["train/update_norm"] > 2 * ms[0]["train/update_norm"]
     assert ms[1]["train/lr"] == pytest.approx(3e-4)
@@ -218,19 +225,8 @@ def test_lora_members_are_their_single_runs(shared):
         run = build.build_run(m.config)
         single_params, _ = build.base_params(run, shared["cache"])
         runs.assert_trees(own[i], single_params)  # the member's start is its single run's
-        tok_1, m_1, state_1 = first_step_single(m.config, single_params)
-        np.testing.assert_array_equal(tokens[i], tok_1)
-        off = {
-            k: (ms[i][k], m_1[k])
-            for k in m_1
-            if not k.startswith("time/")
-            and not np.isclose(ms[i][k], m_1[k], rtol=RTOL, atol=ATOL_OF.get(k, ATOL))
-        }
-        assert not off, off
-        lr = m.config.optimizer.learning_rate
-        runs.assert_trees(
-            population.member(state.params, i), state_1.params, rtol=RTOL, atol=0.01 * lr
-        )
+        single = first_step_single(m.config, single_params)
+        assert_member_is_single(pop, (tokens, ms, state), i, single)
     frozen = lambda p: p.filter(nnx.Not(nnx.LoRAParam))  # noqa: E731
     runs.assert_trees(frozen(population.member(state.params, 1)), frozen(params))  # base kept
 
