@@ -11,17 +11,19 @@ Runs go to <runs_dir>/<sweep>/<run> (default runs/claims; a run that finished is
 interrupted one resumes); each finished run is kept as a committed record,
 <results_dir>/<sweep>/<run>.json.gz (default results/claims; notebooks/reporting/records.py), so a
 run recorded by an earlier session on another machine is not run again, and the notebooks are
-executed on the records. At laptop scale: 5 seeds (paired: seed s of every arm has the same
-prompts and base), 60 RL steps (a sweep's own flags may say more: the clip sweep runs 150),
-held-out greedy accuracy on 500 problems every 10 steps (FULL_FLAGS). Several notebooks read the
-same sweep (the arith sweep serves three claims), so it runs once. Each claim's design and primary
-criterion are in experiments/claims_registry.py, committed before its runs; PLANNED names the
-registry's claims whose current entry's notebook cells come with their runs (``--runs_only`` makes
-those runs): round 2's entries (issue 33), whose sweeps (``r2_*``) run 12 fresh seeds (100-111,
-``Sweep.seeds``) with the warm start drawn per seed (the launcher's populations merge an arm's
-seeds that share a warm start: one population per draw). The notebook is executed in
-place with nbclient (its outputs are what is committed); it finds the runs (the records) through
-the GSPO_CLAIMS_RUNS environment variable, which this launcher sets.
+executed on the records. The warm starts the runs start from are kept beside the records
+(<results_dir>/warmstart/<entry>, copied into the cache where it lacks them before a sweep), so
+every session's runs of a design start from the same base. At laptop scale: 5 seeds (paired: seed s
+of every arm has the same prompts and base), 60 RL steps (a sweep's own flags may say more: the clip
+sweep runs 150), held-out greedy accuracy on 500 problems every 10 steps (FULL_FLAGS). Several
+notebooks read the same sweep (the arith sweep serves three claims), so it runs once. Each claim's
+design and primary criterion are in experiments/claims_registry.py, committed before its runs;
+PLANNED names the registry's claims whose current entry's notebook cells come with their runs
+(``--runs_only`` makes those runs): round 2's entries (issue 33), whose sweeps (``r2_*``) run 12
+fresh seeds (100-111, ``Sweep.seeds``) with the warm start drawn per seed (the launcher's
+populations merge an arm's seeds that share a warm start: one population per draw). The notebook is
+executed in place with nbclient (its outputs are what is committed); it finds the runs (the records)
+through the GSPO_CLAIMS_RUNS environment variable, which this launcher sets.
 tests/test_notebooks.py executes every notebook on tiny runlocal runs.
 
 This file holds launcher logic only; no library code (docs/design.md "Layout").
@@ -33,6 +35,7 @@ import argparse
 import fnmatch
 import importlib.util
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -159,6 +162,7 @@ PLANNED: dict[str, tuple[str, ...]] = {
     "deepseekmath_inert_clip": ("r2_ratio",),
 }
 
+WARM_STARTS = "warmstart"  # <results_dir>/warmstart/<entry>: the claims' committed warm starts
 SEEDS = 5  # the registry's minimum for a criterion that compares two arms
 FULL_FLAGS = (
     "--config.rl.num_steps=60",
@@ -207,6 +211,63 @@ def seeds_of(sweep: Sweep, seeds: int | None = None) -> int:
     return seeds or sweep.seeds or SEEDS
 
 
+def warm_start_entries(sweep: Sweep, runs: list[dict], flags: Sequence[str]) -> list[str]:
+    """The warm-start cache entries (folders, gspo_jax/rl/warmstart.py cache_path) that ``runs``
+    start from, one per group of runs that share their preparation (experiments/sweep.py
+    preparation_groups); runs that start from no warm start have none. Builds configs only."""
+    sw = _sweep_module()
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    from gspo_jax import config as config_lib
+    from gspo_jax.rl import build, warmstart
+
+    spec = os.path.join(REPO, sweep.config)
+    out = []
+    for group in sw.preparation_groups(runs):
+        c = config_lib.config_from_flags(spec, sw.run_command(spec, group[0], "")[5:] + list(flags))
+        if c.init.kind != "warmstart":
+            continue
+        task = build.make_task(c)
+        model_cfg = build.make_model_config(c, task)
+        out.append(warmstart.cache_path(task, model_cfg, c.init.warmstart, build.cache_dir_of(c)))
+    return list(dict.fromkeys(out))
+
+
+def restore_warm_starts(entries: Sequence[str], kept: str) -> list[str]:
+    """Copies each of ``entries`` that the cache lacks from its committed copy under ``kept``
+    (<results_dir>/warmstart/<entry name>), so that runs on any machine start from the base the
+    design's earlier runs started from (a warm start trained on another CPU may differ by
+    rounding, and then decide another outcome: docs/warmstart.md). Returns the restored entries."""
+    restored = []
+    for entry in entries:
+        src = os.path.join(kept, os.path.basename(entry))
+        if os.path.exists(os.path.join(entry, "meta.json")) or not os.path.exists(
+            os.path.join(src, "meta.json")
+        ):
+            continue  # the cache has it (the local one is used as it is), or nothing is kept
+        os.makedirs(os.path.dirname(entry), exist_ok=True)
+        tmp = entry + ".restoring"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp)
+        os.replace(tmp, entry)
+        restored.append(entry)
+    return restored
+
+
+def keep_warm_starts(entries: Sequence[str], kept: str) -> list[str]:
+    """Copies each complete entry of ``entries`` that is not yet kept under ``kept`` there (to be
+    committed beside the runs' records); returns the newly kept copies."""
+    new = []
+    for entry in entries:
+        dst = os.path.join(kept, os.path.basename(entry))
+        if not os.path.exists(os.path.join(entry, "meta.json")) or os.path.exists(dst):
+            continue
+        shutil.copytree(entry, dst + ".tmp", dirs_exist_ok=True)
+        os.replace(dst + ".tmp", dst)
+        new.append(dst)
+    return new
+
+
 def run_sweeps(
     sweeps: Sequence[Sweep],
     runs_dir: str,
@@ -236,6 +297,8 @@ def run_sweeps(
             runs = [r for r in runs if any(fnmatch.fnmatch(r["name"], p) for p in patterns)]
             if not runs:
                 continue
+        flags = [*FULL_FLAGS, *s.flags, *extra]
+        entries: list[str] = []
         if results_dir:
             kept = os.path.join(results_dir, s.name)
             recorded = [r for r in runs if os.path.exists(rec.path_of(kept, r["name"]))]
@@ -243,8 +306,10 @@ def run_sweeps(
             print(f"[claims] sweep {s.name}: {len(recorded)} runs recorded in {kept} already")
             if not runs:
                 continue
+            entries = warm_start_entries(s, runs, flags)
+            for e in restore_warm_starts(entries, os.path.join(results_dir, WARM_STARTS)):
+                print(f"[claims] warm start {os.path.basename(e)}: the committed copy, restored")
         print(f"[claims] sweep {s.name}: {len(runs)} runs in {root}", flush=True)
-        flags = [*FULL_FLAGS, *s.flags, *extra]
         # (population only when asked: a launcher without the option still runs a process per run)
         kw = {"population": True} if population else {}
         try:
@@ -253,6 +318,8 @@ def run_sweeps(
             if results_dir:  # what finished is kept, also when the sweep stopped half way
                 new = rec.record_all(root, os.path.join(results_dir, s.name))
                 print(f"[claims] sweep {s.name}: {len(new)} runs recorded in {results_dir}")
+                for e in keep_warm_starts(entries, os.path.join(results_dir, WARM_STARTS)):
+                    print(f"[claims] warm start kept: {e}")
         sw.write_tables(sw.collect(runs, root), root)
         failed += [f"{s.name}/{n}" for n, c in codes.items() if c != 0]
     return failed

@@ -79,6 +79,7 @@ def test_the_launcher_skips_recorded_runs_and_records_those_that_finish(tmp_path
     sw = types.SimpleNamespace(launch=launch, collect=lambda runs, root: [], write_tables=print)
     monkeypatch.setattr(claims, "_sweep_module", lambda: sw)
     monkeypatch.setattr(claims, "sweep_runs", lambda s, seeds: [{"name": n} for n in names])
+    monkeypatch.setattr(claims, "warm_start_entries", lambda s, runs, flags: [])
     sweep = claims.Sweep("toy", "configs/arith.py")
     fake_run(str(tmp_path / "elsewhere"), "a_s1")  # a run recorded by an earlier session
     records.write(str(tmp_path / "elsewhere" / "a_s1"), os.path.join(results, "toy"))
@@ -89,3 +90,44 @@ def test_the_launcher_skips_recorded_runs_and_records_those_that_finish(tmp_path
     assert kept == ["a_s0.json.gz", "a_s1.json.gz", "b_s0.json.gz"]
     # the notebooks read the records as they read workdirs
     assert sorted(analysis.load_runs(os.path.join(results, "toy"))) == ["a_s0", "a_s1", "b_s0"]
+
+
+def test_the_launcher_restores_and_keeps_the_runs_warm_starts(tmp_path, monkeypatch):
+    """A warm start kept beside the records is copied into the cache before the sweep's runs (a
+    new machine starts from the design's base, not from its own draw); one the cache lacks is
+    left to the runs to train, then kept; a cache entry that exists is used as it is."""
+    runs_dir, results = str(tmp_path / "runs"), str(tmp_path / "results")
+    cache = tmp_path / "cache" / "warmstart"
+    kept = os.path.join(results, claims.WARM_STARTS)
+    committed, fresh = str(cache / "arith_aaa"), str(cache / "arith_bbb")
+    os.makedirs(os.path.join(kept, "arith_aaa"))
+    with open(os.path.join(kept, "arith_aaa", "meta.json"), "w") as f:
+        f.write('{"draw": "committed"}')
+    seen = {}
+
+    def launch(config, runs, root, parallel, flags, **kw):
+        seen["restored"] = open(os.path.join(committed, "meta.json")).read()
+        seen["fresh_before"] = os.path.exists(fresh)
+        os.makedirs(fresh)  # the runs train the missing warm start into the cache
+        with open(os.path.join(fresh, "meta.json"), "w") as f:
+            f.write('{"draw": "trained here"}')
+        for r in runs:
+            fake_run(root, r["name"])
+        return {r["name"]: 0 for r in runs}
+
+    sw = types.SimpleNamespace(launch=launch, collect=lambda runs, root: [], write_tables=print)
+    monkeypatch.setattr(claims, "_sweep_module", lambda: sw)
+    monkeypatch.setattr(claims, "sweep_runs", lambda s, seeds: [{"name": "a_s0"}])
+    monkeypatch.setattr(claims, "warm_start_entries", lambda s, runs, flags: [committed, fresh])
+    assert (
+        claims.run_sweeps([claims.Sweep("toy", "configs/arith.py")], runs_dir, results_dir=results)
+        == []
+    )
+    assert seen == {"restored": '{"draw": "committed"}', "fresh_before": False}
+    assert sorted(os.listdir(kept)) == ["arith_aaa", "arith_bbb"]
+    assert open(os.path.join(kept, "arith_bbb", "meta.json")).read() == '{"draw": "trained here"}'
+    # the cache's own entry is not replaced by the committed one
+    with open(os.path.join(kept, "arith_bbb", "meta.json"), "w") as f:
+        f.write('{"draw": "another"}')
+    assert claims.restore_warm_starts([fresh], kept) == []
+    assert open(os.path.join(fresh, "meta.json")).read() == '{"draw": "trained here"}'
