@@ -21,8 +21,11 @@ the notebooks read members unchanged. Member i sees exactly what a single run wi
 its own prompt stream (data.seed = its seed), its own step keys (fold_in of key(its seed)), and the
 shared warm start (keyed by init.warmstart.seed, not the run's seed). The checkpoint
 (WORKDIR/checkpoints) holds the whole stacked state, every member's iterator position and which
-members are frozen, so a resume is exact. A member whose loss, gradient norm or new parameters
-are not finite keeps its last finite parameters and optimizer state from then on (frozen, marked
+members are frozen, so a resume is exact. With LoRA each member's adapters are drawn from its own
+seed (initial_params), its reference is its base with the adapters off, and the checkpoint holds
+the adapters alone with the base's identity, as a single LoRA run's (the base loads again).
+A member whose loss, gradient norm or new parameters are not finite keeps its last finite
+parameters and optimizer state from then on (frozen, marked
 ``train/frozen`` in its metrics and ``frozen_at_step`` in its summary); the others go on. Each
 member's collapse (rl.collapse_patience steps in a row without a learning signal) is watched as
 a single run's is: warned, and with rl.stop_on_collapse that member stops there
