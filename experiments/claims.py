@@ -121,9 +121,6 @@ NOTEBOOKS = {
     "moe_routing_replay": ("moe",),
     "eps_objective_sweep": ("arith",),
     # the claims registry's new claims (issue 20, item 4)
-    "dapo_clip_higher_entropy": ("ratio_doses",),
-    "gmpo_entropy": ("ratio_doses",),
-    "gmpo_kl_ref": ("ratio_doses",),
     "drgrpo_length_bias": ("drgrpo_length",),
     # the asynchronous pipeline's staleness dose (issue 31)
     "staleness_dose": ("staleness",),
@@ -131,6 +128,12 @@ NOTEBOOKS = {
     "int8_rollout_mismatch": ("quant",),
     "lora_rank1_matches_full": ("lora_arith",),
     "lora_rank1_matches_full_countdown": ("lora_countdown",),
+    # round 2 (issue 33): the five claims on countdown, each notebook on its newest entry's runs
+    "dapo_clip_higher_entropy": ("r2_countdown",),
+    "gmpo_entropy": ("r2_countdown",),
+    "gmpo_kl_ref": ("r2_countdown",),
+    "gmpo_token_vs_sequence_clip": ("r2_countdown",),
+    "gmpo_grpo_wide_clip": ("r2_countdown",),
 }
 
 # registry claims whose current entry has no notebook cells yet -> the sweeps its runs come from
@@ -138,9 +141,6 @@ NOTEBOOKS = {
 # round-2 entries (issue 33) and issue 32's (the int8 rollout, LoRA), registered before their runs
 PLANNED: dict[str, tuple[str, ...]] = {
     # new versions of the claims above
-    "dapo_clip_higher_entropy": ("r2_countdown",),
-    "gmpo_entropy": ("r2_countdown",),
-    "gmpo_kl_ref": ("r2_countdown",),
     "eps_objective_sweep": ("r2_eps",),
     "moe_routing_replay": ("r2_moe",),
     "clip_fraction_vs_eps": ("r2_clip",),
@@ -157,8 +157,6 @@ PLANNED: dict[str, tuple[str, ...]] = {
     "gspo_length_normalisation": ("r2_ratio",),
     "luspo_clip_higher_negatives": ("r2_length",),
     "grpo_lengthens_responses": ("r2_length",),
-    "gmpo_token_vs_sequence_clip": ("r2_countdown",),
-    "gmpo_grpo_wide_clip": ("r2_countdown",),
     "deepseekmath_inert_clip": ("r2_ratio",),
 }
 

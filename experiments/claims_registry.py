@@ -2158,7 +2158,7 @@ ENTRIES: tuple[Claim, ...] = (
             "the whole sequence (the geometric mean clipped per response)"
         ),
         paper="GMPO (Zhao et al. 2025): token-level clipping is more stable than sequence-level",
-        notebook="planned: gmpo_token_vs_sequence_clip",
+        notebook="gmpo_token_vs_sequence_clip",
         sweeps=("r2_countdown",),
         arms=(
             "gmpo: token-level log clip +-0.4, 16 x 2",
@@ -2190,7 +2190,7 @@ ENTRIES: tuple[Claim, ...] = (
         version=1,
         claim=("At the wide ratio range (e^-0.4, e^0.4) GMPO trains stably where GRPO does not"),
         paper="GMPO: GRPO with the wider range is unstable; GMPO takes it",
-        notebook="planned: gmpo_grpo_wide_clip",
+        notebook="gmpo_grpo_wide_clip",
         sweeps=("r2_countdown",),
         arms=("gmpo: log +-0.4", "grpo_nokl_w0.4: GRPO at (e^-0.4, e^0.4)", "grpo_nokl: 0.2"),
         primary=Criterion(

@@ -294,8 +294,9 @@ def test_launcher_only_launches_the_runs_its_patterns_name(monkeypatch, tmp_path
 def test_round2_entries_are_well_formed():
     """Every round-2 entry: an exact test over >= 10 seeds (a deterministic check: every batch),
     at least one precondition, a new version of an existing claim where the key exists, and
-    runs that ``claims.py <key> --runs_only`` makes (its sweeps in PLANNED), or a check file, or
-    a statement of the code its runs need."""
+    runs that ``claims.py <key> --runs_only`` makes (its sweeps in PLANNED, or, once its
+    notebook's cells exist, the notebook's in NOTEBOOKS), or a check file, or a statement of the
+    code its runs need."""
     assert len(ROUND2) >= 18 and len({e.key for e in reg.ENTRIES}) >= 18
     for e in ROUND2:
         c = e.primary
@@ -312,7 +313,10 @@ def test_round2_entries_are_well_formed():
         if e.needs:
             assert e.key not in claims.PLANNED, e.name  # no runs until the code exists
             continue
-        assert e is reg.current(e.key) and set(e.sweeps) <= set(claims.PLANNED[e.key]), e.name
+        # its runs: PLANNED until its notebook's cells exist, then the notebook's own sweeps
+        made_by = claims.PLANNED.get(e.key) or claims.NOTEBOOKS[e.key]
+        assert not e.notebook.startswith("planned") or e.key in claims.PLANNED, e.name
+        assert e is reg.current(e.key) and set(e.sweeps) <= set(made_by), e.name
         assert _arms_of(e) <= _sweep_arms(e.sweeps), (e.name, _arms_of(e) - _sweep_arms(e.sweeps))
 
 
@@ -534,3 +538,40 @@ def test_tuned_takes_the_best_mean_rate_and_the_smaller_of_ties():
     final["r1_lr3e-3"] = {0: 0.9, 1: 0.85}
     assert verdicts.tuned(final, grid) == "r1_lr3e-3"
     assert verdicts.tuned({}, grid) is None
+
+
+def _run(records, summary=None, name="a_s100"):
+    from reporting import analysis
+
+    return analysis.RunData(name, "a", 100, "", {}, summary or {}, records)
+
+
+def test_trend_is_each_seeds_least_squares_slope_over_seeds_with_every_dose():
+    """trend(...) (dapo_clip_higher_entropy v2): per seed, the slope of its values on the doses;
+    a seed missing a dose or non-finite at one is left out."""
+    doses = (0.2, 0.24, 0.28, 0.35)
+    per_dose = [{100: 1.0 + 2 * d, 101: 3.0 - d, 102: 1.0} for d in doses]  # slopes 2, -1, 0
+    per_dose[2][102] = float("nan")
+    per_dose[3][103] = 5.0  # one dose only
+    slopes = verdicts.trend(doses, per_dose)
+    assert sorted(slopes) == [100, 101]
+    assert slopes[100] == pytest.approx(2.0) and slopes[101] == pytest.approx(-1.0)
+
+
+def test_relative_drop_median_and_diverged_read_the_runs_records():
+    """relative_drop: 1 - last-10 mean / first-5 mean (entropy collapse); median_over_steps; a
+    population member frozen at a non-finite step counts as diverged, so unless_diverged gives
+    NaN, which a criterion with ``diverged`` set counts as its worst value."""
+    ent = [1.0] * 5 + [0.7] * 10 + [0.25] * 10  # lost 75 %
+    recs = [{"step": i + 1, "train/entropy": e, "train/loss": 0.1} for i, e in enumerate(ent)]
+    run = _run(recs)
+    assert verdicts.relative_drop(run, "train/entropy") == pytest.approx(0.75)
+    kl = [{"step": i + 1, "train/kl_ref": v} for i, v in enumerate([0.01, 0.02, 5.0])]
+    assert verdicts.median_over_steps(_run(kl), "train/kl_ref") == pytest.approx(0.02)
+    acc = lambda r: 0.9  # noqa: E731
+    assert not verdicts.diverged(run)
+    assert verdicts.unless_diverged(acc)(run) == 0.9
+    frozen = _run(recs, summary={"frozen_at_step": 17})
+    assert verdicts.diverged(frozen) and math.isnan(verdicts.unless_diverged(acc)(frozen))
+    nan_loss = _run(recs + [{"step": 26, "train/loss": float("nan")}])
+    assert verdicts.diverged(nan_loss)

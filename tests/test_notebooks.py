@@ -2,7 +2,7 @@
 
 The runs are the notebooks' own sweeps (experiments/claims.py SWEEPS) at runlocal size with one
 seed and 2 RL steps, trained once per session in this process (sharing the session's warm-start
-cache, data and compilation cache) and read by all 17 notebooks: a notebook that no longer
+cache, data and compilation cache) and read by all 19 notebooks: a notebook that no longer
 runs against what the trainer writes fails here. The verdicts of tiny runs mean nothing (one seed:
 every primary criterion that needs paired seeds is inconclusive); that the registry's verdict is
 computed, and is one of its three outcomes, is what is checked.
@@ -31,7 +31,7 @@ ARITH_ARMS = {"grpo", "gspo", "gspo_token", "gmpo", "gspo_eps0.2", "grpo_eps0.00
 TINY_ARMS = {
     "arith": ARITH_ARMS,
     "clip": {"gspo", "grpo_nokl", "grpo"},
-    "ratio_doses": {"gmpo_k16x2", "grpo_nokl_k16x2", "dapo_k16x2", "dapo_eps0.2_k16x2"},
+    "ratio_doses": {"gmpo_k16x2", "grpo_nokl_k16x2"},
     "moe": {"grpo", "grpo_rr", "gspo", "grpo_v6", "grpo_rr_v6"},
     "luspo_length": {"gspo_cliphigher", "gspo_sym", "luspo_cliphigher"},
     # the primary arms carry the base bonus, which the dose-response cell reads as its one dose
@@ -53,6 +53,17 @@ TINY_ARMS = {
     # LoRA: one rate of full fine-tuning and of rank 1 (each then its arm's tuned rate)
     "lora_arith": {"full_lr1e-4", "r1_lr1e-3"},
     "lora_countdown": {"full_lr1e-4", "r1_lr1e-3"},
+    # round 2 on countdown: the eps_high dose's four arms (the trend needs each) and the GMPO
+    # claims' primary arms (GRPO at its own 0.2 is read with .get)
+    "r2_countdown": {
+        "dapo_eh0.2",
+        "dapo_eh0.24",
+        "dapo_eh0.28",
+        "dapo_eh0.35",
+        "gmpo",
+        "gmpo_seqclip",
+        "grpo_nokl_w0.4",
+    },
 }
 
 

@@ -196,3 +196,48 @@ def max_abs_log_ratio(run: analysis.RunData, prefix: str = "train/ratio_") -> fl
     _, hi = analysis.series(run, prefix + "max")
     _, lo = analysis.series(run, prefix + "min")
     return float(np.mean(np.maximum(np.log(hi), -np.log(lo))))
+
+
+def relative_drop(run: analysis.RunData, key: str, last: int = 10, first: int = 5) -> float:
+    """1 - (mean of ``key`` over the run's last ``last`` steps) / (mean over its first
+    ``first``): the share of its starting value the run lost (entropy collapse: 0.5 = half)."""
+    _, v = analysis.series(run, key)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return float(1.0 - np.nanmean(v[-last:]) / np.nanmean(v[:first]))
+
+
+def median_over_steps(run: analysis.RunData, key: str) -> float:
+    """The median of ``key`` over the run's steps: a per-step statistic whose mean a few heavy
+    steps would carry (the k3 KL estimate)."""
+    return float(np.median(analysis.series(run, key)[1]))
+
+
+def diverged(run: analysis.RunData) -> bool:
+    """Whether the run diverged: a population member frozen at a non-finite loss, gradient or
+    parameter (summary's ``frozen_at_step``), or a single run whose loss went non-finite."""
+    if run.summary and run.summary.get("frozen_at_step") is not None:
+        return True
+    try:
+        return not bool(np.all(np.isfinite(analysis.series(run, "train/loss")[1])))
+    except KeyError:
+        return False
+
+
+def unless_diverged(fn: Callable[[analysis.RunData], float]) -> Callable[[analysis.RunData], float]:
+    """``fn`` of the run, NaN for a run that diverged (diverged): a frozen member keeps its last
+    finite parameters and so a finite accuracy, which a stability criterion must not count as
+    the run's; the registry counts NaN as the criterion's ``diverged`` value."""
+    return lambda run: float("nan") if diverged(run) else fn(run)
+
+
+def trend(doses: Sequence[float], per_dose: Sequence[Mapping[int, float]]) -> dict[int, float]:
+    """{seed: the least-squares slope of the seed's values against ``doses``}, over the seeds
+    with a finite value at every dose (``per_dose[i]``: {seed: value} at doses[i])."""
+    x = np.asarray(doses, dtype=np.float64)
+    seeds = sorted(set.intersection(*(set(_finite_items(d)) for d in per_dose)))
+    return {s: float(np.polyfit(x, [d[s] for d in per_dose], 1)[0]) for s in seeds}
+
+
+def _finite_items(per_seed: Mapping[int, float]) -> dict[int, float]:
+    return {s: v for s, v in per_seed.items() if v is not None and np.isfinite(v)}
