@@ -115,7 +115,6 @@ NOTEBOOKS = {
     "seq_ratio_eps02": ("arith",),
     "gspo_token_equals_gspo": ("arith", "gspo_token"),
     "luspo_length": ("luspo_length",),
-    "gmpo_ratio_range": ("ratio_doses",),
     "std_normalisation": ("std_bonus",),
     "rollout_logprobs": ("old_logp",),
     "moe_routing_replay": ("moe",),
@@ -134,6 +133,11 @@ NOTEBOOKS = {
     "gmpo_kl_ref": ("r2_countdown",),
     "gmpo_token_vs_sequence_clip": ("r2_countdown",),
     "gmpo_grpo_wide_clip": ("r2_countdown",),
+    # round 2 (issue 33): the four claims on the minibatch dose (arith)
+    "gmpo_ratio_range": ("r2_ratio",),
+    "gspo_minibatch_stability": ("r2_ratio",),
+    "gspo_length_normalisation": ("r2_ratio",),
+    "deepseekmath_inert_clip": ("r2_ratio",),
 }
 
 # registry claims whose current entry has no notebook cells yet -> the sweeps its runs come from
@@ -146,18 +150,14 @@ PLANNED: dict[str, tuple[str, ...]] = {
     "clip_fraction_vs_eps": ("r2_clip",),
     "seq_ratio_eps02": ("r2_eps",),
     "luspo_length": ("r2_length",),
-    "gmpo_ratio_range": ("r2_ratio",),
     "std_normalisation": ("r2_std_bonus",),
     "rollout_logprobs": ("r2_old_logp",),
     # claims new in round 2
     "moe_gspo_without_replay": ("r2_moe",),
     "std_normalisation_negative_control": ("r2_std_bonus",),
     "rollout_logprobs_gspo_vs_grpo": ("r2_old_logp",),
-    "gspo_minibatch_stability": ("r2_ratio",),
-    "gspo_length_normalisation": ("r2_ratio",),
     "luspo_clip_higher_negatives": ("r2_length",),
     "grpo_lengthens_responses": ("r2_length",),
-    "deepseekmath_inert_clip": ("r2_ratio",),
 }
 
 WARM_STARTS = "warmstart"  # <results_dir>/warmstart/<entry>: the claims' committed warm starts

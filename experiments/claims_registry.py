@@ -2005,7 +2005,7 @@ ENTRIES: tuple[Claim, ...] = (
             "not: GSPO ends with higher held-out accuracy"
         ),
         paper="GSPO (Zheng et al. 2025): GRPO unstable and sensitive where GSPO is not",
-        notebook="planned: gspo_minibatch_stability",
+        notebook="gspo_minibatch_stability",
         sweeps=("r2_ratio",),
         arms=(
             "grpo_nokl_k<k>x<e>, gspo_k<k>x<e>: minibatches x epochs per batch 1x1, 4x1, 16x2, "
@@ -2049,7 +2049,7 @@ ENTRIES: tuple[Claim, ...] = (
             "delta) leaves the clip range in most responses and training fails"
         ),
         paper="GSPO: length normalisation keeps s_i in a range one eps fits, whatever |y|",
-        notebook="planned: gspo_length_normalisation",
+        notebook="gspo_length_normalisation",
         sweeps=("r2_ratio",),
         arms=(
             "gspo_k4x1 (r2_ratio) against gspo_nonorm_k4x1: the same with s_i = exp(sum_t "
@@ -2226,7 +2226,7 @@ ENTRIES: tuple[Claim, ...] = (
         ),
         paper="DeepSeekMath (Shao et al. 2024): with one update per exploration stage the "
         "ratio's clip is inert",
-        notebook="planned: deepseekmath_inert_clip",
+        notebook="deepseekmath_inert_clip",
         sweeps=("r2_ratio",),
         arms=("grpo_nokl_k1x1: GRPO without KL, 1 x 1", "grpo_nokl_k16x2: the contrast"),
         primary=Criterion(

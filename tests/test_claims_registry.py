@@ -503,8 +503,8 @@ def test_gspo_token_identity_check_decides_its_entry():
 
 
 def test_runs_only_makes_a_round2_claims_runs_and_all_keeps_the_notebooks_sweeps(monkeypatch):
-    """`claims.py <claim> --runs_only` launches the current entry's round-2 sweeps (PLANNED) at
-    their own seed count; `all` launches the notebooks' sweeps; a round-2 claim without
+    """`claims.py <claim> --runs_only` launches the current entry's round-2 sweeps (PLANNED, or
+    its notebook's once it reads them) at their own seed count; `all` launches the notebooks' sweeps; a round-2 claim without
     --runs_only is refused (its notebook cells come with its runs)."""
     launched = []
 
@@ -513,13 +513,16 @@ def test_runs_only_makes_a_round2_claims_runs_and_all_keeps_the_notebooks_sweeps
         return []
 
     monkeypatch.setattr(claims, "run_sweeps", fake_run_sweeps)
-    assert claims.main(["gspo_minibatch_stability", "dapo_clip_higher_entropy", "--runs_only"]) == 0
-    assert launched[-1] == (["r2_ratio", "r2_countdown"], None)
+    # a claim still planned (its sweep from PLANNED) and one whose notebook reads round 2's runs
+    assert (
+        claims.main(["luspo_clip_higher_negatives", "dapo_clip_higher_entropy", "--runs_only"]) == 0
+    )
+    assert launched[-1] == (["r2_length", "r2_countdown"], None)
     assert [claims.seeds_of(claims.SWEEPS[s]) for s in launched[-1][0]] == [12, 12]
     assert claims.main(["all", "--runs_only"]) == 0
     assert set(launched[-1][0]) == {s for v in claims.NOTEBOOKS.values() for s in v}
     with pytest.raises(SystemExit):
-        claims.main(["gspo_minibatch_stability"])
+        claims.main(["luspo_clip_higher_negatives"])
     for e in ROUND2:
         text = "\n".join(reg.describe(e))
         assert f"seeds: {min(e.seeds)}-{max(e.seeds)} (fresh for this claim)" in text, e.name

@@ -246,6 +246,10 @@ def test_tfds_prepared_array_record_folder_is_accepted(tmp_path):
     (last, n), *_ = data.make_eval_batches(task, "test", batch_size=8, data_dir=tmp_path, first=-1)
     assert n == 1
     np.testing.assert_array_equal(last["prompt"][0], batches[-1][0]["prompt"][batches[-1][1] - 1])
+    # more from the end than the split holds: all of it (a stopping rule on a small split)
+    every = data.make_eval_batches(task, "test", batch_size=8, data_dir=tmp_path, first=-1000)
+    assert sum(n for _, n in every) == len(GSM_ROWS)
+    np.testing.assert_array_equal(every[0][0]["prompt"], batches[0][0]["prompt"])
     with pytest.raises(ValueError, match="selects no problem"):
         data.make_eval_batches(task, "test", batch_size=8, data_dir=tmp_path, first=len(GSM_ROWS))
 

@@ -2,7 +2,7 @@
 
 The runs are the notebooks' own sweeps (experiments/claims.py SWEEPS) at runlocal size with one
 seed and 2 RL steps, trained once per session in this process (sharing the session's warm-start
-cache, data and compilation cache) and read by all 19 notebooks: a notebook that no longer
+cache, data and compilation cache) and read by all 22 notebooks: a notebook that no longer
 runs against what the trainer writes fails here. The verdicts of tiny runs mean nothing (one seed:
 every primary criterion that needs paired seeds is inconclusive); that the registry's verdict is
 computed, and is one of its three outcomes, is what is checked.
@@ -31,7 +31,6 @@ ARITH_ARMS = {"grpo", "gspo", "gspo_token", "gmpo", "gspo_eps0.2", "grpo_eps0.00
 TINY_ARMS = {
     "arith": ARITH_ARMS,
     "clip": {"gspo", "grpo_nokl", "grpo"},
-    "ratio_doses": {"gmpo_k16x2", "grpo_nokl_k16x2"},
     "moe": {"grpo", "grpo_rr", "gspo", "grpo_v6", "grpo_rr_v6"},
     "luspo_length": {"gspo_cliphigher", "gspo_sym", "luspo_cliphigher"},
     # the primary arms carry the base bonus, which the dose-response cell reads as its one dose
@@ -63,6 +62,17 @@ TINY_ARMS = {
         "gmpo",
         "gmpo_seqclip",
         "grpo_nokl_w0.4",
+    },
+    # round 2's minibatch dose: the four claims' primary and precondition arms (the other doses
+    # and gspo_k1x1 are read with .get)
+    "r2_ratio": {
+        "grpo_nokl_k1x1",
+        "grpo_nokl_k16x2",
+        "grpo_nokl_k32x4",
+        "gspo_k4x1",
+        "gspo_k32x4",
+        "gspo_nonorm_k4x1",
+        "gmpo_k16x2",
     },
 }
 

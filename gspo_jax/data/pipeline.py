@@ -247,13 +247,14 @@ def make_eval_batches(
     first: int = 0,
 ) -> list[tuple[dict[str, np.ndarray], int]]:
     """``num_problems`` records of ``split`` in order from record ``first`` (a negative ``first``
-    counts from the end), as (batch, num_valid) pairs.
+    counts from the end: the last -first records, all of them when the split holds fewer, as a
+    stopping rule's "last stop_problems" on a small split), as (batch, num_valid) pairs.
 
     Every batch has exactly ``batch_size`` rows (fixed shapes: one compilation); the last one is
     padded by repeating its last record, and num_valid says how many rows are real.
     """
     source = load_source(task, split, data_dir)
-    start0 = first % len(source) if -len(source) <= first < 0 else first
+    start0 = max(len(source) + first, 0) if first < 0 else first
     left = max(len(source) - start0, 0)
     n = left if num_problems is None else min(num_problems, left)
     if n < 1:
