@@ -504,8 +504,9 @@ def test_gspo_token_identity_check_decides_its_entry():
 
 def test_runs_only_makes_a_round2_claims_runs_and_all_keeps_the_notebooks_sweeps(monkeypatch):
     """`claims.py <claim> --runs_only` launches the current entry's round-2 sweeps (PLANNED, or
-    its notebook's once it reads them) at their own seed count; `all` launches the notebooks' sweeps; a round-2 claim without
-    --runs_only is refused (its notebook cells come with its runs)."""
+    its notebook's once it reads them) at their own seed count; `all` launches the notebooks'
+    sweeps; a planned round-2 claim without --runs_only is refused (its notebook cells come with
+    its runs)."""
     launched = []
 
     def fake_run_sweeps(sweeps, runs_dir, **kw):
