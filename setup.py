@@ -41,6 +41,7 @@ setup(
         "test": [
             "pytest>=8",
             "pytest-xdist>=3.5",  # the suite runs in 2 workers (pyproject.toml, tests/conftest.py)
+            "pytest-timeout>=2.3",  # a hung test fails alone instead of holding CI (pyproject.toml)
             "hypothesis>=6.100",
             "ruff==0.17.6",
             "scipy>=1.11",
