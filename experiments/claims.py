@@ -111,14 +111,11 @@ SWEEPS = {
 
 # notebook (notebooks/<name>.ipynb) -> the sweeps it reads
 NOTEBOOKS = {
-    "clip_fraction_vs_eps": ("clip",),
-    "seq_ratio_eps02": ("arith",),
     "gspo_token_equals_gspo": ("arith", "gspo_token"),
     "luspo_length": ("luspo_length",),
     "std_normalisation": ("std_bonus",),
     "rollout_logprobs": ("old_logp",),
     "moe_routing_replay": ("moe",),
-    "eps_objective_sweep": ("arith",),
     # the claims registry's new claims (issue 20, item 4)
     "drgrpo_length_bias": ("drgrpo_length",),
     # the asynchronous pipeline's staleness dose (issue 31)
@@ -133,6 +130,10 @@ NOTEBOOKS = {
     "gmpo_kl_ref": ("r2_countdown",),
     "gmpo_token_vs_sequence_clip": ("r2_countdown",),
     "gmpo_grpo_wide_clip": ("r2_countdown",),
+    # round 2 (issue 33): the eps dose's two claims and the clip fraction's (arith)
+    "clip_fraction_vs_eps": ("r2_clip",),
+    "eps_objective_sweep": ("r2_eps",),
+    "seq_ratio_eps02": ("r2_eps",),
     # round 2 (issue 33): the four claims on the minibatch dose (arith)
     "gmpo_ratio_range": ("r2_ratio",),
     "gspo_minibatch_stability": ("r2_ratio",),
@@ -145,10 +146,7 @@ NOTEBOOKS = {
 # round-2 entries (issue 33) and issue 32's (the int8 rollout, LoRA), registered before their runs
 PLANNED: dict[str, tuple[str, ...]] = {
     # new versions of the claims above
-    "eps_objective_sweep": ("r2_eps",),
     "moe_routing_replay": ("r2_moe",),
-    "clip_fraction_vs_eps": ("r2_clip",),
-    "seq_ratio_eps02": ("r2_eps",),
     "luspo_length": ("r2_length",),
     "std_normalisation": ("r2_std_bonus",),
     "rollout_logprobs": ("r2_old_logp",),

@@ -22,15 +22,13 @@ claims = load_repo_module("experiments/claims.py")
 pytestmark = pytest.mark.long
 
 STEPS = 2
-# The arith sweep's arms the notebooks name (the sweep-table notebook tabulates whatever arms
-# exist); the other arms of the sweep (dapo, dr_grpo, luspo, cispo, sapo, gspo at a symmetric
-# 3e-4) add compile time here and no notebook code path.
-ARITH_ARMS = {"grpo", "gspo", "gspo_token", "gmpo", "gspo_eps0.2", "grpo_eps0.0003"}
+# The arith sweep's arms the notebooks name (GSPO-token's identity); its other arms add compile
+# time here and no notebook code path.
+ARITH_ARMS = {"gspo", "gspo_token"}
 # The same for the registry's dose and KL-off sweeps: the arms a notebook's primary criterion,
 # precondition or figure reads at runlocal size (the notebooks tolerate missing secondary arms).
 TINY_ARMS = {
     "arith": ARITH_ARMS,
-    "clip": {"gspo", "grpo_nokl", "grpo"},
     "moe": {"grpo", "grpo_rr", "gspo", "grpo_v6", "grpo_rr_v6"},
     "luspo_length": {"gspo_cliphigher", "gspo_sym", "luspo_cliphigher"},
     # the primary arms carry the base bonus, which the dose-response cell reads as its one dose
@@ -63,6 +61,11 @@ TINY_ARMS = {
         "gmpo_seqclip",
         "grpo_nokl_w0.4",
     },
+    # round 2's eps dose: the primary and precondition arms of both claims (the preset table and
+    # the other doses are read with .get; gspo is a preset)
+    "r2_eps": {"grpo_nokl_eps0.2", "grpo_nokl_eps0.0003", "gspo_eps0.2", "gspo"},
+    # round 2's clip fraction: v1's arms but GSPO at 0.2 (read with .get)
+    "r2_clip": {"gspo", "grpo_nokl", "grpo"},
     # round 2's minibatch dose: the four claims' primary and precondition arms (the other doses
     # and gspo_k1x1 are read with .get)
     "r2_ratio": {
