@@ -16,8 +16,9 @@ tokens/s (B * T / total). Baselines measured in the same process:
       tokens/s.
   (b) peers, when installed (pip install -e ".[peers]"; skipped with a message otherwise):
       Tunix's Sampler (prompts repeated G times: it has no samples-per-prompt option) and
-      Hugging Face transformers' Qwen3ForCausalLM.generate (torch CPU, num_return_sequences=G,
-      top_k=0), both with random weights of the same shape.
+      Hugging Face transformers' Qwen3ForCausalLM.generate (torch, on the GPU where JAX's
+      backend is one, else the CPU; num_return_sequences=G, top_k=0), both with random weights
+      of the same shape.
 Shared-prefix prefill: prefill of P prompts (each once, cache repeated G times) vs P * G
 repeated prompts, prompt 1,024, 32 new tokens of cache, at "small".
 
@@ -509,6 +510,8 @@ def compile_seconds(T_values, P=2, G=4, Lp=16, slots=4):
             rng=jax.random.key(0),
             eos_id=jnp.int32(1),
             pad_id=jnp.int32(0),
+            version=jnp.int32(0),
+            carry=rollout.PartialRows.empty(P * G, T, 0),
         )
         t0 = time.perf_counter()
         continuous._run_jit.lower(
@@ -737,13 +740,19 @@ def bench_hf(shape, prompts_np, G, T, repeats, cache: str | None = None):
         tie_word_embeddings=True,
         max_position_embeddings=4096,
     )
-    model = Qwen3ForCausalLM(cfg).eval()
-    ids = torch.as_tensor(prompts_np, dtype=torch.long)
+    # on a GPU (JAX's backend too), the peer runs there at JAX's float32 matmul precision: TF32
+    # under JAX's default, full float32 under JAX_DEFAULT_MATMUL_PRECISION=highest.
+    device = "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        exact = jax.config.jax_default_matmul_precision in ("highest", "float32")
+        torch.backends.cuda.matmul.allow_tf32 = not exact
+    model = Qwen3ForCausalLM(cfg).eval().to(device)
+    ids = torch.as_tensor(prompts_np, dtype=torch.long, device=device)
     P = ids.shape[0]
 
     def run(max_new):
         with torch.no_grad():
-            return model.generate(
+            out = model.generate(
                 input_ids=ids,
                 attention_mask=torch.ones_like(ids),
                 do_sample=True,
@@ -757,11 +766,16 @@ def bench_hf(shape, prompts_np, G, T, repeats, cache: str | None = None):
                 eos_token_id=None,
                 **({"cache_implementation": cache} if cache else {}),
             )
+            if device == "cuda":
+                torch.cuda.synchronize()  # the timer stops when the tokens exist
+            return out
 
     first, total = timed(lambda: run(T), repeats, f"hf generate (cache {cache or 'dynamic'})")
     _, prefill_s = timed(lambda: run(1), repeats, "hf prefill (1 new token)")
     threads = torch.get_num_threads()
-    return throughput(P * G, T, total, prefill_s, warmup_s=first, torch_threads=threads)
+    return throughput(
+        P * G, T, total, prefill_s, warmup_s=first, torch_threads=threads, torch_device=device
+    )
 
 
 def bench_tunix(shape, prompts_np, G, T, repeats):
