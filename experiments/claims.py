@@ -112,10 +112,6 @@ SWEEPS = {
 # notebook (notebooks/<name>.ipynb) -> the sweeps it reads
 NOTEBOOKS = {
     "gspo_token_equals_gspo": ("arith", "gspo_token"),
-    "luspo_length": ("luspo_length",),
-    "std_normalisation": ("std_bonus",),
-    "rollout_logprobs": ("old_logp",),
-    "moe_routing_replay": ("moe",),
     # the claims registry's new claims (issue 20, item 4)
     "drgrpo_length_bias": ("drgrpo_length",),
     # the asynchronous pipeline's staleness dose (issue 31)
@@ -134,6 +130,16 @@ NOTEBOOKS = {
     "clip_fraction_vs_eps": ("r2_clip",),
     "eps_objective_sweep": ("r2_eps",),
     "seq_ratio_eps02": ("r2_eps",),
+    # round 2 (issue 33): std_normalisation and its negative control (one notebook, two verdicts)
+    "std_normalisation": ("r2_std_bonus",),
+    # round 2 (issue 33): rollout log-probs and GSPO against GRPO under noise (two verdicts)
+    "rollout_logprobs": ("r2_old_logp",),
+    # round 2 (issue 33): the three claims on response length (the luspo_length task)
+    "luspo_length": ("r2_length",),
+    "luspo_clip_higher_negatives": ("r2_length",),
+    "grpo_lengthens_responses": ("r2_length",),
+    # round 2 (issue 33): MoE's Routing Replay and GSPO without it (two verdicts)
+    "moe_routing_replay": ("r2_moe",),
     # round 2 (issue 33): the four claims on the minibatch dose (arith)
     "gmpo_ratio_range": ("r2_ratio",),
     "gspo_minibatch_stability": ("r2_ratio",),
@@ -144,19 +150,7 @@ NOTEBOOKS = {
 # registry claims whose current entry has no notebook cells yet -> the sweeps its runs come from
 # (--runs_only; a name here takes these sweeps, not the notebook's, "all" the notebooks'): the
 # round-2 entries (issue 33) and issue 32's (the int8 rollout, LoRA), registered before their runs
-PLANNED: dict[str, tuple[str, ...]] = {
-    # new versions of the claims above
-    "moe_routing_replay": ("r2_moe",),
-    "luspo_length": ("r2_length",),
-    "std_normalisation": ("r2_std_bonus",),
-    "rollout_logprobs": ("r2_old_logp",),
-    # claims new in round 2
-    "moe_gspo_without_replay": ("r2_moe",),
-    "std_normalisation_negative_control": ("r2_std_bonus",),
-    "rollout_logprobs_gspo_vs_grpo": ("r2_old_logp",),
-    "luspo_clip_higher_negatives": ("r2_length",),
-    "grpo_lengthens_responses": ("r2_length",),
-}
+PLANNED: dict[str, tuple[str, ...]] = {}  # every round-2 entry's notebook has its cells
 
 WARM_STARTS = "warmstart"  # <results_dir>/warmstart/<entry>: the claims' committed warm starts
 SEEDS = 5  # the registry's minimum for a criterion that compares two arms
@@ -168,9 +162,11 @@ FULL_FLAGS = (
 
 
 def _load(name: str, path: str):
-    """A module loaded by path (this file runs as a script, outside any package)."""
+    """A module loaded by path (this file runs as a script, outside any package); registered in
+    sys.modules, which a module's dataclasses need."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -346,6 +342,18 @@ def execute_notebook(name: str, runs_dir: str, *, timeout: int = 1800, out: str 
             os.environ[RUNS_ENV] = env_before
     nbformat.write(nb, out or path)
     return nb
+
+
+def verdict_keys(name: str) -> list[str]:
+    """The registry claims whose verdicts the notebook ``name`` prints, one VERDICT line each:
+    its own claim and every other claim whose current entry names it, once that claim's cells
+    have come (it is not in PLANNED)."""
+    reg = sys.modules.get("gspo_claims_registry") or _load(
+        "gspo_claims_registry", os.path.join(REPO, "experiments", "claims_registry.py")
+    )
+    keys = {e.key for e in reg.ENTRIES}
+    named = [k for k in sorted(keys) if reg.current(k).notebook == name and k not in PLANNED]
+    return [name] + [k for k in named if k != name]
 
 
 def verdict_lines(nb) -> list[str]:

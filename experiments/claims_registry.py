@@ -2088,7 +2088,7 @@ ENTRIES: tuple[Claim, ...] = (
             "under a symmetric clip"
         ),
         paper="LUSPO: clip-higher's asymmetry, the mechanism of GSPO's length collapse",
-        notebook="planned: luspo_clip_higher_negatives",
+        notebook="luspo_clip_higher_negatives",
         sweeps=("r2_length",),
         arms=("gspo_cliphigher: 3e-4 / 4e-4", "gspo_sym: 3e-4 / 3e-4"),
         primary=Criterion(
@@ -2122,7 +2122,7 @@ ENTRIES: tuple[Claim, ...] = (
         version=1,
         claim="GRPO lengthens responses over training",
         paper="LUSPO: GRPO's responses grow where GSPO's shrink",
-        notebook="planned: grpo_lengthens_responses",
+        notebook="grpo_lengthens_responses",
         sweeps=("r2_length",),
         arms=("grpo_nokl: the grpo preset without its KL term, 200 steps",),
         primary=Criterion(

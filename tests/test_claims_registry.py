@@ -314,7 +314,7 @@ def test_round2_entries_are_well_formed():
             assert e.key not in claims.PLANNED, e.name  # no runs until the code exists
             continue
         # its runs: PLANNED until its notebook's cells exist, then the notebook's own sweeps
-        made_by = claims.PLANNED.get(e.key) or claims.NOTEBOOKS[e.key]
+        made_by = claims.PLANNED.get(e.key) or claims.NOTEBOOKS[e.notebook]
         assert not e.notebook.startswith("planned") or e.key in claims.PLANNED, e.name
         assert e is reg.current(e.key) and set(e.sweeps) <= set(made_by), e.name
         assert _arms_of(e) <= _sweep_arms(e.sweeps), (e.name, _arms_of(e) - _sweep_arms(e.sweeps))
@@ -514,16 +514,16 @@ def test_runs_only_makes_a_round2_claims_runs_and_all_keeps_the_notebooks_sweeps
         return []
 
     monkeypatch.setattr(claims, "run_sweeps", fake_run_sweeps)
-    # a claim still planned (its sweep from PLANNED) and one whose notebook reads round 2's runs
-    assert (
-        claims.main(["luspo_clip_higher_negatives", "dapo_clip_higher_entropy", "--runs_only"]) == 0
-    )
-    assert launched[-1] == (["r2_length", "r2_countdown"], None)
+    # a claim still planned (its sweep from PLANNED; every round-2 notebook has its cells now, so
+    # one is planned here again) and one whose notebook reads round 2's runs
+    monkeypatch.setattr(claims, "PLANNED", {"moe_gspo_without_replay": ("r2_moe",)})
+    assert claims.main(["moe_gspo_without_replay", "dapo_clip_higher_entropy", "--runs_only"]) == 0
+    assert launched[-1] == (["r2_moe", "r2_countdown"], None)
     assert [claims.seeds_of(claims.SWEEPS[s]) for s in launched[-1][0]] == [12, 12]
     assert claims.main(["all", "--runs_only"]) == 0
     assert set(launched[-1][0]) == {s for v in claims.NOTEBOOKS.values() for s in v}
     with pytest.raises(SystemExit):
-        claims.main(["luspo_clip_higher_negatives"])
+        claims.main(["moe_gspo_without_replay"])
     for e in ROUND2:
         text = "\n".join(reg.describe(e))
         assert f"seeds: {min(e.seeds)}-{max(e.seeds)} (fresh for this claim)" in text, e.name

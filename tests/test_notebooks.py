@@ -29,19 +29,19 @@ ARITH_ARMS = {"gspo", "gspo_token"}
 # precondition or figure reads at runlocal size (the notebooks tolerate missing secondary arms).
 TINY_ARMS = {
     "arith": ARITH_ARMS,
-    "moe": {"grpo", "grpo_rr", "gspo", "grpo_v6", "grpo_rr_v6"},
-    "luspo_length": {"gspo_cliphigher", "gspo_sym", "luspo_cliphigher"},
-    # the primary arms carry the base bonus, which the dose-response cell reads as its one dose
-    # (dr_grpo, the secondary arm, is read with .get like the doses)
-    "std_bonus": {"grpo_nokl", "grpo_nokl_nostd"},
-    # GSPO's arms, GRPO's recomputed arm (the mismatch figure) and one dose (its code path); the
-    # GRPO sampler and truncated-IS arms are read with .get, as the doses are
-    "old_logp": {
+    # round 2's MoE: both entries' primary and precondition arms at v6 (gspo_rr_v6 and the
+    # dose-response's v2 and v5 arms are read with .get)
+    "r2_moe": {"grpo_v6", "grpo_rr_v6", "gspo_v6"},
+    # round 2's length claims: every arm is a primary or precondition arm of one of the three
+    "r2_length": {"gspo_cliphigher", "gspo_sym", "luspo_cliphigher", "grpo_nokl"},
+    # round 2's rollout log-probs: both entries' primary and precondition arms (the other doses
+    # and grpo_sampler are read with .get)
+    "r2_old_logp": {
         "grpo_recompute",
         "gspo_sampler",
         "gspo_recompute",
-        "gspo_recompute_tis",
-        "gspo_sampler_noise0.1",
+        "grpo_sampler_noise0.3",
+        "gspo_sampler_noise0.3",
     },
     # the primary criterion's and the precondition's arms: synchronous and 8 versions stale
     "staleness": {"grpo_k0_none", "grpo_k8_none", "gspo_k0_none", "gspo_k8_none"},
@@ -64,6 +64,8 @@ TINY_ARMS = {
     # round 2's eps dose: the primary and precondition arms of both claims (the preset table and
     # the other doses are read with .get; gspo is a preset)
     "r2_eps": {"grpo_nokl_eps0.2", "grpo_nokl_eps0.0003", "gspo_eps0.2", "gspo"},
+    # round 2's std normalisation and its control (dr_grpo is read with .get)
+    "r2_std_bonus": {"grpo_nokl", "grpo_nokl_nostd"},
     # round 2's clip fraction: v1's arms but GSPO at 0.2 (read with .get)
     "r2_clip": {"gspo", "grpo_nokl", "grpo"},
     # round 2's minibatch dose: the four claims' primary and precondition arms (the other doses
@@ -139,8 +141,9 @@ def test_notebook_executes_and_prints_a_verdict(claim_runs, name, tmp_path, monk
     monkeypatch.setenv("XLA_FLAGS", "")
     nb = claims.execute_notebook(name, claim_runs, out=str(tmp_path / f"{name}.ipynb"))
     lines = claims.verdict_lines(nb)
-    assert len(lines) == 1, lines
-    verdicts.outcome_of(lines[0])  # reproduced, not reproduced or inconclusive: <x> absent
+    assert len(lines) == len(claims.verdict_keys(name)), lines  # one per claim it decides
+    for line in lines:
+        verdicts.outcome_of(line)  # reproduced, not reproduced or inconclusive: <x> absent
     out = "".join(o.get("text", "") for cell in nb.cells for o in cell.get("outputs", []))
     assert "primary criterion: " in out, f"{name} does not print its registry entry"
     figures = [
