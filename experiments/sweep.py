@@ -497,8 +497,10 @@ def launch(
 
         merged = population_runs(todo, check, extra, parallel)
         if len(merged) < len(todo):
-            codes = launch(config_spec, merged, root, parallel, extra, env)
-            link_members(root, merged)
+            try:
+                codes = launch(config_spec, merged, root, parallel, extra, env)
+            finally:  # a sweep stopped half way keeps its finished populations' runs as runs
+                link_members(root, merged)
             by_run = {r["name"]: 0 for r in runs if r not in todo}
             for run in merged:
                 for name in run.get("members", {}).values():

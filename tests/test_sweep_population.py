@@ -52,6 +52,30 @@ def test_an_arms_seeds_run_as_one_population(sweep, tmp_path):
     assert sweep.population_runs(one_seed) == one_seed
 
 
+def test_a_sweep_stopped_half_way_links_its_finished_populations(sweep, tmp_path, monkeypatch):
+    """An interrupted sweep (Ctrl-C, a signal) still links the populations that finished, so
+    the launcher's records (experiments/claims.py) keep their runs; an unfinished population's
+    runs are not done."""
+    all_runs = sweep.load_sweep(ARITH, "study=clip,seeds=2")
+    real_launch = sweep.launch
+
+    def interrupted(config_spec, merged, root, *a, **k):  # the populations' own launch
+        done = tmp_path / "population" / "gspo" / "members"
+        for seed in (0, 1):
+            (done / f"seed{seed}").mkdir(parents=True)
+            (done / f"seed{seed}" / "summary.json").write_text("{}")
+        (tmp_path / "population" / "grpo" / "members" / "seed0").mkdir(parents=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "refusals", lambda *a, **k: {})
+    monkeypatch.setattr(sweep, "launch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        real_launch(ARITH, all_runs, str(tmp_path), population=True)
+    assert sweep._is_done(str(tmp_path), {"name": "gspo_s0"})
+    assert sweep._is_done(str(tmp_path), {"name": "gspo_s1"})
+    assert not sweep._is_done(str(tmp_path), {"name": "grpo_s0"})
+
+
 def test_a_population_is_split_to_fill_the_parallel_slots(sweep):
     """With fewer population runs than --parallel, each is split into consecutive parts, one per
     process slot (a part of one run is that run); with as many as --parallel, none is."""
