@@ -16,10 +16,10 @@ executed on the records. The warm starts the runs start from are kept beside the
 every session's runs of a design start from the same base. At laptop scale: 5 seeds (paired: seed s
 of every arm has the same prompts and base), 60 RL steps (a sweep's own flags may say more: the clip
 sweep runs 150), held-out greedy accuracy on 500 problems every 10 steps (FULL_FLAGS). Several
-notebooks read the same sweep (the arith sweep serves three claims), so it runs once. Each claim's
+notebooks read the same sweep (r2_ratio serves four claims), so it runs once. Each claim's
 design and primary criterion are in experiments/claims_registry.py, committed before its runs;
-PLANNED names the registry's claims whose current entry's notebook cells come with their runs
-(``--runs_only`` makes those runs): round 2's entries (issue 33), whose sweeps (``r2_*``) run 12
+PLANNED names the registry's claims whose current entry's notebook cells are not written yet
+(``--runs_only`` makes their runs). Round 2's entries (issue 33) have their sweeps (``r2_*``) run 12
 fresh seeds (100-111, ``Sweep.seeds``) with the warm start drawn per seed (the launcher's
 populations merge an arm's seeds that share a warm start: one population per draw). The notebook is
 executed in place with nbclient (its outputs are what is committed); it finds the runs (the records)
@@ -148,9 +148,10 @@ NOTEBOOKS = {
 }
 
 # registry claims whose current entry has no notebook cells yet -> the sweeps its runs come from
-# (--runs_only; a name here takes these sweeps, not the notebook's, "all" the notebooks'): the
-# round-2 entries (issue 33) and issue 32's (the int8 rollout, LoRA), registered before their runs
-PLANNED: dict[str, tuple[str, ...]] = {}  # every round-2 entry's notebook has its cells
+# (--runs_only; a name here takes these sweeps, not the notebook's, "all" the notebooks'): an
+# entry registered before its runs waits here until its notebook's cells are written. Empty now:
+# every round-2 entry (issue 33) has its notebook.
+PLANNED: dict[str, tuple[str, ...]] = {}
 
 WARM_STARTS = "warmstart"  # <results_dir>/warmstart/<entry>: the claims' committed warm starts
 SEEDS = 5  # the registry's minimum for a criterion that compares two arms
