@@ -1,5 +1,5 @@
 """Tests for attention over the continuous engine's paged KV cache (models/paged_attention.py)
-and its Pallas kernel (models/paged_kernel.py): the ragged plain-JAX pages and the kernel in
+and its Pallas kernels (models/paged_kernel.py for TPU, models/paged_kernel_gpu.py for GPU): the ragged plain-JAX pages and the kernel in
 interpret mode against the dense reference, on the engine's layout (rows at different lengths,
 a shared prompt page set, the prompt's right-padding hole, scratch table entries).
 
@@ -128,42 +128,96 @@ def test_shared_prefixes_read_once_equal_the_reference(block_pages):
         np.testing.assert_allclose(got[:3], want[:3], atol=1e-5)
 
 
-def test_paged_kernel_in_interpret_mode_equals_the_plain_pages():
-    """The Pallas kernel (interpret mode, on this CPU) == the plain-JAX pages on the ragged
-    layout, at both layers (the layer index is scalar-prefetched), and skips pages past a row's
-    kv_end (no NaN from the scratch page)."""
+@pytest.mark.parametrize("kernel", ["interpret", "interpret_gpu"])
+def test_paged_kernel_in_interpret_mode_equals_the_plain_pages(kernel):
+    """Each Pallas kernel (the TPU one and the GPU one, interpret mode, on this CPU) == the
+    plain-JAX pages on the ragged layout, at both layers (the layer index a scalar the kernel
+    reads), and skips pages past a row's kv_end (no NaN from the scratch page)."""
     q, cache, valid, kv_end = _ragged_case(seed=1)
     for layer in range(L):
-        got = paged_attention.attend_pages(q, cache, valid, layer, kv_end, "interpret")
+        got = paged_attention.attend_pages(q, cache, valid, layer, kv_end, kernel)
         want = paged_attention.paged_attention(q, cache, valid, layer, kv_end, block_pages=1)
         assert np.isfinite(np.asarray(got)).all()
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
-@pytest.mark.skipif(jax.default_backend() == "tpu", reason="the kernel runs on a TPU")
+def _gpu_case(dtype, seed=0, N=6, H=4, K=2, Dh=128, ps=16, Pp=2, Pt=6, L=2):
+    """A ragged case at a shape the compiled GPU kernel takes (pages of 16 slots, head dim
+    128, Gq 2): rows of prompt lengths up to Pp * ps with holes, fed 0 .. (Pt - Pp) * ps - 1
+    generated tokens, every row its own pages, unowned entries at the scratch page (zeros)."""
+    rng = np.random.default_rng(seed)
+    NP = 1 + N * Pt
+    n = rng.integers(1, Pp * ps + 1, N)
+    fed = rng.integers(0, (Pt - Pp) * ps, N)
+    table = np.zeros((N, Pt), np.int32)
+    pages = iter(rng.permutation(np.arange(1, NP)))
+    for r in range(N):
+        for e in range(Pp + fed[r] // ps + 1):
+            table[r, e] = next(pages)
+    cache = {
+        "k_pages": jnp.asarray(rng.normal(size=(L, NP, K, Dh, ps)), dtype),
+        "v_pages": jnp.asarray(rng.normal(size=(L, NP, K, ps, Dh)), dtype),
+        "page_table": jnp.asarray(table),
+    }
+    cache["k_pages"] = cache["k_pages"].at[:, paged_attention.SCRATCH_PAGE].set(0)
+    cache["v_pages"] = cache["v_pages"].at[:, paged_attention.SCRATCH_PAGE].set(0)
+    q = jnp.asarray(rng.normal(size=(N, 1, H, Dh)), dtype)
+    valid = paged.key_valid(jnp.asarray(n), jnp.asarray(fed), Pp, Pt, ps)
+    return q, cache, valid, jnp.asarray(Pp * ps + fed + 1, jnp.int32)
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="the GPU kernel compiles on a GPU")
+@pytest.mark.parametrize("dtype, atol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
+def test_gpu_kernel_compiled_equals_the_plain_pages(dtype, atol):
+    """On a GPU, "pallas" compiles models/paged_kernel_gpu.py through Triton: at a real head
+    size it equals the plain pages at both layers, float32 at full precision (both sides) to
+    1e-5 and bfloat16 to its rounding."""
+    q, cache, valid, kv_end = _gpu_case(dtype)
+    with jax.default_matmul_precision("highest"):
+        for layer in range(2):
+            got = paged_attention.attend_pages(q, cache, valid, layer, kv_end, "pallas")
+            want = paged_attention.paged_attention(q, cache, valid, layer, kv_end, block_pages=1)
+            assert np.isfinite(np.asarray(got, np.float32)).all()
+            np.testing.assert_allclose(
+                np.asarray(got, np.float32), np.asarray(want, np.float32), atol=atol
+            )
+
+
+def test_gpu_kernel_case_runs_in_interpret_mode():
+    """The compiled GPU test's case (head dim 128, pages of 16) in interpret mode on this CPU:
+    the same comparison, so the case itself is checked wherever the suite runs."""
+    q, cache, valid, kv_end = _gpu_case(jnp.float32)
+    got = paged_attention.attend_pages(q, cache, valid, 1, kv_end, "interpret_gpu")
+    want = paged_attention.paged_attention(q, cache, valid, 1, kv_end, block_pages=1)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="a kernel compiles here")
 def test_pallas_where_it_cannot_run_is_a_one_line_error():
-    """Off a TPU: "pallas" says it needs one, "auto" is the plain pages, and a value that names
+    """On a CPU: "pallas" says it needs a TPU or a GPU, "auto" is the plain pages, and a value that names
     no implementation is refused with the valid ones."""
     q, cache, valid, kv_end = _ragged_case(scratch=7.0)
     np.testing.assert_array_equal(
         paged_attention.attend_pages(q, cache, valid, 0, kv_end, "auto"),
         paged_attention.paged_attention(q, cache, valid, 0, kv_end),
     )
-    with pytest.raises(ValueError, match="model.paged_attention='pallas' needs a TPU"):
+    with pytest.raises(ValueError, match="model.paged_attention='pallas' needs a TPU or a GPU"):
         paged_attention.attend_pages(q, cache, valid, 0, kv_end, "pallas")
     with pytest.raises(ValueError, match="paged_attention='triton' is not one of"):
         models.get_model_config("tiny", paged_attention="triton")
 
 
 @pytest.mark.long
-def test_continuous_engine_with_the_kernel_in_interpret_mode_equals_static():
-    """The continuous engine with model.paged_attention="interpret" (the kernel inside the
-    engine's loops and the layer scan, the layer index traced) samples the static engine's
-    tokens, log-probs to 1e-5, and returns every page (about a minute of interpret mode)."""
+@pytest.mark.parametrize("kernel", ["interpret", "interpret_gpu"])
+def test_continuous_engine_with_the_kernel_in_interpret_mode_equals_static(kernel):
+    """The continuous engine with model.paged_attention="interpret" (the TPU kernel) or
+    "interpret_gpu" (the GPU kernel), inside the engine's loops and the layer scan, the layer
+    index traced, samples the static engine's tokens, log-probs to 1e-5, and returns every page
+    (about a minute of interpret mode each)."""
     plain = tce._peaked("tiny")
     prompts, lengths = tce._prompts(plain.cfg.vocab_size)
     static = rollout.generate(plain, prompts, lengths, rng=jax.random.key(0), **tce._kw())
-    cfg = models.get_model_config("tiny", tie_embeddings=False, paged_attention="interpret")
+    cfg = models.get_model_config("tiny", tie_embeddings=False, paged_attention=kernel)
     model = models.Transformer(cfg, rngs=nnx.Rngs(0))
     model.lm_head.value = model.lm_head[...] * 15.0  # tce._peaked's model, with the kernel
     out, state = tce._run(model, prompts, lengths, slots=5, page_size=4)

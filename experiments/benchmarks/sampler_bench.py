@@ -49,6 +49,11 @@ parts chosen with --parts (comma-separated):
   compile: compile seconds of each engine (jit lower + compile, the "tiny" model) at
       --compile-tokens new tokens (static: one decode loop per decode_block chunk; continuous:
       one decode step whatever T).
+--engine-shape (a SHAPES entry: "qwen3_0_6b" is Qwen3-0.6B's shape), --dtype (bfloat16: weights
+and compute; the token check's log-prob tolerance widens to 0.1) and --paged-attention (the
+continuous engine once per implementation, "pallas" being the backend's kernel: on a GPU
+models/paged_kernel_gpu.py) apply to long_tail and uniform; --refills picks the continuous
+engine's refill strategies.
 The long-tailed shape of docs/benchmarks.md (the issue's 1,024-token limit scaled to 256):
     python experiments/benchmarks/sampler_bench.py --compare-engines --P 32 --G 8 \
         --prompt-len 32 --new-tokens 256 --slots 64 --eos-prob 0.015625
@@ -108,6 +113,18 @@ SHAPES = {
         vocab_size=151_936,
         hidden_size=1024,
         num_layers=4,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        mlp_dim=3072,
+        tie_embeddings=True,
+    ),
+    # Qwen3-0.6B's shape (models.config's qwen3_0_6b preset, random weights): for the engines'
+    # comparison where a decode step is bound by the model's and the cache's bytes.
+    "qwen3_0_6b": dict(
+        vocab_size=151_936,
+        hidden_size=1024,
+        num_layers=28,
         num_heads=16,
         num_kv_heads=8,
         head_dim=128,
@@ -382,18 +399,21 @@ class EosRate(models.Transformer):
         return z.at[..., self.eos_id].set(others + odds)
 
 
-def _engine_fns(model, prompts, lengths, G, T, eos_id, slots, chunk):
-    """{name: () -> (SampleOutput, decoded slot-steps)} for the static engine and both refill
-    strategies of the continuous engine, at temperature 1 over the full vocabulary."""
+def _engine_fns(models_by_impl, prompts, lengths, G, T, eos_id, slots, chunk, refills):
+    """{name: () -> (SampleOutput, decoded slot-steps)} for the static engine and the continuous
+    engine with each refill strategy of `refills` ("device", "chunked") and each paged-attention
+    implementation of models_by_impl ({implementation: model}, the first "plain": the same
+    weights), at temperature 1 over the full vocabulary."""
     key = jax.random.key(0)
     kw = dict(num_samples=G, max_new_tokens=T, temperature=1.0, top_k=0, top_p=1.0)
     B = prompts.shape[0] * G
+    plain = next(iter(models_by_impl.values()))
 
     def run_static():
-        out = sampler.generate(model, prompts, lengths, rng=key, eos_id=eos_id, **kw)
+        out = sampler.generate(plain, prompts, lengths, rng=key, eos_id=eos_id, **kw)
         return out, B * (int(jnp.max(out.lengths)) - 1)  # its loop ran until the longest ended
 
-    def run_continuous(refill):
+    def run_continuous(model, refill):
         out, state = continuous.run(
             model,
             prompts,
@@ -409,17 +429,20 @@ def _engine_fns(model, prompts, lengths, G, T, eos_id, slots, chunk):
         )
         return out, int(state.decoded_slots)
 
-    return {
-        "static": run_static,
-        "continuous": lambda: run_continuous("device"),
-        f"continuous_chunked{chunk}": lambda: run_continuous("chunked"),
-    }
+    fns = {"static": run_static}
+    for impl, model in models_by_impl.items():
+        for refill in refills:
+            name = "continuous" + ("" if refill == "device" else f"_chunked{chunk}")
+            name += "" if impl == "plain" else f"_{impl}"
+            fns[name] = functools.partial(run_continuous, model, refill)
+    return fns
 
 
 def _check_same_tokens(name: str, ref, out, atol: float = 1e-4) -> None:
-    """The engine's tokens are the static engine's, or a row diverges where float32 summation
-    order flips a draw at a CDF boundary: its log-probs agree to ``atol`` up to its first other
-    token (the engines sum attention in different orders). Anything else raises."""
+    """The engine's tokens are the static engine's, or a row diverges where the summation order
+    flips a draw at a CDF boundary: its log-probs agree to ``atol`` up to its first other token
+    (the engines sum attention in different orders; bfloat16 needs a wider atol than float32's
+    1e-4). Anything else raises."""
     a, b = np.asarray(ref.tokens), np.asarray(out.tokens)
     if np.array_equal(a, b):
         return
@@ -432,14 +455,29 @@ def _check_same_tokens(name: str, ref, out, atol: float = 1e-4) -> None:
     log(
         f"{name}: {len(rows)} of {a.shape[0]} rows diverge from the static engine's tokens (first "
         f"at token {min(first.values())}) where their log-probs agreed to {worst:.1e}: a draw "
-        "at a CDF boundary flipped by float32 summation order"
+        "at a CDF boundary flipped by summation order"
     )
 
 
-def bench_engines(model, prompts, lengths, G, T, eos_id, slots, chunk, repeats):
+def bench_engines(
+    models_by_impl,
+    prompts,
+    lengths,
+    G,
+    T,
+    eos_id,
+    slots,
+    chunk,
+    repeats,
+    refills=("device", "chunked"),
+    atol=1e-4,
+):
     """Per engine: occupancy, useful tokens/s, first-call seconds; interleaved repeats. Checks
-    that every engine returned the static engine's tokens."""
-    fns = _engine_fns(model, prompts, lengths, G, T, eos_id, slots, chunk)
+    that every engine returned the static engine's tokens (_check_same_tokens, to atol).
+    models_by_impl: {paged-attention implementation: model} (_engine_fns), or one model."""
+    if not isinstance(models_by_impl, dict):
+        models_by_impl = {"plain": models_by_impl}
+    fns = _engine_fns(models_by_impl, prompts, lengths, G, T, eos_id, slots, chunk, refills)
     res, ref = {}, None
     for name, fn in fns.items():  # compile + warm up
         log(f"first call (compile) of {name}")
@@ -450,7 +488,7 @@ def bench_engines(model, prompts, lengths, G, T, eos_id, slots, chunk, repeats):
         if ref is None:
             ref = out
         else:
-            _check_same_tokens(name, ref, out)
+            _check_same_tokens(name, ref, out, atol)
         res[name] = {
             "first_call_s": time.perf_counter() - t0,
             "slot_steps": slot_steps,
@@ -522,33 +560,71 @@ def compile_seconds(T_values, P=2, G=4, Lp=16, slots=4):
     return out
 
 
+def _engine_models(a, cls=None, max_seq_len=0, **kw):
+    """{paged-attention implementation: model} for --paged-attention ("plain" first), each with
+    the same weights (seed 0), --engine-shape in --dtype (weights and compute); cls(cfg, rngs,
+    **kw) builds each (default models.Transformer)."""
+    impls = ["plain"] + [i for i in a.paged_attention.split(",") if i and i != "plain"]
+    out = {}
+    for impl in impls:
+        cfg = models.get_model_config(
+            "small",
+            **SHAPES[a.engine_shape],
+            max_seq_len=max_seq_len,
+            decode_block=a.decode_block or 64,
+            dtype=a.dtype,
+            param_dtype=a.dtype,
+            paged_attention=impl,
+        )
+        out[impl] = (cls or models.Transformer)(cfg, rngs=nnx.Rngs(0), **kw)
+    return out
+
+
+def _continuous_targets(r: dict, occupancy: bool, ratio: float) -> None:
+    """One line per continuous engine that refills on the device (one per paged-attention
+    implementation): its occupancy (occupancy=True) and its tokens/s against the static's."""
+    for name, v in r.items():
+        if not name.startswith("continuous") or "chunked" in name:
+            continue
+        x = v["useful_tps"] / r["static"]["useful_tps"]
+        occ = f"occupancy {v['occupancy']:.3f} >= 0.85 " if occupancy else ""
+        if occupancy:
+            occ += f"({'PASS' if v['occupancy'] >= 0.85 else 'MISS'}); "
+        print(
+            f"targets, {name}: {occ}tok/s {x:.2f}x >= {ratio}x static "
+            f"({'PASS' if x >= ratio else 'MISS'})"
+        )
+
+
 def compare_engines(a):
     """--compare-engines: the parts of --parts, printed with their targets."""
     parts = a.parts.split(",")
     results = {"parts": parts}
     platform = f"{jax.devices()[0].platform}, {len(jax.devices())} dev"
+    refills = a.refills.split(",")
+    atol = a.token_atol or (1e-4 if a.dtype == "float32" else 0.1)
     if "long_tail" in parts:
         P, G, Lp, T, N = a.P, a.G, a.prompt_len, a.new_tokens, a.slots
         log(f"long-tailed: P={P} x G={G}, prompt {Lp}, limit {T}, eos_prob {a.eos_prob}, N={N}")
         eos_id = 1
-        cfg = models.get_model_config(
-            "small", **SHAPES[a.engine_shape], max_seq_len=Lp + T, decode_block=a.decode_block or 64
-        )
-        model = EosRate(cfg, rngs=nnx.Rngs(0), eos_id=eos_id, eos_prob=a.eos_prob)
+        by_impl = _engine_models(a, EosRate, Lp + T, eos_id=eos_id, eos_prob=a.eos_prob)
         rng = np.random.default_rng(0)
-        prompts = jnp.asarray(rng.integers(3, cfg.vocab_size, (P, Lp)), jnp.int32)
+        prompts = jnp.asarray(rng.integers(3, SHAPES[a.engine_shape]["vocab_size"], (P, Lp)))
+        prompts = prompts.astype(jnp.int32)
         lengths = jnp.full((P,), Lp, jnp.int32)
-        r = bench_engines(model, prompts, lengths, G, T, eos_id, N, a.chunk, a.repeats)
+        r = bench_engines(
+            by_impl, prompts, lengths, G, T, eos_id, N, a.chunk, a.repeats, refills, atol
+        )
         results["long_tail"] = r
         print(
             f"\nlong-tailed lengths: P={P} x G={G} = {P * G} rows, prompt {Lp}, limit {T} new "
             f"tokens, EOS probability {a.eos_prob} per token (lengths: mean "
             f"{r['lengths']['mean']:.1f}, median {r['lengths']['median']:.0f}, max "
             f"{r['lengths']['max']}, {r['lengths']['at_limit']} at the limit), {N} slots, "
-            f"shape {a.engine_shape}, float32 ({platform})"
+            f"shape {a.engine_shape}, {a.dtype} ({platform})"
         )
         hdr = (
-            f"{'engine':<22}{'occupancy':>10}{'slot-steps':>12}{'useful tok/s':>14}{'x static':>10}"
+            f"{'engine':<30}{'occupancy':>10}{'slot-steps':>12}{'useful tok/s':>14}{'x static':>10}"
         )
         print(hdr)
         print("-" * len(hdr))
@@ -556,32 +632,31 @@ def compare_engines(a):
             if name == "lengths":
                 continue
             print(
-                f"{name:<22}{v['occupancy']:>10.3f}{v['slot_steps']:>12}{v['useful_tps']:>14.0f}"
+                f"{name:<30}{v['occupancy']:>10.3f}{v['slot_steps']:>12}{v['useful_tps']:>14.0f}"
                 f"{v['useful_tps'] / r['static']['useful_tps']:>9.2f}x"
             )
-        c = r["continuous"]
-        print(
-            f"targets: continuous occupancy {c['occupancy']:.3f} >= 0.85 "
-            f"({'PASS' if c['occupancy'] >= 0.85 else 'MISS'}); useful tok/s "
-            f"{c['useful_tps'] / r['static']['useful_tps']:.2f}x >= 2.5x static "
-            f"({'PASS' if c['useful_tps'] >= 2.5 * r['static']['useful_tps'] else 'MISS'})"
-        )
+        _continuous_targets(r, occupancy=True, ratio=2.5)
     if "uniform" in parts:
         P, G, Lp, T = a.uniform_P, a.G, 64, 128
         log(f"uniform: P={P} x G={G}, prompt {Lp}, {T} new tokens, no early stop, slots = B")
-        model = make_model("small", max_seq_len=Lp + T)
+        by_impl = _engine_models(a, max_seq_len=Lp + T)
         rng = np.random.default_rng(0)
-        prompts = jnp.asarray(rng.integers(3, SHAPES["small"]["vocab_size"], (P, Lp)), jnp.int32)
+        prompts = jnp.asarray(rng.integers(3, SHAPES[a.engine_shape]["vocab_size"], (P, Lp)))
+        prompts = prompts.astype(jnp.int32)
         lengths = jnp.full((P,), Lp, jnp.int32)
-        r = bench_engines(model, prompts, lengths, G, T, -1, P * G, a.chunk, a.repeats)
-        results["uniform"] = r
-        ratio = r["continuous"]["useful_tps"] / r["static"]["useful_tps"]
-        print(
-            f"\nuniform: P={P} x G={G}, prompt {Lp}, {T} new tokens, no early stop, slots = B "
-            f"({platform}): static {r['static']['useful_tps']:.0f} tok/s, continuous "
-            f"{r['continuous']['useful_tps']:.0f} tok/s = {ratio:.2f}x (target >= 0.9: "
-            f"{'PASS' if ratio >= 0.9 else 'MISS'})"
+        r = bench_engines(
+            by_impl, prompts, lengths, G, T, -1, P * G, a.chunk, a.repeats, refills, atol
         )
+        results["uniform"] = r
+        print(
+            f"\nuniform: P={P} x G={G}, prompt {Lp}, {T} new tokens, no early stop, slots = B, "
+            f"shape {a.engine_shape}, {a.dtype} ({platform}): static "
+            f"{r['static']['useful_tps']:.0f} tok/s"
+            + "".join(
+                f", {k} {v['useful_tps']:.0f}" for k, v in r.items() if k.startswith("continuous")
+            )
+        )
+        _continuous_targets(r, occupancy=False, ratio=0.9)
     if "compile" in parts:
         Ts = [int(t) for t in a.compile_tokens.split(",")]
         r = results["compile"] = compile_seconds(Ts)
@@ -914,7 +989,22 @@ def main(argv=None):
     ap.add_argument("--slots", type=int, default=64, help="--compare-engines: continuous slots")
     ap.add_argument("--eos-prob", type=float, default=1 / 64, help="long_tail: EOS per token")
     ap.add_argument("--chunk", type=int, default=16, help="decode steps per call, chunked refill")
-    ap.add_argument("--engine-shape", default="small", help="long_tail: a SHAPES entry")
+    ap.add_argument("--engine-shape", default="small", help="--compare-engines: a SHAPES entry")
+    ap.add_argument("--dtype", default="float32", help="--compare-engines: weights and compute")
+    ap.add_argument(
+        "--paged-attention",
+        default="plain",
+        help="--compare-engines: the continuous engine once per implementation (comma-separated "
+        "models.config.PAGED_IMPLEMENTATIONS; plain always)",
+    )
+    ap.add_argument("--refills", default="device,chunked", help="--compare-engines: refills")
+    ap.add_argument(
+        "--token-atol",
+        type=float,
+        default=None,
+        help="--compare-engines: log-prob agreement before a diverging token (default 1e-4 in "
+        "float32, 0.1 in bfloat16)",
+    )
     ap.add_argument("--uniform-P", type=int, default=16, help="uniform: prompts")
     ap.add_argument("--compile-tokens", default="256,1024,4096")
     ap.add_argument(

@@ -95,7 +95,8 @@ def default_config() -> ml_collections.ConfigDict:
     # TPU, cuDNN on GPU, else blockwise past one key block); "blockwise" or "reference" forces one.
     c.model.attention = config_dict.placeholder(str)
     # The continuous rollout engine's attention over its pages (models/paged_attention.py): None
-    # = "plain" (plain JAX); "auto" (the Pallas kernel on TPU), "pallas" or "interpret".
+    # = "plain" (plain JAX); "auto" (the Pallas kernel on a TPU or a GPU), "pallas",
+    # "interpret" or "interpret_gpu" (models.config.PAGED_IMPLEMENTATIONS).
     c.model.paged_attention = config_dict.placeholder(str)
     # Fields of the preset a config may change (None = the preset's): the MoE volatility doses'
     # expert counts, a released checkpoint's padded vocabulary.

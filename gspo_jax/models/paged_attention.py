@@ -30,7 +30,8 @@ and rows with nothing to decode write there, so a write never lands in a page so
 
 layers.Attention calls attend_pages, which runs the implementation ModelConfig.paged_attention
 selects: paged_attention (plain JAX, every platform, the default) or the Pallas kernel of
-models/paged_kernel.py (compiled on TPU, interpret mode elsewhere). Both read only the pages
+models/paged_kernel.py (compiled on TPU) or models/paged_kernel_gpu.py (compiled on a GPU), each
+runnable in interpret mode elsewhere. Both read only the pages
 that can hold a visible key: a row's keys end at kv_end = its write slot + 1, so a step costs
 what the rows' own lengths cost, not Pt pages per row.
 
@@ -289,28 +290,37 @@ def attend_pages(
     q: jax.Array, cache: dict, key_valid: jax.Array, layer, kv_end: jax.Array, implementation: str
 ) -> jax.Array:
     """One decode step over the pages with the selected implementation (PAGED_IMPLEMENTATIONS,
-    ModelConfig.paged_attention): "plain" paged_attention (every platform); "pallas" the Pallas
-    kernel (models/paged_kernel.py), compiled, where paged_attention_kernel_supported (a TPU);
-    "interpret" the same kernel in Pallas interpret mode (any platform, slow: tests); "auto"
-    the kernel where it is supported, else plain. Arguments as paged_attention's."""
-    from gspo_jax.models import paged_kernel  # Pallas imported only when a kernel is asked for
+    ModelConfig.paged_attention): "plain" paged_attention (every platform); "pallas" this
+    backend's Pallas kernel, compiled (models/paged_kernel.py on a TPU, models/paged_kernel_gpu.py
+    on a GPU); "interpret" / "interpret_gpu" the TPU / GPU kernel in Pallas interpret mode (any
+    platform, slow: tests); "auto" the kernel where one compiles, else plain. Arguments as
+    paged_attention's."""
+    # Pallas imported only when a kernel is asked for.
+    from gspo_jax.models import paged_kernel, paged_kernel_gpu
 
+    kernels = {
+        "tpu": paged_kernel.paged_attention_kernel,
+        "gpu": paged_kernel_gpu.paged_attention_gpu,
+    }
+    backend = jax.default_backend()
     if implementation == "auto":
-        implementation = "pallas" if paged_kernel.paged_attention_kernel_supported() else "plain"
+        implementation = "pallas" if backend in kernels else "plain"
     if implementation == "plain":
         return paged_attention(q, cache, key_valid, layer, kv_end)
-    if implementation == "pallas" and not paged_kernel.paged_attention_kernel_supported():
+    if implementation == "pallas" and backend not in kernels:
         raise ValueError(
-            f"model.paged_attention='pallas' needs a TPU (this backend is "
-            f"{jax.default_backend()}); use 'plain' or 'auto' (the kernel where it runs)."
+            f"model.paged_attention='pallas' needs a TPU or a GPU (this backend is {backend}); "
+            "use 'plain' or 'auto' (the kernel where it runs)."
         )
     if implementation not in PAGED_IMPLEMENTATIONS:
         raise ValueError(
             f"paged_attention={implementation!r} is not one of {PAGED_IMPLEMENTATIONS}."
         )
-    return paged_kernel.paged_attention_kernel(
-        q, cache, key_valid, layer, kv_end, interpret=implementation == "interpret"
-    )
+    if implementation == "pallas":
+        kernel = kernels[backend]
+    else:  # interpret mode, on any platform
+        kernel = kernels["tpu" if implementation == "interpret" else "gpu"]
+    return kernel(q, cache, key_valid, layer, kv_end, interpret=implementation != "pallas")
 
 
 def paged_attention_reference(q: jax.Array, cache: dict, key_valid: jax.Array, layer) -> jax.Array:
