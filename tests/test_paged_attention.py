@@ -1,7 +1,8 @@
 """Tests for attention over the continuous engine's paged KV cache (models/paged_attention.py)
-and its Pallas kernels (models/paged_kernel.py for TPU, models/paged_kernel_gpu.py for GPU): the ragged plain-JAX pages and the kernel in
-interpret mode against the dense reference, on the engine's layout (rows at different lengths,
-a shared prompt page set, the prompt's right-padding hole, scratch table entries).
+and its Pallas kernels (models/paged_kernel.py for TPU, models/paged_kernel_gpu.py for GPU):
+the ragged plain-JAX pages and the kernels in interpret mode against the dense reference, on
+the engine's layout (rows at different lengths, a shared prompt page set, the prompt's
+right-padding hole, scratch table entries).
 
 Dimension legend: N rows, H query heads, K kv heads, Dh head dim, ps page size, Pp prompt / Pt
 all table entries per row, NP pages in the pool, L layers.
@@ -194,8 +195,8 @@ def test_gpu_kernel_case_runs_in_interpret_mode():
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="a kernel compiles here")
 def test_pallas_where_it_cannot_run_is_a_one_line_error():
-    """On a CPU: "pallas" says it needs a TPU or a GPU, "auto" is the plain pages, and a value that names
-    no implementation is refused with the valid ones."""
+    """On a CPU: "pallas" says it needs a TPU or a GPU, "auto" is the plain pages, and a value
+    that names no implementation is refused with the valid ones."""
     q, cache, valid, kv_end = _ragged_case(scratch=7.0)
     np.testing.assert_array_equal(
         paged_attention.attend_pages(q, cache, valid, 0, kv_end, "auto"),
