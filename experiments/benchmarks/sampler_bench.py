@@ -564,7 +564,7 @@ def _engine_models(a, cls=None, max_seq_len=0, **kw):
     """{paged-attention implementation: model} for --paged-attention ("plain" first), each with
     the same weights (seed 0), --engine-shape in --dtype (weights and compute); cls(cfg, rngs,
     **kw) builds each (default models.Transformer)."""
-    impls = ["plain"] + [i for i in a.paged_attention.split(",") if i and i != "plain"]
+    impls = [i for i in a.paged_attention.split(",") if i]
     out = {}
     for impl in impls:
         cfg = models.get_model_config(
