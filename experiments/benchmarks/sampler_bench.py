@@ -119,19 +119,13 @@ SHAPES = {
         mlp_dim=3072,
         tie_embeddings=True,
     ),
-    # Qwen3-0.6B's shape (models.config's qwen3_0_6b preset, random weights): for the engines'
-    # comparison where a decode step is bound by the model's and the cache's bytes.
-    "qwen3_0_6b": dict(
-        vocab_size=151_936,
-        hidden_size=1024,
-        num_layers=28,
-        num_heads=16,
-        num_kv_heads=8,
-        head_dim=128,
-        mlp_dim=3072,
-        tie_embeddings=True,
-    ),
 }
+
+
+# Qwen3-0.6B's shape (models.config's qwen3_0_6b preset, random weights): for the engines'
+# comparison where a decode step is bound by the model's and the cache's bytes.
+_QWEN3_0_6B = models.get_model_config("qwen3_0_6b")
+SHAPES["qwen3_0_6b"] = {k: getattr(_QWEN3_0_6B, k) for k in SHAPES["small"]}
 
 
 def log(msg):
@@ -402,15 +396,15 @@ class EosRate(models.Transformer):
 def _engine_fns(models_by_impl, prompts, lengths, G, T, eos_id, slots, chunk, refills):
     """{name: () -> (SampleOutput, decoded slot-steps)} for the static engine and the continuous
     engine with each refill strategy of `refills` ("device", "chunked") and each paged-attention
-    implementation of models_by_impl ({implementation: model}, the first "plain": the same
-    weights), at temperature 1 over the full vocabulary."""
+    implementation of models_by_impl ({implementation: model}, the same weights; the static
+    engine runs the first), at temperature 1 over the full vocabulary."""
     key = jax.random.key(0)
     kw = dict(num_samples=G, max_new_tokens=T, temperature=1.0, top_k=0, top_p=1.0)
     B = prompts.shape[0] * G
-    plain = next(iter(models_by_impl.values()))
+    first = next(iter(models_by_impl.values()))
 
     def run_static():
-        out = sampler.generate(plain, prompts, lengths, rng=key, eos_id=eos_id, **kw)
+        out = sampler.generate(first, prompts, lengths, rng=key, eos_id=eos_id, **kw)
         return out, B * (int(jnp.max(out.lengths)) - 1)  # its loop ran until the longest ended
 
     def run_continuous(model, refill):
@@ -561,8 +555,8 @@ def compile_seconds(T_values, P=2, G=4, Lp=16, slots=4):
 
 
 def _engine_models(a, cls=None, max_seq_len=0, **kw):
-    """{paged-attention implementation: model} for --paged-attention ("plain" first), each with
-    the same weights (seed 0), --engine-shape in --dtype (weights and compute); cls(cfg, rngs,
+    """{paged-attention implementation: model} for --paged-attention (the static engine runs the
+    first; it has no paged attention), each with the same weights (seed 0), --engine-shape in --dtype (weights and compute); cls(cfg, rngs,
     **kw) builds each (default models.Transformer)."""
     impls = [i for i in a.paged_attention.split(",") if i]
     out = {}
@@ -995,7 +989,7 @@ def main(argv=None):
         "--paged-attention",
         default="plain",
         help="--compare-engines: the continuous engine once per implementation (comma-separated "
-        "models.config.PAGED_IMPLEMENTATIONS; plain always)",
+        "models.config.PAGED_IMPLEMENTATIONS, e.g. plain,pallas)",
     )
     ap.add_argument("--refills", default="device,chunked", help="--compare-engines: refills")
     ap.add_argument(

@@ -76,6 +76,20 @@ def _kernel(table_ref, end_ref, layer_ref, q_ref, valid_ref, k_ref, v_ref, o_ref
         o_ref[...] = (acc[...] / den[...]).astype(o_ref.dtype)
 
 
+def step_operands(q: jax.Array, cache: dict, key_valid: jax.Array, kv_end: jax.Array):
+    """What a kernel's decode step reads, its shapes checked (q [N, 1, H, Dh], key_valid
+    [N, Pt * ps], kv_end [N]) -> (page_table int32, k_pages, v_pages, (N, H, Dh, K, ps, Pt,
+    Gq)). Shared by this kernel and models/paged_kernel_gpu.py."""
+    table = cache["page_table"].astype(jnp.int32)
+    kp, vp = cache["k_pages"], cache["v_pages"]
+    N, _, H, Dh = q.shape
+    _, _, K, _, ps = kp.shape
+    Pt, Gq = table.shape[1], H // K
+    chex.assert_shape(key_valid, (N, Pt * ps))
+    chex.assert_shape(kv_end, (N,))
+    return table, kp, vp, (N, H, Dh, K, ps, Pt, Gq)
+
+
 @functools.partial(jax.jit, static_argnames=("interpret",))
 def paged_attention_kernel(
     q: jax.Array,
@@ -89,13 +103,7 @@ def paged_attention_kernel(
     k_pages [L, NP, K, Dh, ps], v_pages [L, NP, K, ps, Dh], page_table [N, Pt] int32;
     key_valid [N, Pt * ps] bool; layer (int or scalar); kv_end [N] int32 (no visible slot at or
     past it) -> [N, 1, H, Dh] in q's dtype. interpret=True runs it on any platform."""
-    table = cache["page_table"].astype(jnp.int32)
-    kp, vp = cache["k_pages"], cache["v_pages"]
-    N, _, H, Dh = q.shape
-    _, _, K, _, ps = kp.shape
-    Pt, Gq = table.shape[1], H // K
-    chex.assert_shape(key_valid, (N, Pt * ps))
-    chex.assert_shape(kv_end, (N,))
+    table, kp, vp, (N, H, Dh, K, ps, Pt, Gq) = step_operands(q, cache, key_valid, kv_end)
     qh = q.reshape(N, K, Gq, Dh)
     valid = key_valid.astype(jnp.int32).reshape(N, Pt, 1, ps)
     end = jnp.clip(kv_end.astype(jnp.int32), 1, Pt * ps)

@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import functools
 
-import chex
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+
+from gspo_jax.models.paged_kernel import step_operands
 
 NEG_INF = -1e30  # as paged_attention.NEG_INF: finite, so a row's first masked page gives no NaN
 MIN_DOT = 16  # the smallest matmul side a Triton dot takes
@@ -95,17 +96,11 @@ def paged_attention_gpu(
     key_valid [N, Pt * ps] bool; layer (int or scalar); kv_end [N] int32 (no visible slot at or
     past it) -> [N, 1, H, Dh] in q's dtype. Compiled, ps and Dh must be powers of two >= 16
     (Triton's block and matmul sizes); interpret=True runs any shape on any platform."""
-    table = cache["page_table"].astype(jnp.int32)
-    kp, vp = cache["k_pages"], cache["v_pages"]
-    N, _, H, Dh = q.shape
-    _, _, K, _, ps = kp.shape
-    Pt, Gq = table.shape[1], H // K
-    chex.assert_shape(key_valid, (N, Pt * ps))
-    chex.assert_shape(kv_end, (N,))
+    table, kp, vp, (N, H, Dh, K, ps, Pt, Gq) = step_operands(q, cache, key_valid, kv_end)
     if not interpret and not all(x >= MIN_DOT and x & (x - 1) == 0 for x in (ps, Dh)):
         raise ValueError(
             f"the GPU paged-attention kernel needs a page size and head dim that are powers of "
-            f"two >= {MIN_DOT} (got page_size={ps}, head_dim={Dh}); set rl.page_size=16 or "
+            f"two >= {MIN_DOT} (got page_size={ps}, head_dim={Dh}); set rl.rollout_page_size=16 or "
             "model.paged_attention='plain'."
         )
     Gp = max(MIN_DOT, 1 << (Gq - 1).bit_length())
