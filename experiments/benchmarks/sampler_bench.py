@@ -555,9 +555,10 @@ def compile_seconds(T_values, P=2, G=4, Lp=16, slots=4):
 
 
 def _engine_models(a, cls=None, max_seq_len=0, **kw):
-    """{paged-attention implementation: model} for --paged-attention (the static engine runs the
-    first; it has no paged attention), each with the same weights (seed 0), --engine-shape in --dtype (weights and compute); cls(cfg, rngs,
-    **kw) builds each (default models.Transformer)."""
+    """{paged-attention implementation: model} for --paged-attention (the static engine runs
+    the first; it has no paged attention), each with the same weights (seed 0), --engine-shape
+    in --dtype (weights and compute); cls(cfg, rngs, **kw) builds each (default
+    models.Transformer)."""
     impls = [i for i in a.paged_attention.split(",") if i]
     out = {}
     for impl in impls:
