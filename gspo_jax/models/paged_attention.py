@@ -31,7 +31,7 @@ and rows with nothing to decode write there, so a write never lands in a page so
 layers.Attention calls attend_pages, which runs the implementation ModelConfig.paged_attention
 selects: paged_attention (plain JAX, every platform, the default) or the Pallas kernel of
 models/paged_kernel.py (compiled on TPU) or models/paged_kernel_gpu.py (compiled on a GPU), each
-runnable in interpret mode elsewhere. Both read only the pages
+runnable in interpret mode elsewhere. Each reads only the pages
 that can hold a visible key: a row's keys end at kv_end = its write slot + 1, so a step costs
 what the rows' own lengths cost, not Pt pages per row.
 
@@ -298,29 +298,30 @@ def attend_pages(
     # Pallas imported only when a kernel is asked for.
     from gspo_jax.models import paged_kernel, paged_kernel_gpu
 
-    kernels = {
-        "tpu": paged_kernel.paged_attention_kernel,
-        "gpu": paged_kernel_gpu.paged_attention_gpu,
-    }
-    backend = jax.default_backend()
+    # (capability check, kernel): the first whose check passes is this backend's compiled kernel
+    kernels = (
+        (paged_kernel.paged_attention_kernel_supported, paged_kernel.paged_attention_kernel),
+        (paged_kernel_gpu.paged_attention_gpu_supported, paged_kernel_gpu.paged_attention_gpu),
+    )
+    compiled = next((kernel for supported, kernel in kernels if supported()), None)
     if implementation == "auto":
-        implementation = "pallas" if backend in kernels else "plain"
+        implementation = "pallas" if compiled else "plain"
     if implementation == "plain":
         return paged_attention(q, cache, key_valid, layer, kv_end)
-    if implementation == "pallas" and backend not in kernels:
+    if implementation == "pallas" and compiled is None:
         raise ValueError(
-            f"model.paged_attention='pallas' needs a TPU or a GPU (this backend is {backend}); "
-            "use 'plain' or 'auto' (the kernel where it runs)."
+            f"model.paged_attention='pallas' needs a TPU or a GPU (this backend is "
+            f"{jax.default_backend()}); use 'plain' or 'auto' (the kernel where it runs)."
         )
     if implementation not in PAGED_IMPLEMENTATIONS:
         raise ValueError(
             f"paged_attention={implementation!r} is not one of {PAGED_IMPLEMENTATIONS}."
         )
     if implementation == "pallas":
-        kernel = kernels[backend]
-    else:  # interpret mode, on any platform
-        kernel = kernels["tpu" if implementation == "interpret" else "gpu"]
-    return kernel(q, cache, key_valid, layer, kv_end, interpret=implementation != "pallas")
+        return compiled(q, cache, key_valid, layer, kv_end)
+    # interpret mode, on any platform: the TPU kernel ("interpret") or the GPU one
+    kernel = kernels[0 if implementation == "interpret" else 1][1]
+    return kernel(q, cache, key_valid, layer, kv_end, interpret=True)
 
 
 def paged_attention_reference(q: jax.Array, cache: dict, key_valid: jax.Array, layer) -> jax.Array:
