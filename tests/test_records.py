@@ -131,3 +131,50 @@ def test_the_launcher_restores_and_keeps_the_runs_warm_starts(tmp_path, monkeypa
         f.write('{"draw": "another"}')
     assert claims.restore_warm_starts([fresh], kept) == []
     assert open(os.path.join(fresh, "meta.json")).read() == '{"draw": "trained here"}'
+
+
+def test_a_record_keeps_when_its_run_first_started(tmp_path):
+    """started_at is the oldest TensorBoard event file's stamp (the writer opens one per start,
+    a resume adds a later one); a run without TensorBoard files has None."""
+    runs, kept = str(tmp_path / "runs"), str(tmp_path / "kept")
+    wd = fake_run(runs, "gspo_s100")
+    assert records.read(records.write(wd, kept))["started_at"] is None
+    os.makedirs(os.path.join(wd, "tb"))
+    for stamp in ("1796453490", "1796450000"):  # a resume's file, then the first start's
+        open(os.path.join(wd, "tb", f"events.out.tfevents.{stamp}.vm"), "w").close()
+    assert records.read(records.write(wd, kept))["started_at"] == 1796450000
+
+
+def test_registration_order_flags_a_run_that_started_before_its_entry(tmp_path, monkeypatch):
+    """experiments/checks/registration_order.py: a recorded start after the registering commit
+    is "after", before it a violation; without a start, a record committed sooner after the
+    registration than the run lasted proves a violation, else the sweep's first mention bounds
+    the start from below."""
+    order = load_repo_module("experiments/checks/registration_order.py")
+    registered = 1_000_000
+
+    def record(name, started_at=None, wall_s=100.0):
+        wd = fake_run(str(tmp_path / "runs"), name)
+        with open(os.path.join(wd, "summary.json"), "w") as f:
+            json.dump({"wall_s": wall_s}, f)
+        path = records.write(wd, str(tmp_path / "kept"))
+        if started_at is not None:
+            import gzip
+
+            rec = records.read(path)
+            rec["started_at"] = started_at
+            with gzip.open(path, "wt") as f:
+                json.dump(rec, f)
+        return path
+
+    committed = {}
+    monkeypatch.setattr(order, "first_commit_time", lambda p: committed.get(p))
+    monkeypatch.setattr(order, "sweep_defined_at", lambda s: {"new": registered, "old": 5}[s])
+    assert order.status(record("a_s100", registered + 1), "old", registered) == "after"
+    assert order.status(record("b_s100", registered - 1), "new", registered) == "VIOLATION"
+    late = record("c_s100")
+    committed[late] = registered + 50  # ended 50 s after the registration, ran 100 s
+    assert order.status(late, "new", registered) == "VIOLATION"
+    committed[late] = registered + 500
+    assert order.status(late, "new", registered) == "sweep no older"
+    assert order.status(late, "old", registered) == "not shown"

@@ -6,11 +6,14 @@ git ignores: a new machine starts without it, and a claim whose runs took severa
 start again from none. experiments/claims.py therefore writes every finished run of a claim sweep
 as a record,
 
-    results/claims/<sweep>/<run>.json.gz      {"format", "name", "config", "summary", "metrics"}
+    results/claims/<sweep>/<run>.json.gz      {"format", "name", "config", "summary", "metrics",
+                                               "started_at"}
 
-(metrics: metrics.jsonl's text, line for line; no checkpoints), skips a run whose record exists,
-and executes the notebooks on the records; analysis.load_runs reads a folder of records as it
-reads a folder of workdirs. A record is a few tens of kB, written with fixed gzip metadata so the
+(metrics: metrics.jsonl's text, line for line; no checkpoints; started_at: when the run first
+started, so that anyone can check it started after the registry entry it decides:
+experiments/checks/registration_order.py), skips a run whose record exists, and executes the
+notebooks on the records; analysis.load_runs reads a folder of records as it reads a folder of
+workdirs. A record is a few tens of kB, written with fixed gzip metadata so the
 same run gives the same bytes (git sees no change when it is written again).
 
     records.write("runs/claims/quant/gspo_int8_none_s0", "results/claims/quant")   # -> path
@@ -38,6 +41,20 @@ def finished(workdir: str) -> bool:
     return os.path.exists(os.path.join(workdir, "summary.json"))
 
 
+def started_at(workdir: str) -> int | None:
+    """When the run at ``workdir`` first started (Unix seconds, UTC), or None where it cannot tell.
+
+    The trainer opens its TensorBoard writer as a run starts (and again at each resume), and the
+    writer names its file events.out.tfevents.<Unix seconds>.<host>: the oldest such file is the
+    first start. A run made with log.tensorboard=False has none."""
+    times = []
+    for path in glob.glob(os.path.join(workdir, "tb", "events.out.tfevents.*")):
+        stamp = os.path.basename(path).split(".")[3]
+        if stamp.isdigit():
+            times.append(int(stamp))
+    return min(times) if times else None
+
+
 def write(workdir: str, records_dir: str) -> str:
     """The record of the finished run at ``workdir`` written to ``records_dir``; returns its path.
 
@@ -60,6 +77,7 @@ def write(workdir: str, records_dir: str) -> str:
         "config": config,
         "summary": summary,
         "metrics": metrics,
+        "started_at": started_at(workdir),
     }
     data = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
     os.makedirs(records_dir, exist_ok=True)
