@@ -12,8 +12,8 @@ its primary criterion and preconditions name. Per run:
 - records made before started_at was kept have none. For them the record's first commit is an
   upper bound of the run's end, so (commit time - the run's wall_s) is an upper bound of its
   start: a start bound before the registration proves a violation ("VIOLATION"). Otherwise the
-  sweep that makes the run (experiments/claims.py, its first mention of "<name>") gives a lower bound for a
-  run made from committed code: when its definition first appeared in a commit no older than the
+  sweep that makes the run (experiments/claims.py's first mention of "<name>") bounds the start
+  of a run made from committed code from below: when that commit is no older than the
   registering one, the run cannot predate the entry ("sweep no older"); else the order is not
   contradicted but not shown ("not shown").
 
