@@ -287,8 +287,12 @@ ROUND2_FIRST_SEED = 100  # the earlier entries ran seeds 0-4; round 2 never reus
 ROUND2_WARMSTART_DRAWS = 3  # warm-start draws (init.warmstart.seed 0, 1, 2), nested in the seeds
 
 
-def round2_sweep(arms, seeds: int, draws: int = ROUND2_WARMSTART_DRAWS) -> list[dict]:
-    """Every arm at the fresh seeds 100 .. 100 + seeds - 1, seed by seed. Seed s trains from the
+def round2_sweep(
+    arms, seeds: int, draws: int = ROUND2_WARMSTART_DRAWS, first_seed: int = ROUND2_FIRST_SEED
+) -> list[dict]:
+    """Every arm at the fresh seeds first_seed .. first_seed + seeds - 1 (100 .. 111: round 2's;
+    a later entry of the same claim takes seeds none of its versions ran), seed by seed. Seed s
+    trains from the
     warm-start draw s mod ``draws`` (``init.warmstart.seed``): every arm of one seed shares its
     base (the registry's tests are paired by seed), and over the seeds the warm start is a random
     factor, 12 seeds giving each of 3 draws 4 (docs/warmstart.md: the draw can decide a run).
@@ -299,7 +303,7 @@ def round2_sweep(arms, seeds: int, draws: int = ROUND2_WARMSTART_DRAWS) -> list[
             name=f"{name}_s{seed}",
             overrides={**overrides, "seed": seed, "init.warmstart.seed": seed % draws},
         )
-        for seed in range(ROUND2_FIRST_SEED, ROUND2_FIRST_SEED + seeds)
+        for seed in range(first_seed, first_seed + seeds)
         for name, overrides in arms
     ]
 

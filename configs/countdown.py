@@ -98,17 +98,34 @@ ROUND2_ARMS = (
 )
 
 
+# The entropy claims' v3 (dapo_clip_higher_entropy, gmpo_entropy): v2's arms that those two read,
+# run twice as long (400 steps), because in 200 steps the symmetric arm lost 41 % of its entropy,
+# short of the >= 50 % collapse the claims are about. A one-seed pilot of the symmetric arm
+# (dapo_eh0.2, seed 200, warm-start draw 2, 600 steps; docs/results.md) lost 37 % by step 200,
+# 57 % by 300, 63 % by 400 and 69 % by 600. Fresh seeds 300-311 (v2 ran 100-111, the pilot 200).
+ROUND2_ENTROPY_FIRST_SEED = 300
+ROUND2_ENTROPY_ARMS = tuple(
+    (name, o)
+    for name, o in ROUND2_ARMS
+    if name.startswith("dapo_eh") or name in ("gmpo", "grpo_nokl_w0.4")
+)
+
+
 def get_sweep(arg: str | None = None) -> list[dict]:
     """grpo, grpo without the std division (only the advantage differs), dr_grpo, and the two
     grpo arms with kl_coef 0, x seeds. Arguments: seeds (int), study (str: "std", the default,
     is this sweep; "r2" is ROUND2_ARMS at the fresh seeds 100, 101, ... with the warm start drawn
-    per seed, configs/arith.py round2_sweep)."""
+    per seed, configs/arith.py round2_sweep; "r2_entropy" is ROUND2_ENTROPY_ARMS from seed 300)."""
     a = config_lib.parse_arg(arg, seeds=1, study="std")
+    arith = config_lib.sibling_config(__file__, "arith.py")
     if a.study == "r2":
-        arith = config_lib.sibling_config(__file__, "arith.py")
         return arith.round2_sweep(ROUND2_ARMS, a.seeds)
+    if a.study == "r2_entropy":
+        return arith.round2_sweep(
+            ROUND2_ENTROPY_ARMS, a.seeds, first_seed=ROUND2_ENTROPY_FIRST_SEED
+        )
     if a.study != "std":
-        raise ValueError(f"study must be 'std' or 'r2', got {a.study!r}")
+        raise ValueError(f"study must be 'std', 'r2' or 'r2_entropy', got {a.study!r}")
     runs = []
     for seed in range(a.seeds):
         for stem, name, estimator in ARMS:

@@ -96,6 +96,14 @@ SWEEPS = {
         Sweep("r2_clip", ARITH_CONVERGED, "study=r2_clip", ("--config.rl.num_steps=150",), R2),
         Sweep("r2_ratio", ARITH_CONVERGED, "study=r2_ratio", LONG, R2),
         Sweep("r2_countdown", "configs/countdown.py", "study=r2", LONG, R2),
+        # the entropy claims' v3: their arms of r2_countdown for 400 steps, seeds 300-311
+        Sweep(
+            "r2_entropy",
+            "configs/countdown.py",
+            "study=r2_entropy",
+            ("--config.rl.num_steps=400", "--config.eval.every=40"),
+            R2,
+        ),
         Sweep("r2_length", "configs/luspo_length.py", "study=r2", LONG, R2),
         Sweep("r2_std_bonus", "configs/std_bonus.py:warmstart=converged", "study=r2", (), R2),
         Sweep(
@@ -121,8 +129,9 @@ NOTEBOOKS = {
     "lora_rank1_matches_full": ("lora_arith",),
     "lora_rank1_matches_full_countdown": ("lora_countdown",),
     # round 2 (issue 33): the five claims on countdown, each notebook on its newest entry's runs
-    "dapo_clip_higher_entropy": ("r2_countdown",),
-    "gmpo_entropy": ("r2_countdown",),
+    # the entropy claims' newest entries (v3) read r2_entropy, and v2's runs in r2_countdown
+    "dapo_clip_higher_entropy": ("r2_countdown", "r2_entropy"),
+    "gmpo_entropy": ("r2_countdown", "r2_entropy"),
     "gmpo_kl_ref": ("r2_countdown",),
     "gmpo_token_vs_sequence_clip": ("r2_countdown",),
     "gmpo_grpo_wide_clip": ("r2_countdown",),

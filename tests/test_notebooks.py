@@ -61,6 +61,16 @@ TINY_ARMS = {
         "gmpo_seqclip",
         "grpo_nokl_w0.4",
     },
+    # the entropy claims' v3: the four eps_high doses (the trend needs each), GMPO and GRPO at
+    # +-0.4 (the sweep's every arm)
+    "r2_entropy": {
+        "dapo_eh0.2",
+        "dapo_eh0.24",
+        "dapo_eh0.28",
+        "dapo_eh0.35",
+        "gmpo",
+        "grpo_nokl_w0.4",
+    },
     # round 2's eps dose: the primary and precondition arms of both claims (the preset table and
     # the other doses are read with .get; gspo is a preset)
     "r2_eps": {"grpo_nokl_eps0.2", "grpo_nokl_eps0.0003", "gspo_eps0.2", "gspo"},
