@@ -99,10 +99,9 @@ ROUND2_ARMS = (
 
 
 # The entropy claims' v3 (dapo_clip_higher_entropy, gmpo_entropy): v2's arms that those two read,
-# run twice as long (400 steps), because in 200 steps the symmetric arm lost 41 % of its entropy,
-# short of the >= 50 % collapse the claims are about. A one-seed pilot of the symmetric arm
-# (dapo_eh0.2, seed 200, warm-start draw 2, 600 steps; docs/results.md) lost 37 % by step 200,
-# 57 % by 300, 63 % by 400 and 69 % by 600. Fresh seeds 300-311 (v2 ran 100-111, the pilot 200).
+# run twice as long (400 steps), because in 200 steps their collapsing arm did not lose the >= 50 %
+# of its entropy the claims are about; the length comes from a one-seed pilot (docs/results.md,
+# "The entropy pilot"). Fresh seeds 300-311 (v2 ran 100-111, the pilot 200).
 ROUND2_ENTROPY_FIRST_SEED = 300
 ROUND2_ENTROPY_ARMS = tuple(
     (name, o)
