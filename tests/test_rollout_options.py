@@ -15,6 +15,7 @@ from gspo_jax.data import iterator as data_iterator
 from gspo_jax.rl import batch as rl_batch
 from gspo_jax.rl import build as exp
 from gspo_jax.rl import trainer
+from gspo_jax.rollout import continuous
 
 
 def test_overlong_penalty_matches_dapo_eq13_by_hand():
@@ -309,7 +310,9 @@ def test_trainer_rollout_on_the_continuous_engine_samples_the_static_tokens(shar
             **{"rl.rollout_engine": "continuous", "rl.rollout_slots": 4},
         )
     )
-    assert dict(cont.step.rollout_options) == {"slots": 4, "page_size": 16}
+    # the config's default page size is the engine's (config/ cannot import rollout/)
+    page_size = continuous.DEFAULT_PAGE_SIZE
+    assert dict(cont.step.rollout_options) == {"slots": 4, "page_size": page_size}
     params, _ = exp.base_params(static)
     batch = next(data_iterator.make_data_iterator(static.config, static.task))
     prompts, lengths = jnp.asarray(batch["prompt"]), jnp.asarray(batch["prompt_length"])

@@ -393,11 +393,14 @@ class EosRate(models.Transformer):
         return z.at[..., self.eos_id].set(others + odds)
 
 
-def _engine_fns(models_by_impl, prompts, lengths, G, T, eos_id, slots, chunk, refills):
+def _engine_fns(
+    models_by_impl, prompts, lengths, G, T, eos_id, slots, chunk, refills, page_size=None
+):
     """{name: () -> (SampleOutput, decoded slot-steps)} for the static engine and the continuous
     engine with each refill strategy of `refills` ("device", "chunked") and each paged-attention
     implementation of models_by_impl ({implementation: model}, the same weights; the static
-    engine runs the first), at temperature 1 over the full vocabulary."""
+    engine runs the first), at temperature 1 over the full vocabulary; page_size: the
+    continuous engine's (None: continuous.DEFAULT_PAGE_SIZE)."""
     key = jax.random.key(0)
     kw = dict(num_samples=G, max_new_tokens=T, temperature=1.0, top_k=0, top_p=1.0)
     B = prompts.shape[0] * G
@@ -419,6 +422,7 @@ def _engine_fns(models_by_impl, prompts, lengths, G, T, eos_id, slots, chunk, re
             slots=slots,
             refill=refill,
             chunk=chunk,
+            page_size=page_size or continuous.DEFAULT_PAGE_SIZE,
             **kw,
         )
         return out, int(state.decoded_slots)
@@ -465,13 +469,18 @@ def bench_engines(
     repeats,
     refills=("device", "chunked"),
     atol=1e-4,
+    page_size=None,
 ):
-    """Per engine: occupancy, useful tokens/s, first-call seconds; interleaved repeats. Checks
+    """Per engine: occupancy, useful tokens/s (wall clock, and per second of this process's CPU
+    time: the work, apart from how much of it ran on both cores at once), first-call seconds;
+    interleaved repeats. Checks
     that every engine returned the static engine's tokens (_check_same_tokens, to atol).
     models_by_impl: {paged-attention implementation: model} (_engine_fns), or one model."""
     if not isinstance(models_by_impl, dict):
         models_by_impl = {"plain": models_by_impl}
-    fns = _engine_fns(models_by_impl, prompts, lengths, G, T, eos_id, slots, chunk, refills)
+    fns = _engine_fns(
+        models_by_impl, prompts, lengths, G, T, eos_id, slots, chunk, refills, page_size
+    )
     res, ref = {}, None
     for name, fn in fns.items():  # compile + warm up
         log(f"first call (compile) of {name}")
@@ -489,15 +498,19 @@ def bench_engines(
             "useful_tokens": int(lengths_np.sum()),
             "occupancy": float((lengths_np - 1).sum() / slot_steps),
             "times": [],
+            "cpu_times": [],
         }
     for _ in tqdm.trange(repeats, desc="engines (interleaved repeats)"):
         for name, fn in fns.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             jax.block_until_ready(fn()[0].tokens)
             res[name]["times"].append(time.perf_counter() - t0)
+            res[name]["cpu_times"].append(time.process_time() - c0)
     for r in res.values():
         r["total_s"] = statistics.median(r.pop("times"))
+        r["cpu_s"] = statistics.median(r.pop("cpu_times"))
         r["useful_tps"] = r["useful_tokens"] / r["total_s"]
+        r["useful_tps_cpu"] = r["useful_tokens"] / r["cpu_s"]
     lengths_np = np.asarray(lengths_np)
     res["lengths"] = {
         "mean": float(lengths_np.mean()),
@@ -582,12 +595,13 @@ def _continuous_targets(r: dict, occupancy: bool, ratio: float) -> None:
         if not name.startswith("continuous") or "chunked" in name:
             continue
         x = v["useful_tps"] / r["static"]["useful_tps"]
+        x_cpu = v["useful_tps_cpu"] / r["static"]["useful_tps_cpu"]
         occ = f"occupancy {v['occupancy']:.3f} >= 0.85 " if occupancy else ""
         if occupancy:
             occ += f"({'PASS' if v['occupancy'] >= 0.85 else 'MISS'}); "
         print(
             f"targets, {name}: {occ}tok/s {x:.2f}x >= {ratio}x static "
-            f"({'PASS' if x >= ratio else 'MISS'})"
+            f"({'PASS' if x >= ratio else 'MISS'}); per CPU second {x_cpu:.2f}x (reported)"
         )
 
 
@@ -608,7 +622,18 @@ def compare_engines(a):
         prompts = prompts.astype(jnp.int32)
         lengths = jnp.full((P,), Lp, jnp.int32)
         r = bench_engines(
-            by_impl, prompts, lengths, G, T, eos_id, N, a.chunk, a.repeats, refills, atol
+            by_impl,
+            prompts,
+            lengths,
+            G,
+            T,
+            eos_id,
+            N,
+            a.chunk,
+            a.repeats,
+            refills,
+            atol,
+            a.page_size,
         )
         results["long_tail"] = r
         print(
@@ -640,7 +665,18 @@ def compare_engines(a):
         prompts = prompts.astype(jnp.int32)
         lengths = jnp.full((P,), Lp, jnp.int32)
         r = bench_engines(
-            by_impl, prompts, lengths, G, T, -1, P * G, a.chunk, a.repeats, refills, atol
+            by_impl,
+            prompts,
+            lengths,
+            G,
+            T,
+            -1,
+            P * G,
+            a.chunk,
+            a.repeats,
+            refills,
+            atol,
+            a.page_size,
         )
         results["uniform"] = r
         print(
@@ -984,6 +1020,12 @@ def main(argv=None):
     ap.add_argument("--slots", type=int, default=64, help="--compare-engines: continuous slots")
     ap.add_argument("--eos-prob", type=float, default=1 / 64, help="long_tail: EOS per token")
     ap.add_argument("--chunk", type=int, default=16, help="decode steps per call, chunked refill")
+    ap.add_argument(
+        "--page-size",
+        type=int,
+        default=None,
+        help="--compare-engines: the continuous engine's KV slots per page (default: the engine's)",
+    )
     ap.add_argument("--engine-shape", default="small", help="--compare-engines: a SHAPES entry")
     ap.add_argument("--dtype", default="float32", help="--compare-engines: weights and compute")
     ap.add_argument(

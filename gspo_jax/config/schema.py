@@ -180,7 +180,9 @@ def default_config() -> ml_collections.ConfigDict:
     # as rows end, over a paged KV cache (same tokens from the same logits: rollout/continuous.py).
     c.rl.rollout_engine = "static"
     c.rl.rollout_slots = config_dict.placeholder(int)  # continuous: decode slots (None = B)
-    c.rl.rollout_page_size = 16  # continuous: KV-cache slots per page
+    # continuous: KV-cache slots per page; rollout.continuous.DEFAULT_PAGE_SIZE, which says why 64
+    # (config/ does not import rollout/; tests/test_rollout_options.py ties the two)
+    c.rl.rollout_page_size = 64
     # Partial rollouts (continuous engine; 0 = off): k prompt batches stay in the engine's queue
     # between steps. Each step's engine works on (1 + k)·P groups (the carried ones first, their
     # unfinished rows continued), stops once P groups are complete (a fraction 1 / (1 + k) of

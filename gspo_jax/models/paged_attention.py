@@ -134,7 +134,7 @@ def paged_attention(
     key_valid: jax.Array,
     layer,
     kv_end: jax.Array | None = None,
-    block_pages: int = 2,
+    block_pages: int = 1,
     chunk: int | None = None,
 ) -> jax.Array:
     """One decode step over layer `layer` of a paged cache, in plain JAX, reading only the pages
@@ -143,7 +143,10 @@ def paged_attention(
     q [N, 1, H, Dh]; key_valid [N, Pt * ps] bool (the row's visible logical slots, this step's
     own key included); kv_end [N] int32: row r sees no logical slot at or past kv_end[r] (None:
     the whole table) -> [N, 1, H, Dh] in q's dtype. block_pages: pages per work item (a row
-    reads at most block_pages - 1 pages past its end; docs/benchmarks.md has the sizes tried);
+    reads at most block_pages - 1 pages past its end). One page per item by default: an item of
+    several pages gathers [C, bp, K, Dh, ps], which XLA:CPU transposes into the matmul's layout
+    before every use, while one page is already [C, K, Dh, ps]; the engine sets the item's keys
+    with its page size instead (docs/benchmarks.md has the sizes tried);
     chunk: items per loop trip (default N). Equals paged_attention_reference to float32 summation
     order for rows that see at least one key.
 

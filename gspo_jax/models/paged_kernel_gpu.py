@@ -100,7 +100,7 @@ def paged_attention_gpu(
     if not interpret and not all(x >= MIN_DOT and x & (x - 1) == 0 for x in (ps, Dh)):
         raise ValueError(
             f"the GPU paged-attention kernel needs a page size and head dim that are powers of "
-            f"two >= {MIN_DOT} (got page_size={ps}, head_dim={Dh}); set rl.rollout_page_size=16 or "
+            f"two >= {MIN_DOT} (got page_size={ps}, head_dim={Dh}); set rl.rollout_page_size=64 or "
             "model.paged_attention='plain'."
         )
     Gp = max(MIN_DOT, 1 << (Gq - 1).bit_length())

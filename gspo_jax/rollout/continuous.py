@@ -87,7 +87,11 @@ from gspo_jax.rollout.output import PartialRows, SampleOutput
 from gspo_jax.rollout.sampling import row_uniforms, sample_with_uniform, static_temperature
 
 REFILL_STRATEGIES = ("device", "chunked")
-DEFAULT_PAGE_SIZE = 16
+# KV slots per page, so also the keys of one attention work item (paged_attention reads one
+# page per item): 64, the static engine's decode_block, so that an item is the static engine's
+# chunk. Smaller pages make more and smaller items, each with its own softmax and fold; larger
+# ones read more masked keys past each row's end (docs/benchmarks.md has the sizes measured).
+DEFAULT_PAGE_SIZE = 64
 
 _TRACES = {"run": 0}  # incremented at trace time; tests use it to prove "no recompile"
 
@@ -590,7 +594,7 @@ def engine_config(
     if slots < 1:
         raise ValueError(f"slots={slots} must be >= 1 (decode slots; e.g. slots=B/4).")
     if int(page_size) < 1:
-        raise ValueError(f"page_size={page_size} must be >= 1 (KV slots per page, e.g. 16).")
+        raise ValueError(f"page_size={page_size} must be >= 1 (KV slots per page, e.g. 64).")
     if refill not in REFILL_STRATEGIES:
         raise ValueError(f"refill={refill!r} is not one of {REFILL_STRATEGIES}.")
     if int(shrink) < 0:
