@@ -21,17 +21,13 @@ PEFT's layout (adapter_model.safetensors + adapter_config.json, models/lora.py s
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
 
-import ml_collections
-from flax import nnx
-
 from gspo_jax import models
 from gspo_jax.rl import build as exp
-from gspo_jax.runtime import checkpoint as checkpoint_lib
+from gspo_jax.rl import policies
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -42,35 +38,14 @@ TOKENIZER_FILES = (
 )
 
 
-class _NoData:
-    """The export reads parameters only; the data position in the checkpoint is ignored."""
-
-    def set_state(self, state) -> None:
-        del state
-
-
 def export(workdir: str, out: str, step: int | None = None, peft: str | None = None) -> int:
     """Writes the policy of ``workdir``'s checkpoint ``step`` (newest: None) to ``out`` (and a
     LoRA run's adapters to ``peft``); returns the step exported."""
-    with open(os.path.join(workdir, "config.json")) as f:
-        config = ml_collections.ConfigDict(json.load(f))
-    run = exp.build_run(config)
-    ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every=1)
-    target = exp.saved_abstract_state(run)
-    if step is None:
-        restored = ckpt.restore_latest(target, _NoData())
-        if restored is None:
-            raise SystemExit(f"no checkpoint in {workdir}/checkpoints")
-        step, state, meta = restored
-    else:
-        state, meta = ckpt.restore(step, target, _NoData())
-    ckpt.close()
+    if not policies.saved_steps(workdir):
+        raise SystemExit(f"no checkpoint in {workdir}/checkpoints")
+    run, model, step = policies.run_policy(workdir, step)
+    config = run.config
     lora = exp.lora_spec(config)
-    if lora.rank > 0:  # the adapters on their base, loaded again and checked
-        base, _ = exp.base_params(run)
-        exp.check_base_identity(meta.get("lora_base"), exp.base_identity(config, base), workdir)
-        state = exp.with_base(run, state, base)
-    model = nnx.merge(run.graphdef, state.params, run.rest)
     if lora.rank > 0:
         if peft:
             models.lora.save_peft(model, lora, peft, base_model=config.init.get("checkpoint", ""))

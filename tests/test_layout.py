@@ -21,6 +21,7 @@ LAYERS = {
     "sharding": set(),  # the logical-axis rule table: models name axes, runtime places arrays
     "objectives": set(),
     "advantages": set(),
+    "eval_figures": set(),  # the figures papers report (pass@k, avg@n, intervals): numpy only
     "models": {"sharding"},
     "tasks": set(),
     "config": {"objectives", "advantages", "errors"},
@@ -40,6 +41,7 @@ LAYERS = {
         "runtime",
         "rollout",
         "data",
+        "eval_figures",
     },
     "planning": {
         "sharding",
@@ -56,6 +58,18 @@ LAYERS = {
         "rl",
     },
     "main": {"config", "errors", "runtime", "data", "rl", "planning"},
+    # the evaluation command (python -m gspo_jax.evaluate)
+    "evaluate": {
+        "config",
+        "errors",
+        "eval_figures",
+        "sharding",
+        "models",
+        "tasks",
+        "runtime",
+        "data",
+        "rl",
+    },
 }
 
 

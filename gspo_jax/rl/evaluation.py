@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from gspo_jax import data, rollout
+from gspo_jax import data, eval_figures, rollout, sharding
 from gspo_jax.tasks.task import Task
 
 
@@ -70,6 +70,69 @@ def process_local_copy(model):
     return nnx.merge(graphdef, state)
 
 
+def batch_keys(seed: int, i: int) -> tuple[jax.Array, jax.Array]:
+    """The keys of batch i's greedy pass and of its samples (one key per batch and pass: the
+    samples of a problem depend on its batch and row, so a resumed or repeated evaluation with
+    the same batch size draws the same ones)."""
+    key = jax.random.key(seed)
+    return jax.random.fold_in(key, 2 * i), jax.random.fold_in(key, 2 * i + 1)
+
+
+def sample_batch(
+    model,
+    task: Task,
+    batch: dict[str, np.ndarray],
+    n: int,
+    i: int,
+    *,
+    pass_k: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    seed: int = 0,
+    engine: str = "static",
+    mesh: jax.sharding.Mesh | None = None,
+    **engine_options,
+) -> dict[str, dict[str, np.ndarray]]:
+    """The greedy response and pass_k samples of the first n problems of batch i, scored.
+
+    Returns {"greedy": score parts [n] plus "length" and "format_name", "samples": the same
+    [n * pass_k], group-contiguous}; "format_name" only for tasks with several formats.
+    With ``mesh`` the prompts are placed with their rows over the mesh's batch axes (the batch
+    size must divide over them): the engine then samples data-parallel over problems, as the
+    trainer's rollout does. Call it inside ``sharding.use_mesh(mesh)`` with the model on it.
+    """
+    prompts, lengths = batch["prompt"], batch["prompt_length"]  # [P, Lp], [P]
+    if mesh is not None:
+        prompts = jax.device_put(prompts, sharding.rows_sharding(mesh, 2))
+        lengths = jax.device_put(lengths, sharding.rows_sharding(mesh, 1))
+    records = {k: v[:n] for k, v in batch.items()}
+    out = {}
+    for name, key, k, temp in zip(
+        ("greedy", "samples"), batch_keys(seed, i), (1, pass_k), (0.0, temperature), strict=True
+    ):
+        sampled = rollout.generate(
+            model,
+            prompts,
+            lengths,
+            num_samples=k,
+            rng=key,
+            temperature=temp,
+            max_new_tokens=max_new_tokens,
+            eos_id=task.tokenizer.eos_id,
+            pad_id=task.tokenizer.pad_id,
+            engine=engine,
+            **engine_options,
+        )
+        tokens = np.asarray(sampled.tokens)[: n * k]  # [n * k, T]
+        mask = np.asarray(sampled.mask)[: n * k]
+        scores = task.score(records, tokens, mask, k)
+        scores["length"] = mask.sum(-1)
+        if task.formats:
+            scores["format_name"] = _formats(task, tokens, mask)
+        out[name] = scores
+    return out
+
+
 def evaluate(
     model,
     task: Task,
@@ -83,10 +146,15 @@ def evaluate(
     seed: int = 0,
     data_dir: str | os.PathLike | None = None,
     first: int = 0,
+    engine: str = "static",
 ) -> dict[str, float]:
     """Greedy accuracy, pass@k (temperature sampling), response lengths and per-format accuracy
     on ``num_problems`` problems of ``split`` (None = all of them) from problem ``first``
     (negative: counted from the end; the warm start's stopping rule checks the last ones).
+
+    The figures (greedy_accuracy, sample_accuracy = avg@k, pass@k, the lengths) are
+    eval_figures' (the gspo_jax.evaluate command's), on the same samples the command draws with
+    the same batch size and seed.
 
     Works in multi-host runs: every process evaluates the same problems on its own copy of the
     model (see process_local_copy) and returns the same metrics."""
@@ -94,67 +162,57 @@ def evaluate(
         raise ValueError(f"pass_k={pass_k} must be >= 1.")
     model = process_local_copy(model)
     T = max_new_tokens or task.max_response_len
-    key = jax.random.key(seed)
-    greedy, samples, g_fmt, s_fmt = [], [], [], []
-    for i, (batch, n) in enumerate(
-        data.make_eval_batches(
+    parts = [
+        sample_batch(
+            model,
             task,
-            split,
-            batch_size=batch_size,
-            num_problems=num_problems,
-            data_dir=data_dir,
-            first=first,
-        )
-    ):
-        common = dict(max_new_tokens=T, eos_id=task.tokenizer.eos_id, pad_id=task.tokenizer.pad_id)
-        out = rollout.generate(
-            model,
-            batch["prompt"],
-            batch["prompt_length"],
-            num_samples=1,
-            rng=jax.random.fold_in(key, 2 * i),
-            temperature=0.0,
-            **common,
-        )
-        tokens, mask = np.asarray(out.tokens)[:n], np.asarray(out.mask)[:n]  # [n, T]
-        scores = task.score({k: v[:n] for k, v in batch.items()}, tokens, mask, 1)
-        scores["length"] = mask.sum(-1)
-        greedy.append(scores)
-        out = rollout.generate(
-            model,
-            batch["prompt"],
-            batch["prompt_length"],
-            num_samples=pass_k,
-            rng=jax.random.fold_in(key, 2 * i + 1),
+            batch,
+            n,
+            i,
+            pass_k=pass_k,
+            max_new_tokens=T,
             temperature=temperature,
-            **common,
+            seed=seed,
+            engine=engine,
         )
-        s_tokens = np.asarray(out.tokens)[: n * pass_k]  # [n * k, T]
-        s_mask = np.asarray(out.mask)[: n * pass_k]
-        s_scores = task.score({k: v[:n] for k, v in batch.items()}, s_tokens, s_mask, pass_k)
-        s_scores["length"] = s_mask.sum(-1)
-        samples.append(s_scores)
-        if task.formats:
-            g_fmt.append(_formats(task, tokens, mask))
-            s_fmt.append(_formats(task, s_tokens, s_mask))
-    g = {k: np.concatenate([s[k] for s in greedy]) for k in greedy[0]}
-    s = {k: np.concatenate([x[k] for x in samples]) for k in samples[0]}
+        for i, (batch, n) in enumerate(
+            data.make_eval_batches(
+                task,
+                split,
+                batch_size=batch_size,
+                num_problems=num_problems,
+                data_dir=data_dir,
+                first=first,
+            )
+        )
+    ]
+    g = {k: np.concatenate([p["greedy"][k] for p in parts]) for k in parts[0]["greedy"]}
+    s = {k: np.concatenate([p["samples"][k] for p in parts]) for k in parts[0]["samples"]}
     num = len(g["correct"])
+    values = eval_figures.per_problem(
+        g["correct"],
+        s["correct"].reshape(num, pass_k),
+        ks=(pass_k,),
+        greedy_length=g["length"],
+        sample_length=s["length"].reshape(num, pass_k),
+    )
+    figures = eval_figures.aggregate(values)
     metrics = {
-        "greedy_accuracy": float(g["correct"].mean()),
+        "greedy_accuracy": figures["greedy_accuracy"],
         "greedy_reward": float(g["reward"].mean()),
         "greedy_format": float(g["format"].mean()),
-        "mean_response_length": float(g["length"].mean()),
-        "sample_accuracy": float(s["correct"].mean()),
-        f"pass@{pass_k}": float(s["correct"].reshape(num, pass_k).max(-1).mean()),
-        "sample_mean_response_length": float(s["length"].mean()),
+        "mean_response_length": figures["greedy_length_mean"],
+        "sample_accuracy": figures[f"avg@{pass_k}"],
+        f"avg@{pass_k}": figures[f"avg@{pass_k}"],
+        f"pass@{pass_k}": figures[f"pass@{pass_k}"],
+        "sample_mean_response_length": figures["length_mean"],
         "num_problems": float(num),
     }
     for k in task.score_keys:
         if k not in ("reward", "correct", "format"):
             metrics[f"greedy_{k}"] = float(g[k].mean())
     if task.formats:
-        gf, sf = np.concatenate(g_fmt), np.concatenate(s_fmt)
+        gf, sf = g["format_name"], s["format_name"]
         for fmt in task.formats:
             sel = sf == fmt
             metrics[f"{fmt}_fraction"] = float(sel.mean())

@@ -236,6 +236,10 @@ class ArithmeticTask(Task):
             return text + MARKER
         return text
 
+    def difficulty(self, record: Mapping[str, Any]) -> str:
+        """The number of digits of the longer operand (the knob the problems are drawn by)."""
+        return f"{len(str(max(int(record['a']), int(record['b']))))} digits"
+
     # ---- verifier -----------------------------------------------------------------------------
     def response_format(self, text: str) -> str:
         return "worked" if text.startswith("W") else "direct"

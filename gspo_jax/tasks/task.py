@@ -97,6 +97,12 @@ class Task(abc.ABC):
     def verify(self, record: Mapping[str, Any], text: str, terminated: bool) -> Verdict:
         """Judge one response. Must not raise on any string and must not eval/exec it."""
 
+    def difficulty(self, record: Mapping[str, Any]) -> str:
+        """The problem's difficulty level, for figures broken down by difficulty ("" when the
+        task has no levels); levels sort by (length, text), so "2 digits" < "10 digits"."""
+        del record
+        return ""
+
     def response_format(self, text: str) -> str:
         """Which of ``formats`` a response uses ("" when the task has one format)."""
         del text
