@@ -476,13 +476,15 @@ def main(argv: list[str]) -> None:
         num_problems=_NUM_PROBLEMS.value,
         samples=_SAMPLES.value,
         temperature=_TEMPERATURE.value,
-        max_new_tokens=_MAX_NEW_TOKENS.value or task.max_response_len,
+        max_new_tokens=_MAX_NEW_TOKENS.value or default_max_new_tokens(first, task),
         batch_size=_BATCH_SIZE.value,
         seed=_SEED.value,
         engine=_ENGINE.value,
     )
     mesh = make_mesh(_MESH.value, _BATCH_SIZE.value)
     out = _OUT.value
+    if out:
+        check_out(out)
     sides = [side_file(out, s.label) if out else None for s in sources]
     for side in sides:
         if side:
@@ -518,6 +520,27 @@ def main(argv: list[str]) -> None:
         png = (out[: -len(".json")] if out.endswith(".json") else out) + ".png"
         plot_pass_at_k(result, ks, png)
         print(f"wrote {out} and {png}", flush=True)
+
+
+def default_max_new_tokens(source: Source, task) -> int:
+    """The run's (or config's) evaluation length on its own task, else the task's."""
+    config = source.config
+    if config is not None and config.task.name == task.name:
+        return int(config.eval.max_new_tokens or config.rl.max_new_tokens or task.max_response_len)
+    return task.max_response_len
+
+
+def check_out(out: str) -> None:
+    """--out's folder, created if missing; an unwritable one is an error before any work."""
+    folder = os.path.dirname(os.path.abspath(out))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            f"--out={out}: cannot create {folder} ({e.strerror}); pick another"
+        ) from None
+    if not os.access(folder, os.W_OK):
+        raise ConfigError(f"--out={out}: {folder} is not writable; pick another --out")
 
 
 def make_mesh(text: str, batch_size: int):
