@@ -24,7 +24,7 @@ from gspo_jax.rl import build as exp
 from gspo_jax.rl import evaluation
 from gspo_jax.runtime import checkpoint as checkpoint_lib
 from gspo_jax.runtime import rundir
-from gspo_jax.tasks import ArithmeticTask, Verdict
+from gspo_jax.tasks import ArithmeticTask, Verdict, math_problems
 
 # ------------------------------------------------------------------------------ the estimator
 
@@ -90,6 +90,17 @@ def test_figures_intervals_levels_and_paired_difference():
     better = dict(values, greedy_accuracy=np.minimum(values["greedy_accuracy"] + 0.25, 1))
     d, lo, hi = eval_figures.paired(values, better)["greedy_accuracy"]
     assert 0 < lo <= d <= hi
+
+
+def test_difficulty_levels_of_the_tasks():
+    assert ArithmeticTask(**KNOBS).difficulty({"a": 7, "b": 42}) == "2 digits"
+    row = {"problem": "p", "solution": r"so \boxed{1}"}
+    assert "level" not in math_problems.record_from_example(row)
+    math_row = math_problems.record_from_example({**row, "level": "Level 4"})  # MATH
+    assert math_row["level"] == "level 4"
+    assert math_problems.record_from_example({**row, "level": 2})["level"] == "level 2"  # -500
+    task = object.__new__(math_problems.MathTask)
+    assert task.difficulty(math_row) == "level 4" and task.difficulty(row) == ""
 
 
 # ------------------------------------------------------------------------------ tiny model, run

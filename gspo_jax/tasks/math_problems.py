@@ -4,7 +4,8 @@ Rows (JSONL or Hugging Face parquet, data/files.py) carry ``problem`` and ``solu
 solution in LaTeX whose final answer is boxed), and ``answer`` in MATH-500's release; when there is
 no ``answer`` field it is the last ``\boxed{}`` of the solution (math_answers.last_boxed). A row
 with neither is an error naming it. Records carry problem, solution and answer (text), all three
-in batches (``record_fields``), so ``task.record_from_batch`` gives them back.
+in batches (``record_fields``), so ``task.record_from_batch`` gives them back, and the release's
+difficulty as "level N" when it has one (MATH's and MATH-500's ``level``; ``task.difficulty``).
 
 Prompts, tokenizers and scoring: word_problems.py. Character mode's prompt is
 "Problem: <problem>\nSolution:" and its demonstration the solution itself; chat mode asks for the
@@ -36,7 +37,18 @@ def record_from_example(example: Mapping[str, Any]) -> dict[str, str]:
             raise ValueError(
                 f"MATH solution without \\boxed{{}} and no 'answer': {solution[-80:]!r}"
             )
-    return dict(problem=problem, solution=solution, answer=as_str(answer).strip())
+    record = dict(problem=problem, solution=solution, answer=as_str(answer).strip())
+    if str(example.get("level") or "").strip():  # MATH's "Level 3", MATH-500's 3
+        record["level"] = level_name(example["level"])
+    return record
+
+
+def level_name(level: Any) -> str:
+    """A MATH difficulty as "level N" (from "Level N" or N); other text (MATH's few "Level ?")
+    as it is."""
+    text = as_str(level).strip()
+    digits = text.removeprefix("Level").strip()
+    return f"level {digits}" if digits.isdigit() else text
 
 
 class MathTask(WordProblemTask):
@@ -53,6 +65,10 @@ class MathTask(WordProblemTask):
 
     def record_from_example(self, example: Mapping[str, Any]) -> dict[str, str]:
         return record_from_example(example)
+
+    def difficulty(self, record: Mapping[str, Any]) -> str:
+        """MATH's level (1-5) when the release has one ("" otherwise)."""
+        return as_str(record.get("level", ""))
 
     def reference(self, record: Mapping[str, Any]) -> str:
         return as_str(record["answer"])

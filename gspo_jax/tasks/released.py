@@ -32,7 +32,7 @@ class DataFileError(ValueError):
 
 
 # Bump when the stored record format changes (the cache key covers it).
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2  # 2: MATH records keep the release's level
 
 
 def _split_patterns(split: str) -> dict[str, list[str]]:
