@@ -94,6 +94,7 @@ def test_figures_intervals_levels_and_paired_difference():
 
 def test_difficulty_levels_of_the_tasks():
     assert ArithmeticTask(**KNOBS).difficulty({"a": 7, "b": 42}) == "2 digits"
+    assert ArithmeticTask(**KNOBS).difficulty({"a": 7, "b": 0}) == "1 digit"
     row = {"problem": "p", "solution": r"so \boxed{1}"}
     assert "level" not in math_problems.record_from_example(row)
     math_row = math_problems.record_from_example({**row, "level": "Level 4"})  # MATH
@@ -303,7 +304,7 @@ def test_command_end_to_end(tiny, tmp_path):
         assert key in result and key in result["compare"] and key in result["intervals"]
         assert result["difference"][key]["value"] == 0  # the same weights
     assert result["checkpoint"] == "step 3" and result["compare"]["checkpoint"] == "hf"
-    assert set(result["by_difficulty"]) <= {"1 digits", "2 digits"}
+    assert set(result["by_difficulty"]) <= {"1 digit", "2 digits"}
     assert "greedy_accuracy" in p.stdout and "difference" in p.stdout
     assert (tmp_path / "ev.png").stat().st_size > 0
     assert (tmp_path / "ev.step3.problems.json").exists()

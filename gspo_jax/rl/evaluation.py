@@ -8,13 +8,20 @@ Returns floats:
     greedy_format             fraction of well-formed, terminated greedy responses
     mean_response_length      mean greedy response length in tokens (eos included)
     sample_accuracy           fraction of the temperature-`temperature` samples that are correct
-    pass@k                    fraction of problems with at least one correct sample among k
+    avg@k                     the same figure under the papers' name (mean correctness of k
+                              samples per problem)
+    pass@k                    fraction of problems with at least one correct sample among k (the
+                              unbiased estimator with n = k samples)
     sample_mean_response_length
     and, for tasks with several response formats (arith: worked vs direct),
     <fmt>_fraction            share of samples in that format (and greedy_<fmt>_fraction)
     <fmt>_accuracy            accuracy of the samples in that format (NaN if there are none)
     greedy_<key>              mean of each extra score part (e.g. greedy_partial for countdown)
     num_problems
+
+The figures are computed by gspo_jax/eval_figures.py, as the evaluation command's
+(python -m gspo_jax.evaluate, docs/evaluation.md: any checkpoint, pass@k for k < n, intervals);
+sample_batch is the batch both sample with.
 
 Why samples for the per-format accuracy: greedy decoding always picks one format for every
 problem, while the temperature-1 samples hold both, and their per-format accuracy is exactly what

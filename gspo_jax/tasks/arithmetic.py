@@ -238,7 +238,8 @@ class ArithmeticTask(Task):
 
     def difficulty(self, record: Mapping[str, Any]) -> str:
         """The number of digits of the longer operand (the knob the problems are drawn by)."""
-        return f"{len(str(max(int(record['a']), int(record['b']))))} digits"
+        digits = len(str(max(int(record["a"]), int(record["b"]))))
+        return f"{digits} digit{'s' * (digits > 1)}"
 
     # ---- verifier -----------------------------------------------------------------------------
     def response_format(self, text: str) -> str:
