@@ -183,7 +183,7 @@ def test_in_run_figures_equal_the_commands_on_the_same_samples(tiny):
     task = ParityArith(**KNOBS)
     s = settings(task)
     results = evaluate_path(tiny["run"], task, s, tiny["data"])
-    figures = ev.report(results, (1, 2, 4), "run")
+    figures = ev.summary(results, (1, 2, 4), "run")
     source = ev.resolve_source(tiny["run"], None, None, "checkpoint")
     model = ev.load_model(source, sharding.make_mesh({"data": 1}, devices=jax_devices(1)), None)
     in_run = evaluation.evaluate(
@@ -205,7 +205,7 @@ def test_hf_folder_and_run_checkpoint_evaluate_to_the_same_numbers(tiny):
     from_hf = evaluate_path(tiny["hf"], task, s, tiny["data"])
     for k in from_run:
         np.testing.assert_array_equal(from_run[k], from_hf[k], err_msg=k)
-    assert ev.report(from_run, (1, 4), "a") == dict(ev.report(from_hf, (1, 4), "a"))
+    assert ev.summary(from_run, (1, 4), "a") == dict(ev.summary(from_hf, (1, 4), "a"))
     assert len(set(from_run["sample_length"].ravel().tolist())) > 1  # lengths tell models apart
 
 

@@ -58,7 +58,7 @@ LAYERS = {
         "rl",
     },
     "main": {"config", "errors", "runtime", "data", "rl", "planning"},
-    # the evaluation command (python -m gspo_jax.evaluate)
+    # the evaluation command (python -m gspo_jax.evaluate) and its parts
     "evaluate": {
         "config",
         "errors",
