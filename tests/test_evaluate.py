@@ -1,4 +1,4 @@
-"""The evaluation command (gspo_jax/evaluate.py) and its figures (gspo_jax/eval_figures.py): the
+"""The evaluation command (gspo_jax/evaluate/) and its figures (gspo_jax/eval_figures.py): the
 unbiased pass@k against hand-computed values and brute force, the trainer's in-run figures on the
 same samples, an HF folder against the run checkpoint it was exported from, data-parallel and
 continuous-engine sampling, resume, bad input, and the command end to end on a tiny model."""
