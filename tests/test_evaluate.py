@@ -266,6 +266,15 @@ def test_bad_input_is_one_line_before_any_work(tiny, tmp_path):
         ev.make_task(source, "chess", {}, "test")
     with pytest.raises(ConfigError, match="1 <= k <= n"):
         ev.parse_ks("1,8", 4)
+    only_train = tmp_path / "gsm8k"
+    only_train.mkdir()
+    with open(os.path.join(runs.REPO, "tests", "data", "gsm8k_sample.jsonl")) as f:
+        (only_train / "train.jsonl").write_text("".join(f.readlines()[:3]))
+    gsm8k = ev.make_task(source, "gsm8k", {"data_path": str(only_train)}, "test")
+    with pytest.raises(ConfigError, match="no 'test' split"):  # the release lacks that file
+        ev.check_data(gsm8k, "test", str(tmp_path / "data"))
+    with pytest.raises(ConfigError, match="pass one of them"):
+        ev.resolve_source(tiny["run"], None, "configs/arith.py", "checkpoint")
     hf_source = ev.resolve_source(tiny["hf"], None, None, "checkpoint")
     with pytest.raises(ConfigError, match="name its task"):
         ev.make_task(hf_source, None, {}, "test")

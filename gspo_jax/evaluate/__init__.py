@@ -16,11 +16,12 @@ from gspo_jax.evaluate.problems import (
     write_side_file,
 )
 from gspo_jax.evaluate.report import difference, format_table, plot_pass_at_k, summary
-from gspo_jax.evaluate.sources import Source, load_model, make_task, resolve_source
+from gspo_jax.evaluate.sources import Source, check_data, load_model, make_task, resolve_source
 
 __all__ = [
     "Settings",
     "Source",
+    "check_data",
     "check_out",
     "difference",
     "format_table",

@@ -34,9 +34,9 @@ rollout call, its rows split over the mesh's batch axes. One process (a pod slic
 each evaluate alone).
 
 Bad input (a path that is neither a run directory nor an HF folder, a missing step, an unknown
-task or knob, a split the task does not have, a k above --samples, a batch that does not divide
-over the mesh, a side file of other settings) is one ``error: ...`` line, exit code 2, before
-any model is loaded.
+task or knob, a split the task does not have or whose file the release lacks, --checkpoint and
+--config together, a k above --samples, a batch that does not divide over the mesh, a side file
+of other settings) is one ``error: ...`` line, exit code 2, before any model is loaded.
 
 Dimension legend: P problems, n = --samples per problem, B = --batch_size problems per batch.
 """
@@ -117,6 +117,7 @@ def main(argv: list[str]) -> None:
         engine=_ENGINE.value,
     )
     mesh = args.make_mesh(_MESH.value, _BATCH_SIZE.value)
+    sources.check_data(task, settings.split, _DATA_DIR.value or None)
     out = _OUT.value
     if out:
         args.check_out(out)

@@ -8,6 +8,7 @@ Dimension legend: none.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 from typing import Any
 
@@ -32,6 +33,11 @@ def resolve_source(path: str | None, step: int | None, config_spec: str | None, 
     from gspo_jax.models import hf
     from gspo_jax.rl import policies
 
+    if path is not None and config_spec:
+        raise ConfigError(
+            f"--config={config_spec} evaluates that config's base policy, --{flag}={path} a "
+            "checkpoint: pass one of them (a run directory's own config.json is read anyway)"
+        )
     if path is None:
         if not config_spec:
             raise ConfigError(
@@ -74,7 +80,7 @@ def make_task(source: Source, name: str | None, knobs: dict[str, Any], split: st
     if name not in tasks.TASKS:
         raise ConfigError(f"--task={name!r} is not a task; valid tasks: {sorted(tasks.TASKS)}")
     knobs = {**(base_knobs if name == base_name else {}), **knobs}
-    wants_tokenizer = "tokenizer_path" in tasks.TASKS[name].__init__.__code__.co_varnames
+    wants_tokenizer = "tokenizer_path" in inspect.signature(tasks.TASKS[name]).parameters
     has_tokenizer = source.kind == "hf" and os.path.exists(
         os.path.join(source.path, "tokenizer.json")
     )
@@ -89,6 +95,17 @@ def make_task(source: Source, name: str | None, knobs: dict[str, Any], split: st
             f"--split={split!r}: the {name} task has the splits {list(task.splits)}; pass one"
         )
     return task
+
+
+def check_data(task, split: str, data_dir: str | None) -> None:
+    """The split's problems can be read (generated, converted or found): a missing split file
+    or an empty split is a one-line error before any model is loaded."""
+    from gspo_jax import data
+
+    try:
+        data.load_source(task, split, data_dir)
+    except ValueError as e:  # DataFileError included
+        raise ConfigError(f"--split={split} of {task.name}: {str(e).rstrip('.')}") from None
 
 
 def default_max_new_tokens(source: Source, task) -> int:
