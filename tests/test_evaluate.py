@@ -170,7 +170,9 @@ def evaluate_path(path, task, s, data_dir, devices=1, side=None, **kw):
     source = ev.resolve_source(path, None, None, "checkpoint")
     mesh = sharding.make_mesh({"data": -1}, devices=jax_devices(devices))
     model = ev.load_model(source, mesh, None)
-    return ev.sample_problems(model, task, s, mesh=mesh, data_dir=data_dir, side=side, **kw)
+    return ev.sample_problems(
+        model, task, s, mesh=mesh, data_dir=data_dir, side=side, policy=source.identity, **kw
+    )
 
 
 def jax_devices(n):
@@ -247,6 +249,8 @@ def test_resume_does_not_redo_problems(tiny, monkeypatch):
         np.testing.assert_array_equal(whole[k], resumed[k], err_msg=k)
     with pytest.raises(ConfigError, match="other settings"):
         ev.read_side_file(side, dataclasses.replace(s, samples=8))
+    with pytest.raises(ConfigError, match="another checkpoint"):
+        ev.read_side_file(side, s, "hf:/elsewhere")
 
 
 # ------------------------------------------------------------------------------ bad input

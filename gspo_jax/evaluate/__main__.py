@@ -122,9 +122,9 @@ def main(argv: list[str]) -> None:
     if out:
         args.check_out(out)
     sides = [problems.side_file(out, p.label) if out else None for p in policies]
-    for side in sides:
-        if side:
-            problems.read_side_file(side, settings)  # other settings: the error now, not later
+    for policy, side in zip(policies, sides, strict=True):
+        if side:  # another checkpoint's or other settings': the error now, not after sampling
+            problems.read_side_file(side, settings, policy.identity)
     interval_args = dict(level=_LEVEL.value, num_resamples=_RESAMPLES.value)
     results = []
     for policy, side in zip(policies, sides, strict=True):
@@ -139,6 +139,7 @@ def main(argv: list[str]) -> None:
                 data_dir=_DATA_DIR.value or None,
                 side=side,
                 label=policy.label,
+                policy=policy.identity,
             )
         )
         del model

@@ -40,25 +40,34 @@ def side_file(out: str, label: str) -> str:
     return f"{stem}.{label.replace(' ', '')}.problems.json"
 
 
-def read_side_file(path: str, settings: Settings) -> dict[str, Any]:
-    """The batches done so far ({} for a new file), or ConfigError if it holds other settings."""
+def _header(settings: Settings, policy: str) -> dict[str, Any]:
+    """What a side file's results were drawn under: the settings and the policy's identity."""
+    return json.loads(json.dumps({"policy": policy, "settings": dataclasses.asdict(settings)}))
+
+
+def read_side_file(path: str, settings: Settings, policy: str = "") -> dict[str, Any]:
+    """The batches done so far ({} for a new file), or ConfigError if the file holds another
+    policy's results or results under other settings."""
     if not os.path.exists(path):
         return {}
     with open(path) as f:
         saved = json.load(f)
-    if saved.get("settings") != json.loads(json.dumps(dataclasses.asdict(settings))):
+    header = _header(settings, policy)
+    if {k: saved.get(k) for k in header} != header:
         raise ConfigError(
-            f"{path} holds results under other settings than this command's; pass another --out "
-            "or delete that file to start over"
+            f"{path} holds results of another checkpoint or under other settings than this "
+            "command's; pass another --out or delete that file to start over"
         )
     return saved["batches"]
 
 
-def write_side_file(path: str, settings: Settings, batches: dict[str, Any]) -> None:
+def write_side_file(
+    path: str, settings: Settings, batches: dict[str, Any], policy: str = ""
+) -> None:
     """Rewrites the side file atomically (a stop mid-write leaves the previous one)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump({"settings": dataclasses.asdict(settings), "batches": batches}, f)
+        json.dump({**_header(settings, policy), "batches": batches}, f)
     os.replace(tmp, path)
 
 
@@ -71,11 +80,13 @@ def sample_problems(
     data_dir: str | None = None,
     side: str | None = None,
     label: str = "",
+    policy: str = "",
     on_batch=None,
 ) -> dict[str, Any]:
     """Per-problem results of ``settings``' problems: greedy_correct [P], greedy_length [P],
     sample_correct [P, n], sample_length [P, n], level [P]. With ``side`` (a side file) the
-    batches it holds are not sampled again and each new one is added to it as it finishes.
+    batches it holds are not sampled again and each new one is added to it as it finishes;
+    ``policy`` names the checkpoint in it (a side file of another one is an error).
     on_batch(i) runs after batch i is stored (tests stop an evaluation there)."""
     import numpy as np
     from tqdm import tqdm
@@ -83,7 +94,7 @@ def sample_problems(
     from gspo_jax import data, sharding
     from gspo_jax.rl import evaluation
 
-    done = read_side_file(side, settings) if side else {}
+    done = read_side_file(side, settings, policy) if side else {}
     batches = data.make_eval_batches(
         task,
         settings.split,
@@ -128,7 +139,7 @@ def sample_problems(
                 level=[task.difficulty(source[first + p]) for p in range(count)],
             )
             if side:
-                write_side_file(side, settings, done)
+                write_side_file(side, settings, done, policy)
             bar.update(count)
             if on_batch is not None:
                 on_batch(i)

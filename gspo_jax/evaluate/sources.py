@@ -27,6 +27,12 @@ class Source:
     config: Any = None
     label: str = ""
 
+    @property
+    def identity(self) -> str:
+        """Which policy this is, for a side file: kind, absolute path (or config spec), step."""
+        where = self.path if self.kind == "config" else os.path.abspath(self.path)
+        return f"{self.kind}:{where}" + (f"@{self.step}" if self.step is not None else "")
+
 
 def resolve_source(path: str | None, step: int | None, config_spec: str | None, flag: str):
     """The Source of --checkpoint / --compare (or of --config's base), or a one-line error."""
