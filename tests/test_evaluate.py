@@ -17,7 +17,7 @@ import trainer_runs as runs
 from flax import nnx
 from hf_fixtures import random_model
 
-from gspo_jax import eval_figures, sharding
+from gspo_jax import eval_figures, models, sharding
 from gspo_jax import evaluate as ev
 from gspo_jax.errors import ConfigError
 from gspo_jax.rl import build as exp
@@ -251,6 +251,32 @@ def test_resume_does_not_redo_problems(tiny, monkeypatch):
         ev.read_side_file(side, dataclasses.replace(s, samples=8))
     with pytest.raises(ConfigError, match="another checkpoint"):
         ev.read_side_file(side, s, "hf:/elsewhere")
+
+
+def test_moe_hf_folder_with_its_tokenizer_and_chat_template(tmp_path):
+    """A released-style MoE folder (config.json, safetensors, tokenizer.json and Qwen3's chat
+    template) on GSM8K's files: the task takes the folder's tokenizer, the MoE model samples."""
+    from test_hf_tokenizer import QWEN_CONFIG, write_folder
+
+    from gspo_jax import tasks
+
+    ckpt = write_folder(tmp_path / "moe", QWEN_CONFIG, dict(eos_token_id=[2, 0]))
+    vocab = tasks.HFTokenizer(ckpt).vocab_size
+    cfg = models.get_model_config("tiny_moe", vocab_size=vocab, max_seq_len=160, num_layers=1)
+    models.save_hf_checkpoint(random_model(cfg), ckpt)
+    lines = open(os.path.join(runs.REPO, "tests", "data", "gsm8k_sample.jsonl")).readlines()
+    gsm = tmp_path / "gsm8k"
+    gsm.mkdir()
+    (gsm / "train.jsonl").write_text("".join(lines[:4]))
+    (gsm / "test.jsonl").write_text("".join(lines[4:8]))
+    source = ev.resolve_source(str(ckpt), None, None, "checkpoint")
+    task = ev.make_task(source, "gsm8k", {"data_path": str(gsm), "max_prompt_len": 128}, "test")
+    assert isinstance(task.tokenizer, tasks.HFTokenizer) and task.config["tokenizer_path"]
+    assert task.prompt_text({"question": "q"}).startswith("<|im_start|>user\n")
+    s = settings(task, samples=2, max_new_tokens=8, batch_size=4)
+    results = evaluate_path(str(ckpt), task, s, str(tmp_path / "data"))
+    assert results["sample_correct"].shape == (4, 2) and results["greedy_length"].max() <= 8
+    assert ev.summary(results, (1, 2), "moe")["num_problems"] == 4
 
 
 # ------------------------------------------------------------------------------ bad input
