@@ -18,7 +18,7 @@ then add the difference (second minus first) with its paired interval.
 Figures (eval_figures.py, the same code as the trainer's in-run evaluation): greedy_accuracy,
 avg@n, pass@k for each --k (k <= --samples), the sampled responses' length_mean and length_std
 and greedy_length_mean, each with a percentile-bootstrap interval over problems; per-difficulty
-rows where the task has levels (arith: the digits of the longer operand).
+rows where the task has levels (arith: the digits of the longer operand; MATH: its level).
 
 Output: a progress bar while it samples, the table on the terminal, and with --out FILE.json the
 JSON (``greedy_accuracy``, ``avg@16``, ``pass@1`` ... at the top level for the first checkpoint,
@@ -26,12 +26,12 @@ JSON (``greedy_accuracy``, ``avg@16``, ``pass@1`` ... at the top level for the f
 FILE.png (pass@k against k, one line per checkpoint) and FILE.<label>.problems.json per
 checkpoint: the per-problem results, rewritten atomically after every batch. Run the same
 command again after a stop and it continues from them without redoing a problem; a side file
-written with other settings is an error naming it.
+of another checkpoint or other settings is an error naming it.
 
 Execution: data-parallel over problems on a mesh over every device (--mesh, as config.mesh),
-through the rollout seam (--engine static | continuous); a batch of --batch_size problems is one
-rollout call, its rows split over the mesh's batch axes. One process (a pod slice's hosts would
-each evaluate alone).
+through the rollout seam (--engine static | continuous); a batch of --batch_size problems is two
+rollout calls (greedy, then n samples each), its rows split over the mesh's batch axes. One
+process (a pod slice's hosts would each evaluate alone).
 
 Bad input (a path that is neither a run directory nor an HF folder, a missing step, an unknown
 task or knob, a split the task does not have or whose file the release lacks, --checkpoint and
