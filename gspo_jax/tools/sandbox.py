@@ -179,8 +179,8 @@ def check_available() -> None:
     if r.returncode != 0:
         reason = (r.stderr.strip().splitlines() or ["no message"])[0]
         raise SandboxUnavailable(
-            f"bubblewrap cannot create its namespaces here ({reason}); allow user and pid "
-            "namespaces (e.g. docker run --privileged, or sysctl kernel.unprivileged_userns_clone=1)."
+            f"bubblewrap cannot create its namespaces here ({reason}); allow pid and network "
+            "namespaces (e.g. docker run --privileged) or run on a host that has them."
         )
 
 
@@ -217,7 +217,7 @@ def run_python(
 ) -> ToolResult:
     """Run ``code`` (Python source) in a fresh sandbox and return its status and output.
 
-    ``timeout_s`` is the wall-clock budget (also the CPU-seconds limit, rounded up);
+    ``timeout_s`` is the wall-clock budget (the CPU-seconds limit is one more, rounded up);
     ``memory_mb`` the address-space limit of each process; ``limits`` the rest. Raises
     SandboxUnavailable where the sandbox cannot be built (never runs the code unconfined) and
     ValueError on bad arguments; whatever the code does, it returns a ToolResult.
@@ -237,7 +237,7 @@ def run_python(
         os.lseek(program, 0, os.SEEK_SET)
         _, exe = _interpreter()
         args = [
-            str(max(1, math.ceil(timeout_s))),
+            str(math.ceil(timeout_s) + 1),  # CPU seconds: past the wall clock for one thread
             str(memory_mb << 20),
             str(limits.max_processes),
             str(limits.max_file_mb << 20),
@@ -258,14 +258,18 @@ def run_python(
         )
         os.close(status_w)
         status_w = -1
+        init = None  # the container's init (its pid here), once bwrap has reported it
         try:
             out, stopped = _read_output(proc, start + timeout_s, limits.max_output_bytes)
+            init = _container_init(status_r)
             if stopped:
-                _stop(proc, status_r)
+                _stop(proc, init)
         finally:
             if proc.poll() is None:  # an exception on the way (KeyboardInterrupt): stop it too
-                _stop(proc, status_r)
+                _stop(proc, init)
         rc = proc.wait()
+        if init is not None:  # bwrap may exit while its init still kills the namespace
+            _wait_gone(init)
     finally:
         os.close(program)
         os.close(status_r)
@@ -315,19 +319,25 @@ def _read_output(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[byt
                 return b"".join(chunks), "output"
 
 
-def _stop(proc: subprocess.Popen, status_r: int) -> None:
-    """Kill the container: its init (the kernel then kills every process of its pid namespace),
-    then bwrap; return once the namespace's init is gone."""
-    init = _container_init(status_r)
-    for pid in (init, proc.pid):
-        if pid is not None:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    proc.wait()
+def _stop(proc: subprocess.Popen, init: int | None) -> None:
+    """Kill the container: its init, which makes the kernel kill every process of its pid
+    namespace, after which bwrap exits by itself; bwrap too if it does not (or if its report of
+    the init never came)."""
     if init is not None:
-        _wait_gone(init)
+        try:
+            os.kill(init, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(_GONE_WAIT_S)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def _container_init(status_r: int) -> int | None:

@@ -1,0 +1,336 @@
+"""The sandboxed Python tool (gspo_jax/tools): the attack table of docs/tools.md, one test per
+hostile program, each checking its status, what it could see, that the trainer (this process) is
+unaffected and that nothing it started is left running; then the refusals and the pool.
+
+Needs bubblewrap (.ci/run installs it); without it the tests skip with the install line, unless
+GSPO_REQUIRE_SANDBOX=1 (set by .ci/run), where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from gspo_jax import tools
+from gspo_jax.tools import sandbox
+
+try:
+    tools.check_available()
+    REASON = ""
+except tools.SandboxUnavailable as e:
+    REASON = str(e)
+needs_sandbox = pytest.mark.skipif(
+    bool(REASON) and not os.environ.get("GSPO_REQUIRE_SANDBOX"), reason=REASON
+)
+
+TIMEOUT_S, MEMORY_MB = 1.0, 128
+MARKER = "gspo-sandbox-leftover"  # in the argv of every process an attack leaves behind
+SECRET = "tok-3b1f9c0e-not-a-real-token"
+HERE = os.path.abspath(__file__)
+HOME = os.path.expanduser("~")
+LINGER = f"import time; time.sleep(60)  # {MARKER}"
+
+# (id, program, expected status, text the output must hold or "", text it must not hold or "")
+ATTACKS = [
+    ("infinite_loop", "while True:\n    pass", "timeout", "timed out", ""),
+    ("sleep", "import time\ntime.sleep(100)", "timeout", "timed out", ""),
+    ("memory_bomb_at_once", "x = bytearray(10**10)", "error", "MemoryError", ""),
+    (
+        "memory_bomb_growing",
+        "chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))",
+        "error",
+        "MemoryError",
+        "",
+    ),
+    ("fork_bomb", "import os\nwhile True:\n    os.fork()", "error", "Resource temporarily", ""),
+    ("huge_output", "while True:\n    print('x' * 1000)", "killed", "output limit", ""),
+    (
+        "huge_stderr",
+        "import sys\nwhile True:\n    sys.stderr.write('y' * 1000)",
+        "killed",
+        "output limit",
+        "",
+    ),
+    ("read_project", f"print(open({HERE!r}).read())", "error", "FileNotFoundError", "ATTACKS"),
+    ("list_project", "import os\nprint(os.listdir('/work'))", "error", "FileNotFoundError", ""),
+    ("read_home", f"import os\nprint(os.listdir({HOME!r}))", "error", "FileNotFoundError", ""),
+    ("read_etc_shadow", "print(open('/etc/shadow').read())", "error", "FileNotFoundError", ""),
+    ("read_etc_passwd", "print(open('/etc/passwd').read())", "error", "FileNotFoundError", "root:"),
+    ("environment", "import os\nprint(dict(os.environ))", "ok", "/tmp", SECRET),
+    ("init_environment", "print(open('/proc/1/environ').read())", "error", "PermissionError", ""),
+    ("write_interpreter", "open('/python/evil.py', 'w')", "error", "Read-only file system", ""),
+    ("write_root", "open('/evil', 'w')", "error", "Read-only file system", ""),
+    ("write_project", f"open({HERE + '.evil'!r}, 'w')", "error", "Error", ""),
+    (
+        "connect_public",
+        "import socket\nsocket.create_connection(('1.1.1.1', 53), 1)",
+        "error",
+        "",
+        "",
+    ),
+    (
+        "resolve_name",
+        "import socket\nsocket.getaddrinfo('example.com', 80)",
+        "error",
+        "gaierror",
+        "",
+    ),
+    (
+        "kill_parent",
+        "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
+        "error",
+        "Permission",
+        "",
+    ),
+    ("kill_init", "import os, signal\nos.kill(1, signal.SIGKILL)", "error", "PermissionError", ""),
+    (
+        "kill_everything",
+        "import os, signal\nos.kill(-1, signal.SIGKILL)",
+        "error",
+        "ProcessLookupError",  # no process it may signal: it is alone with its uid
+        "",
+    ),
+    (
+        "kill_trainer_by_pid",
+        f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)",
+        "error",
+        "Error",
+        "",
+    ),
+    ("become_root", "import os\nos.setuid(0)", "error", "PermissionError", ""),
+    ("segfault", "import ctypes\nctypes.string_at(0)", "killed", "SIGSEGV", ""),
+    ("abort", "import os\nos.abort()", "killed", "SIGABRT", ""),
+    (
+        "leave_child",
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', {LINGER!r}])\n"
+        "print('bye')",
+        "ok",
+        "bye",
+        "",
+    ),
+    (
+        "double_fork_daemon",
+        "import os, sys\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    if os.fork() == 0:\n"
+        f"        os.execv(sys.executable, [sys.executable, '-c', {LINGER!r}])\n"
+        "    os._exit(0)\n"
+        "print('detached')",
+        "ok",
+        "detached",
+        "",
+    ),
+    (
+        "setsid_and_linger",
+        "import os, sys\nos.setsid()\n"
+        f"os.execv(sys.executable, [sys.executable, '-c', {LINGER!r}])",
+        "timeout",
+        "",
+        "",
+    ),
+    (
+        "open_files",
+        "fs = [open('/dev/null') for _ in range(100000)]",
+        "error",
+        "Too many open files",
+        "",
+    ),
+    ("big_file", "open('/tmp/f', 'wb').write(b'x' * (100 << 20))", "error", "File too large", ""),
+    (
+        "disk_fill",
+        "i = 0\nwhile True:\n    open(f'/tmp/f{i}', 'wb').write(b'x' * (4 << 20))\n    i += 1",
+        "error",
+        "No space left",
+        "",
+    ),
+    (
+        "host_proc",
+        "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))",
+        "ok",
+        "[1, 2]",
+        "",
+    ),
+    ("host_sys", "import os\nprint(os.listdir('/sys'))", "error", "FileNotFoundError", ""),
+    (
+        "docker_socket",
+        "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect('/var/run/docker.sock')",
+        "error",
+        "FileNotFoundError",
+        "",
+    ),
+]
+
+
+def _state(pid: str) -> str:
+    """A process's state letter (R, S, D, Z, ...), "" if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _pid_namespaces() -> set[str]:
+    """The pid namespaces of the processes still running (zombies are done: only their parent's
+    wait is missing)."""
+    out = set()
+    for p in os.listdir("/proc"):
+        if p.isdigit() and _state(p) not in ("", "Z", "X"):
+            try:
+                out.add(os.readlink(f"/proc/{p}/ns/pid"))
+            except OSError:
+                pass
+    return out
+
+
+def _marked_processes() -> list[int]:
+    found = []
+    for p in os.listdir("/proc"):
+        if p.isdigit() and _state(p) not in ("", "Z", "X"):
+            try:
+                with open(f"/proc/{p}/cmdline", "rb") as f:
+                    if MARKER.encode() in f.read():
+                        found.append(int(p))
+            except OSError:
+                pass
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                with open(f"/proc/{p}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] not in "ZX":
+                kids.append(int(p))
+    return kids
+
+
+@pytest.fixture
+def contained(monkeypatch):
+    """The trainer's side of every attack: a secret in its environment before, and after the
+    run: itself alive with the secret intact, no process of the sandbox left (no new pid
+    namespace, no marked process, no child of this process)."""
+    monkeypatch.setenv("TOKEN", SECRET)
+    before = _pid_namespaces()
+    yield
+    assert os.environ["TOKEN"] == SECRET
+    assert not _marked_processes(), "a process the program started is still running"
+    assert _pid_namespaces() <= before, "the sandbox's pid namespace is still alive"
+    assert not _children(os.getpid()), "a child of the trainer is still running"
+
+
+@needs_sandbox
+@pytest.mark.parametrize(
+    "program,status,holds,lacks", [a[1:] for a in ATTACKS], ids=[a[0] for a in ATTACKS]
+)
+def test_attack_is_contained(contained, program, status, holds, lacks):
+    r = tools.run_python(program, timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB)
+    assert r.status == status, r.output[-2000:]
+    assert holds in r.output, r.output[-2000:]
+    assert not lacks or lacks not in r.output
+    assert len(r.output.encode()) <= tools.Limits().max_output_bytes + 200
+
+
+def test_the_table_is_big_enough():
+    assert len(ATTACKS) >= 25 and len({a[0] for a in ATTACKS}) == len(ATTACKS)
+
+
+@needs_sandbox
+def test_connect_to_the_trainers_loopback_is_refused(contained):
+    """A server of the trainer on 127.0.0.1: the sandbox's loopback is another one."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        server.settimeout(0.2)
+        port = server.getsockname()[1]
+        code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), 1)"
+        r = tools.run_python(code, timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB)
+        assert r.status == "error" and "ConnectionRefusedError" in r.output
+        with pytest.raises(TimeoutError):
+            server.accept()
+
+
+@needs_sandbox
+def test_a_program_runs_and_is_answered():
+    r = tools.run_python(
+        "import math\nprint(math.factorial(30))\nprint('warn', file=__import__('sys').stderr)",
+        timeout_s=5,
+        memory_mb=MEMORY_MB,
+    )
+    assert (r.status, r.exit_code) == ("ok", 0)
+    assert r.output == f"{265252859812191058636308480000000}\nwarn\n"
+    r = tools.run_python("raise ValueError('bad')", timeout_s=5, memory_mb=MEMORY_MB)
+    assert r.status == "error" and r.exit_code == 1 and "ValueError: bad" in r.output
+
+
+@needs_sandbox
+def test_the_output_cap_is_configurable():
+    limits = tools.Limits(max_output_bytes=100)
+    r = tools.run_python("print('a' * 50)", timeout_s=5, memory_mb=MEMORY_MB, limits=limits)
+    assert r.status == "ok" and not r.truncated
+    r = tools.run_python("print('a' * 5000)", timeout_s=5, memory_mb=MEMORY_MB, limits=limits)
+    assert r.status == "killed" and r.truncated and r.output.startswith("a" * 100 + "\n[")
+
+
+@needs_sandbox
+def test_the_program_sees_only_the_standard_library():
+    code = "import sys\nprint(sys.flags.isolated, sys.flags.no_site)\nimport numpy"
+    r = tools.run_python(code, timeout_s=5, memory_mb=MEMORY_MB)
+    assert (
+        r.status == "error" and r.output.startswith("1 1\n") and "ModuleNotFoundError" in r.output
+    )
+
+
+@needs_sandbox
+def test_the_pool_runs_many_programs_in_order(contained):
+    codes = [f"print({i} * {i})" for i in range(12)] + ["while True: pass"]
+    with tools.ToolPool(max_workers=4) as pool:
+        results = pool.map(codes, timeout_s=TIMEOUT_S, memory_mb=MEMORY_MB)
+    assert [r.output for r in results[:-1]] == [f"{i * i}\n" for i in range(12)]
+    assert results[-1].status == "timeout"
+
+
+def test_no_bubblewrap_is_refused_in_one_line(monkeypatch):
+    sandbox.check_available.cache_clear()
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    try:
+        with pytest.raises(tools.SandboxUnavailable, match="apt-get install -y bubblewrap") as e:
+            tools.run_python("print(1)", timeout_s=1, memory_mb=MEMORY_MB)
+        assert "\n" not in str(e.value) and "unconfined" in str(e.value)
+        with pytest.raises(tools.SandboxUnavailable):
+            tools.ToolPool(2)
+    finally:
+        sandbox.check_available.cache_clear()
+
+
+def test_a_trainer_without_root_is_refused(monkeypatch):
+    sandbox.check_available.cache_clear()
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: "/usr/bin/bwrap")
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    try:
+        with pytest.raises(tools.SandboxUnavailable, match="needs root"):
+            tools.run_python("print(1)", timeout_s=1, memory_mb=MEMORY_MB)
+    finally:
+        sandbox.check_available.cache_clear()
+
+
+def test_bad_arguments_fail_before_running():
+    with pytest.raises(ValueError, match="timeout_s"):
+        tools.run_python("print(1)", timeout_s=0, memory_mb=MEMORY_MB)
+    with pytest.raises(ValueError, match="str of Python"):
+        tools.run_python(b"print(1)", timeout_s=1, memory_mb=MEMORY_MB)
+    with pytest.raises(ValueError, match="max_processes"):
+        tools.run_python(
+            "1", timeout_s=1, memory_mb=MEMORY_MB, limits=tools.Limits(max_processes=0)
+        )
+    with pytest.raises(ValueError, match="max_workers"):
+        tools.ToolPool(0)
