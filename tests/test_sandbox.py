@@ -165,53 +165,42 @@ ATTACKS = [
 ]
 
 
-def _state(pid: str) -> str:
-    """A process's state letter (R, S, D, Z, ...), "" if it is gone."""
+def _stat(pid: str) -> list[str]:
+    """A process's /proc stat fields after its name (state, ppid, ...); [] if it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
+            return f.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
+        return []
+
+
+def _running() -> dict[str, list[str]]:
+    """pid -> stat fields of the processes still running (zombies are done: only their parent's
+    wait is missing)."""
+    stats = {p: _stat(p) for p in os.listdir("/proc") if p.isdigit()}
+    return {p: st for p, st in stats.items() if st and st[0] not in ("Z", "X")}
+
+
+def _read_link_or_file(path: str, link: bool) -> str:
+    try:
+        if link:
+            return os.readlink(path)
+        with open(path, "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
         return ""
 
 
 def _pid_namespaces() -> set[str]:
-    """The pid namespaces of the processes still running (zombies are done: only their parent's
-    wait is missing)."""
-    out = set()
-    for p in os.listdir("/proc"):
-        if p.isdigit() and _state(p) not in ("", "Z", "X"):
-            try:
-                out.add(os.readlink(f"/proc/{p}/ns/pid"))
-            except OSError:
-                pass
-    return out
+    return {_read_link_or_file(f"/proc/{p}/ns/pid", True) for p in _running()} - {""}
 
 
-def _marked_processes() -> list[int]:
-    found = []
-    for p in os.listdir("/proc"):
-        if p.isdigit() and _state(p) not in ("", "Z", "X"):
-            try:
-                with open(f"/proc/{p}/cmdline", "rb") as f:
-                    if MARKER.encode() in f.read():
-                        found.append(int(p))
-            except OSError:
-                pass
-    return found
+def _marked_processes() -> list[str]:
+    return [p for p in _running() if MARKER in _read_link_or_file(f"/proc/{p}/cmdline", False)]
 
 
-def _children(pid: int) -> list[int]:
-    kids = []
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                with open(f"/proc/{p}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid and fields[0] not in "ZX":
-                kids.append(int(p))
-    return kids
+def _children(pid: int) -> list[str]:
+    return [p for p, st in _running().items() if int(st[1]) == pid]
 
 
 @pytest.fixture
