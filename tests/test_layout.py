@@ -23,6 +23,8 @@ LAYERS = {
     "advantages": set(),
     "models": {"sharding"},
     "tasks": set(),
+    "tools": set(),  # the sandboxed tools the policy calls (run by environments)
+    "envs": {"tasks", "tools"},  # environments: episodes over turns, tasks as one-turn ones
     "config": {"objectives", "advantages", "errors"},
     "runtime": {"config", "errors", "models", "sharding"},
     "rollout": {"models", "sharding"},
