@@ -39,7 +39,7 @@ from gspo_jax.tasks.task import Verdict, check_split, split_seed
 from gspo_jax.tasks.tokenizer import CharTokenizer
 
 ALPHABET = "\n" + "".join(c for c in string.printable if c.isprintable())  # ASCII 32-126
-DEFAULT_LIMITS = EpisodeLimits(max_turns=3, max_total_tokens=512)
+DEFAULT_LIMITS = EpisodeLimits(max_turns=3)
 _ANSWER = re.compile(r"Answer:\s*(\d{1,40})")
 
 
