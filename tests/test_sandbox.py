@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 
 import pytest
 
@@ -26,7 +27,9 @@ needs_sandbox = pytest.mark.skipif(
 )
 
 TIMEOUT_S, MEMORY_MB = 1.0, 128
-MARKER = "gspo-sandbox-leftover"  # in the argv of every process an attack leaves behind
+# in the argv of every process an attack leaves behind (this test process's own: xdist workers
+# run the table at the same time)
+MARKER = f"gspo-sandbox-leftover-{os.getpid()}"
 SECRET = "tok-3b1f9c0e-not-a-real-token"
 HERE = os.path.abspath(__file__)
 HOME = os.path.expanduser("~")
@@ -181,22 +184,30 @@ def _running() -> dict[str, list[str]]:
     return {p: st for p, st in stats.items() if st and st[0] not in ("Z", "X")}
 
 
-def _read_link_or_file(path: str, link: bool) -> str:
+def _uid(pid: str) -> int:
     try:
-        if link:
-            return os.readlink(path)
-        with open(path, "rb") as f:
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
+        with open(f"/proc/{pid}/status") as f:
+            return int(next(line for line in f if line.startswith("Uid:")).split()[1])
+    except (OSError, StopIteration, ValueError):
+        return -1
 
 
-def _pid_namespaces() -> set[str]:
-    return {_read_link_or_file(f"/proc/{p}/ns/pid", True) for p in _running()} - {""}
+def _sandbox_processes() -> list[str]:
+    """Running processes of this test process's sandboxes (their uids are its own)."""
+    uids = sandbox.uid_range()
+    return [p for p in _running() if _uid(p) in uids]
 
 
 def _marked_processes() -> list[str]:
-    return [p for p in _running() if MARKER in _read_link_or_file(f"/proc/{p}/cmdline", False)]
+    found = []
+    for p in _running():
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                if MARKER.encode() in f.read():
+                    found.append(p)
+        except OSError:
+            pass
+    return found
 
 
 def _children(pid: int) -> list[str]:
@@ -206,15 +217,29 @@ def _children(pid: int) -> list[str]:
 @pytest.fixture
 def contained(monkeypatch):
     """The trainer's side of every attack: a secret in its environment before, and after the
-    run: itself alive with the secret intact, no process of the sandbox left (no new pid
-    namespace, no marked process, no child of this process)."""
+    run: itself alive with the secret intact, no process of the sandbox left (none running as
+    a sandbox uid, none with the marker, no child of this process)."""
     monkeypatch.setenv("TOKEN", SECRET)
-    before = _pid_namespaces()
     yield
     assert os.environ["TOKEN"] == SECRET
     assert not _marked_processes(), "a process the program started is still running"
-    assert _pid_namespaces() <= before, "the sandbox's pid namespace is still alive"
+    assert not _sandbox_processes(), "a process of the sandbox's uid is still running"
     assert not _children(os.getpid()), "a child of the trainer is still running"
+
+
+def test_the_leftover_checks_find_a_leftover():
+    """The checks above can fail: a process of a sandbox uid, with the marker, is found."""
+    uid = sandbox.uid_range()[-1]
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", f"sleep 60; : {MARKER}"], user=uid, group=uid, cwd="/"
+    )
+    try:
+        assert str(proc.pid) in _sandbox_processes()
+        assert str(proc.pid) in _marked_processes()
+        assert str(proc.pid) in _children(os.getpid())
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 @needs_sandbox

@@ -184,6 +184,12 @@ def check_available() -> None:
         )
 
 
+def uid_range() -> range:
+    """The uids this trainer process's sandboxes run as (any process of them is a sandbox's)."""
+    start = _UID_BASE + (os.getpid() % 10_000) * _UID_SLOTS
+    return range(start, start + _UID_SLOTS)
+
+
 class _UidSlots:
     """A uid per running sandbox, from a range of this trainer process's own: RLIMIT_NPROC
     counts a uid's processes machine-wide, so two sandboxes sharing one would share the limit."""
@@ -196,7 +202,7 @@ class _UidSlots:
         with self._cond:
             self._cond.wait_for(lambda: self._free)
             slot = self._free.pop()
-        return _UID_BASE + (os.getpid() % 10_000) * _UID_SLOTS + slot
+        return uid_range()[slot]
 
     def give(self, uid: int) -> None:
         with self._cond:
