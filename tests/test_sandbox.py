@@ -9,6 +9,7 @@ GSPO_REQUIRE_SANDBOX=1 (set by .ci/run), where they fail.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 
@@ -231,14 +232,18 @@ def test_the_leftover_checks_find_a_leftover():
     """The checks above can fail: a process of a sandbox uid, with the marker, is found."""
     uid = sandbox.uid_range()[-1]
     proc = subprocess.Popen(
-        ["/bin/sh", "-c", f"sleep 60; : {MARKER}"], user=uid, group=uid, cwd="/"
+        ["/bin/sh", "-c", f"sleep 60; : {MARKER}"],
+        user=uid,
+        group=uid,
+        cwd="/",
+        start_new_session=True,
     )
     try:
         assert str(proc.pid) in _sandbox_processes()
         assert str(proc.pid) in _marked_processes()
         assert str(proc.pid) in _children(os.getpid())
     finally:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)  # the shell and its sleep
         proc.wait()
 
 
