@@ -264,6 +264,18 @@ def test_bad_limits_and_knobs_fail():
 # ------------------------------------------------------------------------------ products task
 
 
+def test_the_python_tool_refuses_where_the_sandbox_is_unavailable(monkeypatch):
+    from gspo_jax.tools import SandboxUnavailable, sandbox
+
+    sandbox.check_available.cache_clear()
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    try:
+        with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+            envs.ProductsEnvironment(digits=3)
+    finally:
+        sandbox.check_available.cache_clear()
+
+
 def test_products_problems_are_deterministic_and_held_out():
     env = envs.ProductsEnvironment(digits=4, tool=echo_tool())
     train, test = env.problems("train", 200), env.problems("test", 50)

@@ -28,14 +28,17 @@ from gspo_jax.envs.chat import Message
 from gspo_jax.envs.environment import Environment, Episode, PendingTurn, Transition, split_turn
 from gspo_jax.envs.tool_calls import Tool, answer_call, parse_tool_calls
 from gspo_jax.tasks.task import Verdict
-from gspo_jax.tools import run_python
+from gspo_jax.tools import check_available, run_python
 
 ERROR_PREFIX = "error:"  # how a response says the call failed (tool_calls.py writes it)
 
 
 def python_tool(*, timeout_s: float = 5.0, memory_mb: int = 256, run=run_python) -> Tool:
     """The sandboxed Python tool: ``python(code)`` runs the code, answers what it printed;
-    a run that does not end with status "ok" answers "error: ..." and its output."""
+    a run that does not end with status "ok" answers "error: ..." and its output. Refuses here,
+    at construction, where the sandbox is unavailable (not as an error text in every episode)."""
+    if run is run_python:
+        check_available()
 
     def python(code: str) -> str:
         r = run(code, timeout_s=timeout_s, memory_mb=memory_mb)
