@@ -322,3 +322,21 @@ def test_a_malformed_call_and_a_failing_program_are_observations():
     t3 = episode.step(tok.encode(turns[2], add_eos=True))
     assert t3.done and t3.reward == pytest.approx(1.1)
     assert t3.info["tool_calls"] == 2 and t3.info["failed_calls"] == 2 and t3.info["turns"] == 3
+
+
+@needs_sandbox
+def test_an_episodes_jobs_run_on_the_pool_as_in_step():
+    """begin / jobs on a ToolPool / finish gives the transition step gives."""
+    from gspo_jax.tools import ToolPool
+
+    env = envs.ProductsEnvironment(digits=6)
+    tok = env.chat.tokenizer
+    record = env.problems("test", 1)[0]
+    turn = tok.encode(env.demonstration(record)[0] + call_text(code="print('two')"), add_eos=True)
+    want = env.start(record).step(turn)
+    episode = env.start(record)
+    pending = episode.begin(turn)
+    with ToolPool(2) as pool:
+        responses = [f.result() for f in [pool.submit_job(job) for job in pending.jobs]]
+    assert responses == [f"{record['target']}\n", "two\n"]
+    assert episode.finish(pending, responses) == want and not want.done

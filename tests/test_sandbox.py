@@ -106,6 +106,7 @@ ATTACKS = [
     ("become_root", "import os\nos.setuid(0)", "error", "PermissionError", ""),
     ("segfault", "import ctypes\nctypes.string_at(0)", "killed", "SIGSEGV", ""),
     ("abort", "import os\nos.abort()", "killed", "SIGABRT", ""),
+    ("exit_like_a_signal", "raise SystemExit(128 + 42)", "killed", "signal 42", ""),
     (
         "leave_child",
         "import subprocess, sys\n"

@@ -13,10 +13,12 @@ Dimension legend: N programs in one map call.
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from gspo_jax.tools.sandbox import _UID_SLOTS, ToolResult, check_available, run_python
+
+T = TypeVar("T")
 
 
 class ToolPool:
@@ -33,6 +35,11 @@ class ToolPool:
 
     def submit(self, code: str, **kwargs: Any) -> concurrent.futures.Future[ToolResult]:
         return self._executor.submit(run_python, code, **kwargs)
+
+    def submit_job(self, job: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Any tool job on the pool's threads (an environment's answer_call jobs: a row's tool
+        calls, run while the engine goes on with other rows)."""
+        return self._executor.submit(job)
 
     def map(self, codes: Iterable[str], **kwargs: Any) -> list[ToolResult]:
         """Run every program [N]; the results in the programs' order."""

@@ -274,6 +274,7 @@ def run_python(
             if proc.poll() is None:  # an exception on the way (KeyboardInterrupt): stop it too
                 _stop(proc, init)
         rc = proc.wait()
+        proc.stdout.close()
         if init is not None:  # bwrap may exit while its init still kills the namespace
             _wait_gone(init)
     finally:
@@ -291,10 +292,16 @@ def run_python(
         return ToolResult(TIMEOUT, text + f"\n[timed out after {timeout_s:g} s]", None, seconds)
     if rc == 0:
         return ToolResult(OK, text, rc, seconds)
-    if rc > 128 and rc - 128 in signal.valid_signals():
-        name = signal.Signals(rc - 128).name
-        return ToolResult(KILLED, text + f"\n[killed by {name}]", rc, seconds)
+    if rc > 128 and rc - 128 in signal.valid_signals():  # (a program's own exit(128 + n) too)
+        return ToolResult(KILLED, text + f"\n[killed by {_signal_name(rc - 128)}]", rc, seconds)
     return ToolResult(ERROR, text, rc, seconds)
+
+
+def _signal_name(n: int) -> str:
+    try:
+        return signal.Signals(n).name
+    except ValueError:  # real-time signals have no name of their own
+        return f"signal {n}"
 
 
 def _read_output(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, str]:
