@@ -24,6 +24,8 @@ LAYERS = {
     "eval_figures": set(),  # the figures papers report (pass@k, avg@n, intervals): numpy only
     "models": {"sharding"},
     "tasks": set(),
+    "tools": set(),  # the sandboxed tools the policy calls (run by environments)
+    "envs": {"tasks", "tools"},  # environments: episodes over turns, tasks as one-turn ones
     "config": {"objectives", "advantages", "errors"},
     "runtime": {"config", "errors", "models", "sharding"},
     "rollout": {"models", "sharding"},
