@@ -59,7 +59,7 @@ def make_micro_loss(graphdef, rest, objective, *, temperature: float, aux_loss_c
             **rollout,
             **entropy,
         )
-        diff = (out["logp"] - mb.old_logp) * mask
+        diff = jnp.where(mask > 0, out["logp"] - mb.old_logp, 0.0)  # [B, T]
         extra = {
             "entropy_sum": (out["entropy"] * mask).sum(),
             "tokens": mask.sum(),
