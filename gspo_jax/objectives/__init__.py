@@ -4,7 +4,8 @@ masking, a two-sided clip, high-entropy token selection, an entropy bonus and an
 
 Dimension legend: B response rows (P prompts x G samples, group-contiguous), T padded response
 length. Inputs are [B, T] float32 (bf16 is upcast; float64 stays float64 under jax_enable_x64),
-`mask` is 1 on response tokens (EOS included) and 0 on padding (bool, int or float, but 0/1);
+`mask` is the action mask: 1 on the policy's response tokens (EOS included), 0 on padding and on
+tokens an environment wrote into the response, which no term reads (bool, int or float, but 0/1);
 `adv` is one advantage per response [B] or per token [B, T] (per-token needs a per-token ratio:
 token or sequence_token).
 

@@ -38,16 +38,28 @@ class RLBatch:
     prompts: jax.Array  # [B, Lp] int32: each prompt repeated G times
     prompt_lengths: jax.Array  # [B] int32
     responses: jax.Array  # [B, T] int32
-    mask: jax.Array  # [B, T] f32: 1 up to and including EOS (0 where masked out of the loss)
+    # [B, T] f32: the response's tokens, the policy's and (multi-turn) the environment's: 1 up to
+    # and including the last EOS (0 where the row is masked out of the loss); what the model reads
+    mask: jax.Array
     # The next two are None only in a forward-only pass's view (RLBatch.sequences).
     old_logp: jax.Array | None  # [B, T] f32: π_old, from the sampler (default) or recomputed
     adv: jax.Array | None  # [B] f32, or [B, T] under per_token_advantages(run)
+    # [B, T] f32: the action mask, 1 on the policy's tokens (within mask), 0 on the tokens the
+    # environment wrote into the response (tool responses, observations: context, never actions).
+    # None: every response token is the policy's (one turn). Read it as `loss_mask`.
+    action_mask: jax.Array | None = None
     # [B, T] f32: the sampler's log-probs when the objective weighs them
     # (StepSpec.keeps_rollout_logp)
     rollout_logp: jax.Array | None = None
     # [B, T] f32: the reference model's log-probs when the loss has a KL term (has_ref_logp)
     ref_logp: jax.Array | None = None
     routes: jax.Array | None = None  # [B, L, S, k] int32: the rollout's experts (Routing Replay)
+
+    @property
+    def loss_mask(self) -> jax.Array:
+        """[B, T] the tokens the loss sees, the objectives' `mask`: the action mask (the policy's
+        tokens), or `mask` when every response token is the policy's."""
+        return self.mask if self.action_mask is None else self.action_mask
 
     @classmethod
     def abstract(cls, run: Run) -> RLBatch:
@@ -67,6 +79,7 @@ class RLBatch:
             mask=rows((B, T)),
             old_logp=rows((B, T)),
             adv=rows((B, T) if spec.per_token_advantages else (B,)),
+            action_mask=None,  # one-turn rows (a multi-turn batch adds one [B, T] f32)
             rollout_logp=rows((B, T)) if spec.keeps_rollout_logp else None,
             ref_logp=rows((B, T)) if spec.ref_logp_in_batch else None,
             routes=rows((B, cfg.num_layers, Lp + T, cfg.experts_per_token), jnp.int32)
@@ -196,33 +209,44 @@ def make_select_fn(run: Run):
 
 
 def make_prepare_fn(run: Run):
-    """(sample, rewards [B], prompts [P, Lp], lengths [P], truncated [B]) -> (RLBatch, rollout
-    metrics). Jitted.
+    """(sample, rewards [B], prompts [P, Lp], lengths [P], truncated [B], action_mask=None) ->
+    (RLBatch, rollout metrics). Jitted (the action mask's check runs before, on the host).
 
     Advantages from the (shaped) rewards; with config.rl.mask_truncated a truncated response is
     masked out of the loss. With config.rl.recompute_old_logp the sampler's log-probs are kept
     as ``rollout_logp`` when the objective reads them (its rollout correction / off-policy
     masking), and old_logp is later replaced by the trainer's recomputation.
+
+    action_mask [B, T] (multi-turn rows): 1 on the policy's tokens, 0 on the environment's
+    (check_action_mask: within sample.mask). The sampler's log-probs of the environment's tokens
+    are not log-probs of a sample (it did not sample them): they are set to 0 in old_logp and
+    rollout_logp, and the loss never reads them (batch.loss_mask is the objectives' mask).
     """
     spec = run.step
     G, T, eos_id = spec.group_size, spec.response_len, spec.eos_id
 
-    def fn(sample, rewards, prompts, lengths, truncated):
+    def fn(sample, rewards, prompts, lengths, truncated, action_mask):
         B = prompts.shape[0] * G
         chex.assert_shape([sample.tokens, sample.mask, sample.logp], (B, T))
         chex.assert_shape([rewards, truncated], (B,))
         mask = sample.mask
         if spec.mask_truncated:
             mask = mask * (~truncated)[:, None]
-        adv, adv_metrics = run_advantages(run, rewards, mask)
+        logp, actions, policy = sample.logp, mask, sample.mask  # one turn: every token is policy's
+        if action_mask is not None:
+            chex.assert_shape(action_mask, (B, T))
+            logp = jnp.where(action_mask > 0, logp, 0.0)  # [B, T] 0 on the environment's tokens
+            actions, policy = action_mask * mask, action_mask  # (mask: the truncated rows' zeros)
+        adv, adv_metrics = run_advantages(run, rewards, actions)
         batch = RLBatch(
             prompts=jnp.repeat(prompts, G, axis=0),
             prompt_lengths=jnp.repeat(lengths, G, axis=0),
             responses=sample.tokens,
             mask=mask,
-            old_logp=sample.logp,
+            old_logp=logp,
             adv=adv,
-            rollout_logp=sample.logp if spec.keeps_rollout_logp else None,
+            action_mask=None if action_mask is None else actions,
+            rollout_logp=logp if spec.keeps_rollout_logp else None,
             # the update replays the rollout's experts only with Routing Replay (with only
             # log_route_change the update routes afresh, and rl_step compares after it)
             routes=sample.routes if spec.replays_routes else None,
@@ -237,13 +261,40 @@ def make_prepare_fn(run: Run):
             "truncated_frac": ((~has_eos) & (lens >= T)).sum() / rows,
             "frac_zero_std_groups": adv_metrics["frac_zero_std_groups"],
             "reward_std": adv_metrics["reward_std"],
-            "adv_abs_mean": _adv_abs_mean(adv, mask),
-            "sample_logp_mean": (sample.logp * sample.mask).sum() / jnp.maximum(lens.sum(), 1),
+            "adv_abs_mean": _adv_abs_mean(adv, actions),
+            "sample_logp_mean": (logp * policy).sum() / jnp.maximum(policy.sum(), 1),
             "tokens": lens.sum(),
         }
+        if action_mask is not None:
+            m["policy_token_frac"] = policy.sum() / jnp.maximum(lens.sum(), 1)
         return batch, m
 
-    return jax.jit(fn)
+    jitted = jax.jit(fn)
+
+    def prepare(sample, rewards, prompts, lengths, truncated, action_mask=None):
+        if action_mask is not None:
+            check_action_mask(sample.mask, action_mask)
+        return jitted(sample, rewards, prompts, lengths, truncated, action_mask)
+
+    return prepare
+
+
+def check_action_mask(mask: jax.Array, action_mask: jax.Array) -> None:
+    """One-line ValueError unless action_mask [B, T] is 0/1 and 1 only where the response mask
+    [B, T] is (the policy's tokens are response tokens). On concrete arrays, before any work."""
+    if action_mask.shape != mask.shape:
+        raise ValueError(
+            f"action_mask has shape {action_mask.shape}; it must match the response mask's "
+            f"[B, T] = {mask.shape}"
+        )
+    bad = ((action_mask != 0) & (mask == 0)) | ((action_mask != 0) & (action_mask != 1))
+    if bool(jnp.any(bad)):
+        b, t = divmod(int(jnp.argmax(bad.reshape(-1))), mask.shape[1])
+        raise ValueError(
+            f"action_mask is {float(action_mask[b, t])} at row {b}, token {t}, where the response "
+            f"mask is {float(mask[b, t])}: it must be 0/1 and 1 only on response tokens (the "
+            "policy's); build it as policy_mask * mask"
+        )
 
 
 def run_advantages(run: Run, rewards: jax.Array, mask: jax.Array):
@@ -281,7 +332,7 @@ def make_kl_reward_fn(run: Run):
     beta = run.objective.kl_coef
 
     def fn(batch: RLBatch, rewards):
-        mask = batch.mask
+        mask = batch.loss_mask  # the policy's tokens: no KL on the environment's
         k1 = (batch.old_logp - batch.ref_logp) * mask  # [B, T]
         if run.step.estimator in advantages.TOKEN_ESTIMATORS:  # REINFORCE++: per token
             shaped = advantages.outcome_token_rewards(rewards, mask) - beta * k1  # [B, T]
@@ -301,12 +352,14 @@ def make_kl_reward_fn(run: Run):
 
 def recompute_metrics(new_logp: jax.Array, batch: RLBatch) -> dict:
     """The trainer's recomputed old_logp [B, T] against the batch's (the sampler's): the mean and
-    max |difference| per token (recompute_logp_diff_*) and the mismatch_metrics."""
-    diff = (new_logp - batch.old_logp) * batch.mask
+    max |difference| per token (recompute_logp_diff_*) and the mismatch_metrics, over the
+    policy's tokens (the sampler has no log-prob of the environment's)."""
+    mask = batch.loss_mask
+    diff = (new_logp - batch.old_logp) * mask
     return {
-        "recompute_logp_diff_mean": diff.sum() / jnp.maximum(batch.mask.sum(), 1.0),
+        "recompute_logp_diff_mean": diff.sum() / jnp.maximum(mask.sum(), 1.0),
         "recompute_logp_diff_absmax": jnp.abs(diff).max(),
-        **mismatch_metrics(new_logp, batch.old_logp, batch.mask),
+        **mismatch_metrics(new_logp, batch.old_logp, mask),
     }
 
 

@@ -32,7 +32,9 @@ def forward(
     with_entropy: bool = True,
 ) -> dict[str, jax.Array]:
     """models.response_logprobs of the batch's responses (its routes, if any, are replayed):
-    logp [B, T], entropy [B, T], aux_loss [] and with return_routes routes [B, L, S, k]."""
+    logp [B, T], entropy [B, T], aux_loss [] and with return_routes routes [B, L, S, k]. Every
+    response position under batch.mask, the environment's tokens too (each given all before it);
+    the loss reads only batch.loss_mask's."""
     model = nnx.merge(graphdef, params, rest)
     routes = batch.routes
     if routes is not None:

@@ -14,6 +14,9 @@ Global normalisation (docs/objectives.md "Aggregation"): the minibatch's normali
 gradient is Σ_u ∇ num_u / den (gradient accumulation that equals the un-accumulated step), and
 under batch sharding XLA's sums are global, so a sharded step equals the single-device step.
 
+The loss sees the batch's ``loss_mask`` (its action mask: the policy's tokens); the forward pass
+reads every response token, the environment's too (multi-turn rows), as context.
+
 The rollout-vs-trainer log-prob difference comes for free: the first minibatch of the first epoch is
 evaluated with the parameters that sampled the rollout, so mean(logp − old_logp) there is exactly
 what a recompute would report (when old_logp comes from the sampler).
@@ -46,17 +49,17 @@ def make_micro_loss(graphdef, rest, objective, *, temperature: float, aux_loss_c
         # The entropy is computed in the log-prob pass anyway (for the metric); its gradient is
         # taken only when a term of the objective reads it.
         entropy = {"entropy": out["entropy"]} if objective.needs_entropy else {}
+        mask = mb.loss_mask  # the policy's tokens: the environment's are context, not actions
         sums = objective.sums(
             out["logp"],
             mb.old_logp,
             mb.adv,
-            mb.mask,
+            mask,
             mb.ref_logp,
             **rollout,
             **entropy,
         )
-        mask = mb.mask
-        diff = (out["logp"] - mb.old_logp) * mask
+        diff = jnp.where(mask > 0, out["logp"] - mb.old_logp, 0.0)  # [B, T]
         extra = {
             "entropy_sum": (out["entropy"] * mask).sum(),
             "tokens": mask.sum(),
@@ -166,7 +169,7 @@ def make_update_fn(
     def minibatch_step(carry, mb):
         params, opt_state = carry
         mb = jax.tree.map(lambda x: sharding.constrain_rows(x, mesh), mb)
-        den = objective.denominator(mb.mask)  # whole-minibatch normaliser, mask only
+        den = objective.denominator(mb.loss_mask)  # whole-minibatch normaliser, mask only
         if lora:
             frozen = params.filter(nnx.Not(nnx.LoRAParam))
             adapter_grad_fn = jax.value_and_grad(
@@ -200,7 +203,7 @@ def make_update_fn(
 
     def update(state: TrainState, batch: RLBatch, shuffle_key: jax.Array):
         B, T = batch.mask.shape
-        chex.assert_shape([batch.responses, batch.old_logp], (B, T))
+        chex.assert_shape([batch.responses, batch.old_logp, batch.loss_mask], (B, T))
         chex.assert_shape(batch.prompt_lengths, (B,))
         if batch.adv.shape not in ((B,), (B, T)):  # per response, or per token
             raise ValueError(f"adv has shape {batch.adv.shape}; need {(B,)} or {(B, T)}")
