@@ -156,3 +156,35 @@ def test_runlocal_trains_a_couple_of_steps(tmp_path):
     assert "greedy_accuracy" in text and "sample_accuracy" in text
     steps = [json.loads(line) for line in open(wd / "metrics.jsonl")]
     assert max(m.get("step", 0) for m in steps) == 2
+
+
+def test_pilot_summary_checks_the_issue_criteria(tmp_path):
+    """experiments/testbed_pilot.py reads a run folder into base/final accuracy, the largest
+    evaluation-to-evaluation rise and the issue's criteria (a jump above 0.15 fails one)."""
+    pilot = config_lib.import_config_module(os.path.join(REPO, "experiments", "testbed_pilot.py"))
+    wd = tmp_path / "grpo_d900"
+    wd.mkdir()
+    c = config_lib.load_config_file(TESTBED + ":draw=900")
+    c.unlock()
+    c.init.cache_dir = str(tmp_path / "cache")  # no warm start there: meta is {}
+    (wd / "config.json").write_text(c.to_json())
+    curve = [(0, 0.30, 0.20), (25, 0.40, 0.30), (50, 0.60, 0.50), (250, 0.75, 0.70)]
+    lines = [
+        {
+            "step": s,
+            "eval/greedy_accuracy": g,
+            "eval/sample_accuracy": a,
+            "eval/mean_response_length": 150.0,
+            "eval/sample_mean_response_length": 151.0,
+        }
+        for s, g, a in curve
+    ]
+    lines.insert(1, {"step": 1, "time/step_s": 9.0, "rollout/response_len_mean": 149.0})
+    (wd / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    (wd / "summary.json").write_text("{}")
+    out = pilot._summarise(str(wd), str(tmp_path))
+    assert out["base"] == {"greedy": 0.30, "sample": 0.20} and out["final"]["greedy"] == 0.75
+    assert out["max_jump"] == pytest.approx(0.20) and out["warm_start"] == {}
+    assert out["criteria"] == dict(
+        base_in_band=True, final_in_band=True, no_jump=False, steps=False
+    )
