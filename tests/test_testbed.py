@@ -136,13 +136,16 @@ def test_config_arguments_and_pilot_sweep():
     assert min(mod.PILOT_DRAWS) >= 100  # never a claim's draw 0, 1, ...
 
 
-def test_runlocal_trains_a_couple_of_steps(tmp_path):
-    """configs/testbed.py:runlocal end to end: warm start (with its stopping rule), two GRPO
-    steps, evaluations with the sampled accuracy."""
+@pytest.mark.parametrize(
+    "arg", ["runlocal", pytest.param("runlocal,moe,routing_replay", marks=pytest.mark.long)]
+)
+def test_runlocal_trains_a_couple_of_steps(tmp_path, arg):
+    """configs/testbed.py:runlocal end to end (and its MoE variant with Routing Replay): warm
+    start (with its stopping rule), two GRPO steps, evaluations with the sampled accuracy."""
     wd = tmp_path / "run"
     env = dict(os.environ, GSPO_JAX_CACHE=str(tmp_path / "cache"), PYTHONPATH=REPO)
     r = subprocess.run(
-        [sys.executable, "-m", "gspo_jax.main", f"--config={TESTBED}:runlocal"]
+        [sys.executable, "-m", "gspo_jax.main", f"--config={TESTBED}:{arg}"]
         + [f"--workdir={wd}", "--config.log.progress=False", "--config.log.tensorboard=False"],
         env=env,
         capture_output=True,
