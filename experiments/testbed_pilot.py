@@ -259,9 +259,8 @@ def _design_cost(runs: list[dict]) -> dict:
 
 def collect(args) -> None:
     rec = _load("_pilot_records", os.path.join(REPO, "notebooks", "reporting", "records.py"))
-    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(args.root, "grpo_d*")))
-    runs = [_summarise(os.path.join(args.root, n), args.root) for n in names]
-    runs = [r for r in runs if os.path.isdir(os.path.join(args.root, r["name"]))]
+    folders = sorted(p for p in glob.glob(os.path.join(args.root, "grpo_d*")) if os.path.isdir(p))
+    runs = [_summarise(wd, args.root) for wd in folders]
     os.makedirs(args.out, exist_ok=True)
     for r in runs:
         if r["finished"]:
