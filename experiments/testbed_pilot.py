@@ -275,7 +275,8 @@ def collect(args) -> None:
     )
     with open(os.path.join(args.out, "pilot.json"), "w") as f:
         json.dump(pilot, f, indent=1)
-    _plot(runs, os.path.join(args.out, "curves.png"))
+    if any(r["curve"] for r in runs):  # no empty figure before the first evaluation
+        _plot(runs, os.path.join(args.out, "curves.png"))
     print(
         "| run | status | warm start steps | base greedy | base sampled | final greedy "
         "| final sampled | max jump | step s (median) | CPU s |"
