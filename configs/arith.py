@@ -138,6 +138,12 @@ def apply_common_args(c: ml_collections.ConfigDict, a) -> None:
             f"warmstart={a.warmstart!r} is not one of {tuple(WARMSTARTS)} (configs/arith.py)"
         )
     c.init.warmstart.update(WARMSTARTS[a.warmstart])
+    apply_run_args(c, a)
+
+
+def apply_run_args(c: ml_collections.ConfigDict, a) -> None:
+    """Applies the run's arguments (runlocal, seed, objective, eps, steps, lr) to ``c``; shared
+    with configs/testbed.py, whose warm start is its own."""
     c.runlocal = a.runlocal
     c.seed = a.seed
     c.objective.name = a.objective

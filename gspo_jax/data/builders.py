@@ -76,7 +76,11 @@ class GspoCountdown(_TaskBuilder):
     """Countdown problems of tasks.CountdownTask."""
 
 
-_BUILDERS = {"arith": GspoArith, "countdown": GspoCountdown}
+class GspoChainsum(_TaskBuilder):
+    """Addition chains of tasks.ChainSumTask (the testbed)."""
+
+
+_BUILDERS = {"arith": GspoArith, "countdown": GspoCountdown, "chainsum": GspoChainsum}
 
 
 def get_builder(task: Task, data_dir: str) -> tfds.core.DatasetBuilder:

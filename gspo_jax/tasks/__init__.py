@@ -2,6 +2,7 @@
 
     task = tasks.get_task("arith", max_digits=5)      # default task (worked vs direct answers)
     task = tasks.get_task("countdown", num_numbers=4)  # partial-credit task
+    task = tasks.get_task("chainsum", max_terms=10)    # the testbed: long worked answers
     task = tasks.get_task("gsm8k")                     # TFDS catalogue data, read from data_dir
     task = tasks.get_task("gsm8k", data_path=folder)   # train.jsonl/test.jsonl or HF parquet
     task = tasks.get_task("math", data_path=folder)    # MATH / MATH-500 records, boxed answers
@@ -20,6 +21,7 @@ from __future__ import annotations
 import inspect
 
 from gspo_jax.tasks.arithmetic import ArithmeticTask
+from gspo_jax.tasks.chain_sum import ChainSumTask
 from gspo_jax.tasks.countdown import CountdownTask, parse_expression
 from gspo_jax.tasks.gsm8k import Gsm8kTask
 from gspo_jax.tasks.hf_tokenizer import HFTokenizer
@@ -29,6 +31,7 @@ from gspo_jax.tasks.tokenizer import CharTokenizer
 
 TASKS = {
     "arith": ArithmeticTask,
+    "chainsum": ChainSumTask,
     "countdown": CountdownTask,
     "gsm8k": Gsm8kTask,
     "math": MathTask,
@@ -37,6 +40,7 @@ TASKS = {
 __all__ = [
     "TASKS",
     "ArithmeticTask",
+    "ChainSumTask",
     "CharTokenizer",
     "CountdownTask",
     "Gsm8kTask",

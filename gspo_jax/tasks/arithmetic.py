@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from gspo_jax.tasks.task import Task, Verdict, check_split, split_seed
+from gspo_jax.tasks.task import Task, Verdict, check_split_sizes, disjoint_problems
 from gspo_jax.tasks.tokenizer import CharTokenizer
 
 _ALPHABET = "0123456789+=,AW"
@@ -80,6 +80,20 @@ def carryless_sum(a: int, b: int) -> int:
     return sum(
         ((da + db) % 10) * 10**i
         for i, (da, db) in enumerate(zip(_digits_lsd(a, n), _digits_lsd(b, n), strict=True))
+    )
+
+
+def answer_is(text: str, target: int, terminated: bool) -> float:
+    """1.0 when the response ended (eos) and what follows its last "A" is a digit string with
+    ``target``'s value, else 0.0. Leading zeros are allowed (a fixed width is a format matter, not
+    a correctness one); the digit string is bounded in length before int() sees it."""
+    answer = text[text.rfind("A") + 1 :] if "A" in text else ""
+    return float(
+        terminated
+        and 0 < len(answer) <= _MAX_ANSWER_CHARS
+        and answer.isascii()
+        and answer.isdigit()
+        and int(answer) == target
     )
 
 
@@ -140,11 +154,7 @@ class ArithmeticTask(Task):
             raise ValueError(
                 f"direct_style must be 'carryless' or 'correct', got {direct_style!r}."
             )
-        if num_train < 1 or num_test < 1:
-            raise ValueError(
-                f"num_train and num_test must be >= 1 (an empty split cannot train), "
-                f"got {num_train}, {num_test}."
-            )
+        check_split_sizes(num_train, num_test)
         space = sum(9 * 10 ** (d - 1) + (d == 1) for d in range(min_digits, max_digits + 1)) ** 2
         if num_train + num_test > 0.5 * space:
             raise ValueError(
@@ -198,22 +208,12 @@ class ArithmeticTask(Task):
         d = int(rng.integers(self.min_digits, self.max_digits + 1))
         return int(rng.integers(0 if d == 1 else 10 ** (d - 1), 10**d))
 
-    def _problems(self, split: str, n: int, exclude: set) -> list[tuple[int, int]]:
-        rng, seen, out = split_seed(self.config["seed"], split), set(exclude), []
-        while len(out) < n:
-            key = (self._sample_operand(rng), self._sample_operand(rng))
-            if key not in seen:
-                seen.add(key)
-                out.append(key)
-        return out
-
     def generate_split(self, split: str) -> list[dict[str, Any]]:
-        check_split(split)
-        test = self._problems("test", self.config["num_test"], set())
-        pairs = (
-            test
-            if split == "test"
-            else self._problems("train", self.config["num_train"], set(test))
+        pairs = disjoint_problems(
+            lambda rng: (self._sample_operand(rng), self._sample_operand(rng)),
+            self.config["seed"],
+            split,
+            self.config,
         )
         w = self.width
         return [dict(prompt=f"{a:0{w}d}+{b:0{w}d}=", a=a, b=b, target=a + b) for a, b in pairs]
@@ -252,17 +252,7 @@ class ArithmeticTask(Task):
         worked = float(text.startswith("W"))
         grammar = self._worked_re if worked else self._direct_re
         well_formed = float(terminated and grammar.fullmatch(text) is not None)
-        # The answer is what follows the last "A": any digit string with the sum's value (leading
-        # zeros allowed, so the fixed width is a format matter, not a correctness one), and
-        # bounded in length before int() sees it.
-        answer = text[text.rfind("A") + 1 :] if "A" in text else ""
-        correct = float(
-            terminated
-            and 0 < len(answer) <= _MAX_ANSWER_CHARS
-            and answer.isascii()
-            and answer.isdigit()
-            and int(answer) == int(record["target"])
-        )
+        correct = answer_is(text, int(record["target"]), terminated)
         return Verdict(
             reward=correct + self.format_weight * well_formed + self.bonus * marker,
             correct=correct,

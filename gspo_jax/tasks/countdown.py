@@ -28,7 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from gspo_jax.tasks.task import Task, Verdict, as_str, check_split, split_seed
+from gspo_jax.tasks.task import (
+    Task,
+    Verdict,
+    as_str,
+    check_split,
+    check_split_sizes,
+    split_seed,
+)
 from gspo_jax.tasks.tokenizer import CharTokenizer
 
 _ALPHABET = "0123456789+-*(),:="
@@ -154,11 +161,7 @@ class CountdownTask(Task):
             )
         if not 0.0 <= wrong_fraction <= 1.0:
             raise ValueError(f"wrong_fraction must lie in [0, 1], got {wrong_fraction}.")
-        if num_train < 1 or num_test < 1:
-            raise ValueError(
-                f"num_train and num_test must be >= 1 (an empty split cannot train), "
-                f"got {num_train}, {num_test}."
-            )
+        check_split_sizes(num_train, num_test)
         self.config = dict(
             num_numbers=num_numbers,
             max_number=max_number,

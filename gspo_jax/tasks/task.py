@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import numpy as np
@@ -187,6 +187,36 @@ def check_split(split: str) -> None:
     """Generated tasks have the splits of Task.splits; anything else is a ValueError."""
     if split not in Task.splits:
         raise ValueError(f"unknown split {split!r}; use one of {list(Task.splits)}.")
+
+
+def check_split_sizes(num_train: int, num_test: int) -> None:
+    """A generated task's split sizes, or a ValueError naming them."""
+    if num_train < 1 or num_test < 1:
+        raise ValueError(
+            f"num_train and num_test must be >= 1 (an empty split cannot train), "
+            f"got {num_train}, {num_test}."
+        )
+
+
+def disjoint_problems(
+    draw: Callable[[np.random.Generator], Hashable], seed: int, split: str, counts: Mapping
+) -> list:
+    """The distinct problems of ``split`` (counts["num_train"] or counts["num_test"] of them),
+    each ``draw(rng)`` from the split's own generator; the train split skips every test problem,
+    so the held-out split never depends on the train split's size and shares nothing with it."""
+    check_split(split)
+
+    def sample(which: str, exclude: set) -> list:
+        rng, seen, out = split_seed(seed, which), set(exclude), []
+        while len(out) < counts[f"num_{which}"]:
+            key = draw(rng)
+            if key not in seen:
+                seen.add(key)
+                out.append(key)
+        return out
+
+    test = sample("test", set())
+    return test if split == "test" else sample("train", set(test))
 
 
 def split_seed(seed: int, split: str) -> np.random.Generator:

@@ -1,0 +1,190 @@
+"""Addition chains worked step by step: the testbed task (docs/testbed.md).
+
+A problem is a sum of ``num_terms`` operands of ``digits`` digits; the number of terms is drawn
+per problem from [min_terms, max_terms] (the difficulty knob: each term is one more worked step).
+Everything is written with a fixed width W = digits + 1 (zero-padded), which holds any sum of up
+to ten operands, so every digit sits at a fixed position. The prompt and the one response format
+with digits=3 (``<eos>`` ends every response):
+
+    prompt    "492+438+127+005="
+    response  "28=10,93=13,44=09,00=00;07=07,32=05,91=10,00=01;75=12,50=06,00=00,10=01A1062"
+
+Each step adds the next operand to the running sum, column by column, least significant column
+first: the column's digit of the running sum, the operand's digit, "=", and the column sum plus
+the incoming carry as two digits (the carry is the first of them). Steps are separated by ";" and
+the response ends with "A" and the total (W digits). Its length is 6 W (num_terms - 1) + W + 1
+tokens with eos: 77 to 221 for the default 4-10 terms of 3 digits, a uniform spread of lengths.
+
+Why this design (issue 52): the round-2 testbed ended at its ceiling because the base policy had a
+second, better format to switch to (arith's direct vs worked answers). Here there is one format,
+and every step of it is a local lookup (a digit of the previous step a fixed 6 W positions back,
+a digit of the prompt, the carry of the column before), so a small decoder can learn it, while a
+warm start stopped early (configs/testbed.py: a stopping rule with a ceiling on the held-out
+accuracy) slips now and then. A problem is right only if every one of its 4 W (num_terms - 1)
+column entries is, so accuracy is a product of per-step accuracies: long problems stay hard
+after short ones are solved, and RL has a gradual slope to climb, not a switch to find. Response
+length varies with the problem (1:3 between the shortest and the longest), so sequence-level and
+token-level objectives weigh responses differently.
+
+Reward: correct (1/0: the digits after the last "A" have the value of the total, and the response
+ended with eos) + format_weight * format (1/0: the whole response is num_terms - 1 well-formed
+steps of W columns each, then "A" and W digits). The steps themselves are not checked: an answer
+is right by its value alone, and a wrong value is never right.
+
+Dimension legend: none beyond task.py (records are scalars and a [max_terms] operand array).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from gspo_jax.tasks.arithmetic import answer_is
+from gspo_jax.tasks.task import Task, Verdict, check_split_sizes, disjoint_problems
+from gspo_jax.tasks.tokenizer import CharTokenizer
+
+_ALPHABET = "0123456789+=,;A"
+_MAX_TERMS = 10  # W = digits + 1 holds a sum of at most ten operands of `digits` digits
+
+
+def _digits_lsd(x: int, n: int) -> list[int]:
+    """The n least significant digits of x, least significant first (zero-padded)."""
+    return [(x // 10**i) % 10 for i in range(n)]
+
+
+def worked_steps(operands: list[int], width: int) -> list[str]:
+    """The correct worked steps of operands[0] + operands[1] + ..., one string per addition."""
+    total, steps = operands[0], []
+    for x in operands[1:]:
+        carry, cols = 0, []
+        for da, db in zip(_digits_lsd(total, width), _digits_lsd(x, width), strict=True):
+            s = da + db + carry
+            cols.append(f"{da}{db}={s:02d}")
+            carry = s // 10
+        steps.append(",".join(cols))
+        total += x
+    return steps
+
+
+def worked_text(operands: list[int], width: int) -> str:
+    """The correct response (without eos) for the sum of ``operands`` at ``width`` digits."""
+    return ";".join(worked_steps(operands, width)) + f"A{sum(operands):0{width}d}"
+
+
+def response_length(num_terms: int, digits: int) -> int:
+    """Tokens of the worked response to a num_terms-operand problem, eos included."""
+    width = digits + 1
+    return 6 * width * (num_terms - 1) + width + 1
+
+
+class ChainSumTask(Task):
+    """Sums of ``min_terms``..``max_terms`` operands of ``digits`` digits, worked step by step.
+
+    Knobs (all part of ``config``): min_terms, max_terms (the difficulty knob: steps per
+    problem), digits (operand digits; the width of every column entry is digits + 1),
+    format_weight, num_train, num_test, seed.
+    """
+
+    name = "chainsum"
+    record_fields = ("operands", "num_terms", "target")
+
+    def __init__(
+        self,
+        *,
+        min_terms: int = 4,
+        max_terms: int = 10,
+        digits: int = 3,
+        format_weight: float = 0.1,
+        num_train: int = 20000,
+        num_test: int = 1000,
+        seed: int = 0,
+    ):
+        if not 2 <= min_terms <= max_terms <= _MAX_TERMS:
+            raise ValueError(
+                f"need 2 <= min_terms <= max_terms <= {_MAX_TERMS} (the width digits + 1 holds "
+                f"at most {_MAX_TERMS} operands), got {min_terms}, {max_terms}."
+            )
+        if not 1 <= digits <= 6:
+            raise ValueError(f"digits must lie in [1, 6], got {digits}.")
+        check_split_sizes(num_train, num_test)
+        space = (10**digits) ** min_terms
+        if num_train + num_test > 0.5 * space:
+            raise ValueError(
+                f"{num_train + num_test} problems requested but only {space} exist with "
+                f"{min_terms} operands of {digits} digits; lower num_train/num_test or raise "
+                "digits or min_terms."
+            )
+        self.config = dict(
+            min_terms=min_terms,
+            max_terms=max_terms,
+            digits=digits,
+            format_weight=format_weight,
+            num_train=num_train,
+            num_test=num_test,
+            seed=seed,
+        )
+        self.min_terms, self.max_terms, self.digits = min_terms, max_terms, digits
+        self.format_weight = format_weight
+        self.width = digits + 1
+        self.tokenizer = CharTokenizer(_ALPHABET)
+        # bos + max_terms operands of `digits` digits, each followed by "+" (the last by "=").
+        self.max_prompt_len = 1 + max_terms * (digits + 1)
+        self.max_response_len = response_length(max_terms, digits)
+        w = self.width
+        col = r"[0-9]{2}=[0-9]{2}"
+        self._step_re = rf"{col}(?:,{col}){{{w - 1}}}"
+        self._answer_re = rf"A[0-9]{{{w}}}"
+
+    # ---- data ---------------------------------------------------------------------------------
+    def tfds_features(self) -> dict[str, Any]:
+        import tensorflow_datasets as tfds
+
+        return {
+            "prompt": tfds.features.Text(),
+            "operands": tfds.features.Tensor(shape=(self.max_terms,), dtype=np.int64),
+            "num_terms": tfds.features.Scalar(np.int64),
+            "target": tfds.features.Scalar(np.int64),
+        }
+
+    def _draw(self, rng: np.random.Generator) -> tuple[int, ...]:
+        k = int(rng.integers(self.min_terms, self.max_terms + 1))
+        return tuple(int(x) for x in rng.integers(0, 10**self.digits, size=k))
+
+    def generate_split(self, split: str) -> list[dict[str, Any]]:
+        problems = disjoint_problems(self._draw, self.config["seed"], split, self.config)
+        d = self.digits
+        return [
+            dict(
+                prompt="+".join(f"{x:0{d}d}" for x in ops) + "=",
+                # [max_terms], zero after num_terms: a fixed shape for TFDS and the batches
+                operands=np.array(list(ops) + [0] * (self.max_terms - len(ops)), np.int64),
+                num_terms=len(ops),
+                target=sum(ops),
+            )
+            for ops in problems
+        ]
+
+    # ---- warm start ---------------------------------------------------------------------------
+    def demonstration(self, record: Mapping[str, Any], rng: np.random.Generator) -> str:
+        """The correct worked response: the base is mediocre by how far it was trained
+        (configs/testbed.py stops it early), never by wrong demonstrations."""
+        del rng
+        k = int(record["num_terms"])
+        operands = [int(x) for x in np.asarray(record["operands"])[:k]]
+        return worked_text(operands, self.width)
+
+    # ---- verifier -----------------------------------------------------------------------------
+    def verify(self, record: Mapping[str, Any], text: str, terminated: bool) -> Verdict:
+        k = int(record["num_terms"])
+        grammar = rf"{self._step_re}(?:;{self._step_re}){{{k - 2}}}{self._answer_re}"
+        well_formed = float(terminated and re.fullmatch(grammar, text) is not None)
+        # A wrong value is never right: the answer's value alone decides (arithmetic.answer_is).
+        correct = answer_is(text, int(record["target"]), terminated)
+        return Verdict(
+            reward=correct + self.format_weight * well_formed,
+            correct=correct,
+            format=well_formed,
+        )

@@ -1,0 +1,193 @@
+"""The testbed (issue 52): the addition-chain task, its difficulty knob, its worked answers'
+lengths, a scorer that never scores a wrong answer as right, and configs/testbed.py."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gspo_jax import config as config_lib
+from gspo_jax import tasks
+from gspo_jax.tasks import chain_sum
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTBED = os.path.join(REPO, "configs", "testbed.py")
+
+
+@pytest.fixture(scope="module")
+def task():
+    return tasks.get_task("chainsum", num_train=400, num_test=100)
+
+
+def _score(task, record, text, terminated=True):
+    return task.verify(record, text, terminated)
+
+
+def test_generation_is_deterministic_disjoint_and_right(task):
+    train, test = task.generate_split("train"), task.generate_split("test")
+    assert len(train) == 400 and len(test) == 100
+    again = tasks.get_task("chainsum", num_train=400, num_test=100).generate_split("train")
+    assert [r["prompt"] for r in train] == [r["prompt"] for r in again]
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
+    for r in train[:50]:
+        k = r["num_terms"]
+        ops = [int(x) for x in r["operands"][:k]]
+        assert r["target"] == sum(ops) and not r["operands"][k:].any()
+        assert r["prompt"] == "+".join(f"{x:03d}" for x in ops) + "="
+
+
+def test_worked_text_adds_column_by_column():
+    # 492 + 438 = 930 (carries in two columns), 930 + 127 = 1057, 1057 + 5 = 1062
+    assert chain_sum.worked_text([492, 438, 127, 5], 4) == (
+        "28=10,93=13,44=09,00=00;07=07,32=05,91=10,00=01;75=12,50=06,00=00,10=01A1062"
+    )
+
+
+@pytest.mark.parametrize("lo,hi", [(4, 4), (7, 10), (2, 3)])
+def test_difficulty_knob_sets_the_number_of_terms(lo, hi):
+    t = tasks.get_task("chainsum", min_terms=lo, max_terms=hi, num_train=300, num_test=50)
+    counts = {r["num_terms"] for r in t.generate_split("train")}
+    assert counts == set(range(lo, hi + 1))
+
+
+def test_worked_answers_are_64_to_300_tokens_with_a_spread(task):
+    lengths = []
+    rng = np.random.default_rng(0)
+    for r in task.generate_split("train"):
+        ids = task.tokenizer.encode(task.demonstration(r, rng), add_eos=True)
+        assert len(ids) == chain_sum.response_length(r["num_terms"], task.digits)
+        lengths.append(len(ids))
+    assert 64 <= min(lengths) and max(lengths) <= 300
+    assert max(lengths) == task.max_response_len  # the longest fits, nothing is cut
+    assert max(lengths) / min(lengths) > 2.5 and np.std(lengths) > 40
+
+
+def test_the_demonstration_is_right_and_well_formed(task):
+    rng = np.random.default_rng(0)
+    for r in task.generate_split("test")[:30]:
+        v = _score(task, r, task.demonstration(r, rng))
+        assert (v.correct, v.format) == (1.0, 1.0) and v.reward == pytest.approx(1.1)
+
+
+def test_a_wrong_answer_is_never_right(task):
+    rng = np.random.default_rng(1)
+    r = task.generate_split("test")[0]
+    text = task.demonstration(r, rng)
+    head, answer = text[: text.rindex("A") + 1], text[text.rindex("A") + 1 :]
+    wrong = f"{(int(answer) + 1) % 10 ** len(answer):0{len(answer)}d}"
+    assert _score(task, r, head + wrong).correct == 0.0
+    assert _score(task, r, text, terminated=False).correct == 0.0  # truncated
+    assert _score(task, r, text[: text.rindex("A")]).correct == 0.0  # no answer
+    assert _score(task, r, head + answer + "0").correct == 0.0  # ten times the total
+    assert _score(task, r, head).correct == 0.0
+    # the right value with leading zeros and without the steps is right, but not well-formed
+    v = _score(task, r, "A" + "0" * 5 + str(r["target"]))
+    assert (v.correct, v.format) == (1.0, 0.0)
+    # one step too few is not well-formed (the format counts the record's steps)
+    steps = text[: text.rindex("A")].split(";")
+    assert _score(task, r, ";".join(steps[:-1]) + "A" + answer).format == 0.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="0123456789+=,;A?x\u00e9", max_size=120))
+def test_any_string_gets_a_verdict_and_only_the_total_is_right(text):
+    t = tasks.get_task("chainsum", num_train=10, num_test=10)
+    r = dict(operands=np.array([1, 2, 3, 4] + [0] * 6), num_terms=4, target=10)
+    v = t.verify(r, text, True)
+    answer = text[text.rfind("A") + 1 :] if "A" in text else ""
+    right = answer.isascii() and answer.isdigit() and 0 < len(answer) <= 12 and int(answer) == 10
+    assert v.correct == float(right)
+
+
+@pytest.mark.parametrize(
+    "knobs,match",
+    [
+        (dict(min_terms=1), "min_terms"),
+        (dict(max_terms=11), "ten|10"),
+        (dict(digits=0), "digits"),
+        (dict(min_terms=2, max_terms=2, digits=1, num_train=100), "exist"),
+    ],
+)
+def test_bad_knobs_name_the_problem(knobs, match):
+    with pytest.raises(ValueError, match=match):
+        tasks.get_task("chainsum", **knobs)
+
+
+def test_config_arguments_and_pilot_sweep():
+    c = config_lib.load_config_file(TESTBED + ":objective=gspo,seed=3,draw=5,steps=7,moe")
+    assert (c.task.name, c.objective.name, c.seed, c.init.warmstart.seed) == (
+        "chainsum",
+        "gspo",
+        3,
+        5,
+    )
+    assert c.rl.num_steps == 7 and c.model.preset == "small_moe"
+    assert config_lib.load_config_file(TESTBED).objective.name == "grpo"
+    with pytest.raises(config_lib.ConfigError, match="moe"):
+        config_lib.load_config_file(TESTBED + ":routing_replay")
+    mod = config_lib.sibling_config(TESTBED, "testbed.py")
+    runs = mod.get_sweep("draws=2")
+    assert [r["overrides"]["init.warmstart.seed"] for r in runs] == list(mod.PILOT_DRAWS[:2])
+    assert min(mod.PILOT_DRAWS) >= 100  # never a claim's draw 0, 1, ...
+
+
+@pytest.mark.parametrize(
+    "arg", ["runlocal", pytest.param("runlocal,moe,routing_replay", marks=pytest.mark.long)]
+)
+def test_runlocal_trains_a_couple_of_steps(tmp_path, arg):
+    """configs/testbed.py:runlocal end to end (and its MoE variant with Routing Replay): warm
+    start (with its stopping rule), two GRPO steps, evaluations with the sampled accuracy."""
+    wd = tmp_path / "run"
+    env = dict(os.environ, GSPO_JAX_CACHE=str(tmp_path / "cache"), PYTHONPATH=REPO)
+    r = subprocess.run(
+        [sys.executable, "-m", "gspo_jax.main", f"--config={TESTBED}:{arg}"]
+        + [f"--workdir={wd}", "--config.log.progress=False", "--config.log.tensorboard=False"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(wd / "summary.json") as f:
+        summary = json.load(f)
+    text = json.dumps(summary)
+    assert "greedy_accuracy" in text and "sample_accuracy" in text
+    steps = [json.loads(line) for line in open(wd / "metrics.jsonl")]
+    assert max(m.get("step", 0) for m in steps) == 2
+
+
+def test_pilot_summary_checks_the_issue_criteria(tmp_path):
+    """experiments/testbed_pilot.py reads a run folder into base/final accuracy, the largest
+    evaluation-to-evaluation rise and the issue's criteria (a jump above 0.15 fails one)."""
+    pilot = config_lib.import_config_module(os.path.join(REPO, "experiments", "testbed_pilot.py"))
+    wd = tmp_path / "grpo_d900"
+    wd.mkdir()
+    c = config_lib.load_config_file(TESTBED + ":draw=900")
+    c.unlock()
+    c.init.cache_dir = str(tmp_path / "cache")  # no warm start there: meta is {}
+    (wd / "config.json").write_text(c.to_json())
+    curve = [(0, 0.30, 0.20), (25, 0.40, 0.30), (50, 0.60, 0.50), (250, 0.75, 0.70)]
+    lines = [
+        {
+            "step": s,
+            "eval/greedy_accuracy": g,
+            "eval/sample_accuracy": a,
+            "eval/mean_response_length": 150.0,
+            "eval/sample_mean_response_length": 151.0,
+        }
+        for s, g, a in curve
+    ]
+    lines.insert(1, {"step": 1, "time/step_s": 9.0, "rollout/response_len_mean": 149.0})
+    (wd / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    (wd / "summary.json").write_text("{}")
+    out = pilot._summarise(str(wd), str(tmp_path))
+    assert out["base"] == {"greedy": 0.30, "sample": 0.20} and out["final"]["greedy"] == 0.75
+    assert out["max_jump"] == pytest.approx(0.20) and out["warm_start"] == {}
+    assert out["criteria"] == dict(
+        base_in_band=True, final_in_band=True, no_jump=False, steps=False
+    )
