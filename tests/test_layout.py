@@ -19,15 +19,17 @@ LAYERS = {
     "errors": set(),
     "state": set(),
     "sharding": set(),  # the logical-axis rule table: models name axes, runtime places arrays
+    "filelock": set(),  # the caches' lock: data/ (datasets) and rl/ (warm starts) take it
+    "kernels": set(),  # attention over the rollout engine's pages (the model's paged decode)
     "objectives": set(),
     "advantages": set(),
-    "models": {"sharding"},
+    "models": {"sharding", "kernels"},
     "tasks": set(),
     "config": {"objectives", "advantages", "errors"},
-    "runtime": {"config", "errors", "models", "sharding"},
+    "runtime": {"config", "errors", "sharding"},
     "rollout": {"models", "sharding"},
     "sampler": {"rollout"},
-    "data": {"tasks", "runtime", "errors", "sharding"},
+    "data": {"tasks", "errors", "sharding", "filelock"},
     "rl": {
         "sharding",
         "errors",
@@ -40,6 +42,7 @@ LAYERS = {
         "runtime",
         "rollout",
         "data",
+        "filelock",
     },
     "planning": {
         "sharding",

@@ -1,8 +1,8 @@
 """The one place a run is built: task, model config, objective, mesh, optimizer, train state.
 
-    run = experiment.build_run(config, workdir)      # checks as it builds (ConfigError: the fix)
-    params, seconds = experiment.base_params(run)    # warm start (cached) or random, on the mesh
-    state = experiment.initial_state(run, params)
+    run = build.build_run(config, workdir)      # checks as it builds (ConfigError: the fix)
+    params, seconds = build.base_params(run)    # warm start (cached) or random, on the mesh
+    state = build.initial_state(run, params)
 
 build_run builds each part once, and every builder checks its own input as it builds
 (make_objective, make_mesh, make_task, make_model_config), after config.validate's checks of the

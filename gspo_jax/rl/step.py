@@ -210,7 +210,7 @@ class Phases:
     routes: Any = None
     # rl.kl_in_reward: the advantages again, from rewards minus β·KL (after the reference pass)
     kl_reward: Any = None
-    # the step's keys from the state's base key and step, on the devices (experiment.step_keys)
+    # the step's keys from the state's base key and step, on the devices (state.step_keys)
     keys: Any = jax.jit(step_keys)
     resample_key: Any = jax.jit(_resample_key, static_argnums=1)
     recompute_metrics: Any = jax.jit(rl_batch.recompute_metrics)

@@ -16,7 +16,7 @@ response rows (group-contiguous), Lp padded prompt length, T = max_new_tokens.
 
 One RL step, phase by phase, is described once, in docs/design.md "The data flow of one RL step".
 
-Randomness is a pure function of (config.seed, step) (experiment.step_keys), and the data
+Randomness is a pure function of (config.seed, step) (state.step_keys), and the data
 iterator's state is checkpointed, so restarting the same command in the same workdir resumes
 exactly: parameters and metrics equal those of an uninterrupted run. The same config gives the same
 results on one device and on a mesh of many (sharding changes only the order of float sums).
@@ -51,8 +51,7 @@ from flax import nnx
 from gspo_jax import sharding
 from gspo_jax.data import iterator as data_iterator
 from gspo_jax.rl import batch as rl_batch
-from gspo_jax.rl import build as exp
-from gspo_jax.rl import evaluation
+from gspo_jax.rl import build, evaluation
 from gspo_jax.rl import step as ts
 from gspo_jax.rl.partial import PartialQueue
 from gspo_jax.rl.pipeline import Pipeline, PipelineQueue
@@ -246,7 +245,7 @@ class Session:
         pod.set_phase("restoring the newest checkpoint")
         writes = metrics_lib.is_writer_process()
         restored = self.ckpt.restore_latest(
-            exp.saved_abstract_state(self.run),
+            build.saved_abstract_state(self.run),
             self.data_iter,
             # every host says it in its own log (a fault may be one host's alone)
             report=self.notes.append if writes else lambda s: print(s, flush=True),
@@ -279,15 +278,15 @@ class Session:
         if self.run.step.lora_adapters:  # the checkpoint holds the adapters; the base loads again
             base, _ = pod.together(
                 "loading the warm start",
-                lambda: exp.base_params(self.run, exp.cache_dir_of(self.config)),
+                lambda: build.base_params(self.run, build.cache_dir_of(self.config)),
             )
-            self.lora_base = exp.base_identity(self.config, base)
-            exp.check_base_identity(meta.get("lora_base"), self.lora_base, self.ckpt_dir)
-            self.state = exp.with_base(self.run, state, base)
+            self.lora_base = build.base_identity(self.config, base)
+            build.check_base_identity(meta.get("lora_base"), self.lora_base, self.ckpt_dir)
+            self.state = build.with_base(self.run, state, base)
         elif rl_batch.uses_reference(self.run):
             self.ref_params, _ = pod.together(
                 "loading the warm start",
-                lambda: exp.base_params(self.run, exp.cache_dir_of(self.config)),
+                lambda: build.base_params(self.run, build.cache_dir_of(self.config)),
             )
 
     def _start(self, *, no_checkpoint: bool) -> None:
@@ -296,14 +295,14 @@ class Session:
             self.notes.append(f"no checkpoint in {self.ckpt_dir}: starting from step 0")
         params, self.warm_s = pod.together(
             "loading the warm start",
-            lambda: exp.base_params(self.run, exp.cache_dir_of(self.config)),
+            lambda: build.base_params(self.run, build.cache_dir_of(self.config)),
         )
         # LoRA: the reference stays None (the policy's base weights with the adapters off)
         if rl_batch.uses_reference(self.run) and not self.run.step.lora_adapters:
             self.ref_params = jax.tree.map(jnp.copy, params)
-        self.state = exp.initial_state(self.run, params)
+        self.state = build.initial_state(self.run, params)
         if self.run.step.lora_adapters:
-            self.lora_base = exp.base_identity(self.config, params)
+            self.lora_base = build.base_identity(self.config, params)
         if self.config.eval.at_start and self.config.eval.num_problems > 0:
             t0 = time.time()
             self.base_eval = evaluate(self.run, self.state.params)
@@ -369,7 +368,7 @@ class Session:
         if self.run.step.lora_adapters:  # the adapters' base, checked on resume
             meta["lora_base"] = self.lora_base
         pod.set_phase(f"saving step {done}")
-        state = exp.saved_state(self.run, self.state)
+        state = build.saved_state(self.run, self.state)
         self.ckpt.save(done, state, self.data_iter, meta, force=force)
 
     def collapsed(self, done: int, warning: str) -> None:
@@ -422,7 +421,7 @@ def _checked_run(
     pod.configure(pod.timeout_of(config))
     pod.set_phase("checking the config")
     pod.check_same_config(config)  # every host runs the same config,
-    run = pod.together("checking the config", lambda: exp.build_run(config, workdir))
+    run = pod.together("checking the config", lambda: build.build_run(config, workdir))
     pod.check_same_workdir(workdir)  # in the same shared workdir
     ckpt_dir = os.path.join(run.workdir, "checkpoints")
     checkpoint_lib.check_directory(ckpt_dir)  # a file in its place: an error before any work
@@ -453,7 +452,7 @@ def train(
 ) -> dict | None:
     """Runs (or resumes) the experiment ``config`` in ``workdir``; returns the summary dict.
 
-    Every configuration check runs first (experiment.build_run), so a bad config fails in seconds; a
+    Every configuration check runs first (build.build_run), so a bad config fails in seconds; a
     resume with a config that differs from the checkpoint's in a field outside
     rundir.SAFE_TO_CHANGE is refused unless ``allow_config_change``. ``start_fresh`` moves the
     checkpoint folder aside and starts from step 0 (for a folder with no readable checkpoint).
