@@ -17,7 +17,7 @@ from flax import nnx
 from gspo_jax import models
 from gspo_jax.config import ConfigError, default_config
 from gspo_jax.models import lora
-from gspo_jax.rl import build
+from gspo_jax.rl import build, placement
 
 SPEC = lora.LoraSpec(rank=4, alpha=8.0)
 TOKENS = jax.random.randint(jax.random.key(1), (2, 7), 0, 16)  # [B, S]
@@ -226,7 +226,7 @@ def test_peft_round_trip_through_transformers(adapted, tmp_path):
 
 def test_rank_zero_leaves_the_model_alone(base):
     assert lora.add_adapters(base, lora.LoraSpec(rank=0)) is base
-    _, params, _, _ = build.abstract_params(tiny(), build.make_mesh(default_config()), 0)
+    _, params, _, _ = build.abstract_params(tiny(), placement.place(default_config()).trainer, 0)
     assert not any(lora.is_adapter(p) for p, _ in jax.tree_util.tree_leaves_with_path(params))
 
 

@@ -61,13 +61,13 @@ from gspo_jax import sharding
 from gspo_jax.planning import memory_plan
 from gspo_jax.planning.memory_plan import GIB, HEADROOM
 from gspo_jax.rl import batch as rl_batch
-from gspo_jax.rl import build, pipeline
+from gspo_jax.rl import build, pipeline, placement
 from gspo_jax.rl import step as ts
 
 
 def is_pipelined(config) -> bool:
     """Whether ``config`` runs the asynchronous pipeline (and its dry run is this module's)."""
-    return pipeline.check_pipeline(config)[2]
+    return placement.check_pipeline(config)[2]
 
 
 def synchronous_config(config, trainer_devices: int) -> ml_collections.ConfigDict:
@@ -142,9 +142,9 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     "pipelined"}), "sync_bytes", "sync_s", "suggested" (R*, {R: step seconds}), and the keys
     memory_plan.check_fits reads (the tighter group's)."""
     slc = memory_plan.get_slice(config.slice)
-    k, s, _ = pipeline.check_pipeline(config)
+    k, s, _ = placement.check_pipeline(config)
     D = slc.devices
-    R = pipeline.rollout_device_count(config, D)
+    R = placement.rollout_device_count(config, D)
     sync = memory_plan.plan(synchronous_config(config, D - R))
     run = build.build_run(config)
     abs_state = build.abstract_state(run, run.abs_params)

@@ -5,10 +5,12 @@
     state = build.initial_state(run, params)
 
 build_run builds each part once, and every builder checks its own input as it builds
-(make_objective, make_mesh, make_task, make_model_config), after config.validate's checks of the
-config alone and before the workdir is probed. Nothing here runs an RL step (that is
-rl/step.py, which imports this module; rl/trainer.py is the loop); notebooks and benchmarks use
-these functions to get the same objects the trainer uses.
+(make_objective, placement.place, make_task, make_model_config), after config.validate's checks
+of the config alone and before the workdir is probed. The layers of rl/ stack: build (this
+module; placement.py decides where each role runs) -> the steppers (step.py's synchronous step,
+pipeline.py, population.py), which read the Run it returns -> trainer.py, the loop. Nothing here
+runs an RL step; notebooks and benchmarks use these functions to get the objects the trainer
+uses.
 
 Dimension legend: none (configuration objects and parameter pytrees).
 """
@@ -34,7 +36,7 @@ from gspo_jax import advantages, data, models, objectives, rollout, sharding, ta
 from gspo_jax import config as config_lib
 from gspo_jax.config import ConfigError
 from gspo_jax.data import files as data_files
-from gspo_jax.rl import pipeline, warmstart
+from gspo_jax.rl import placement, warmstart
 from gspo_jax.runtime import metrics as metrics_lib
 from gspo_jax.state import Run, StepSpec, TrainState
 
@@ -156,44 +158,6 @@ def make_objective(config: ml_collections.ConfigDict) -> objectives.Objective:
             "or set --config.rl.token_advantages=False"
         )
     return objective
-
-
-def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
-    """The device mesh of config.mesh, checked against the batch: every process loads whole
-    prompts, and the rollout batch, its minibatches and micro-batches divide over the rows'
-    data x fsdp x expert shards."""
-    trainer_devices, _ = pipeline.split_devices(config, mesh_devices(config))
-    try:
-        mesh = sharding.make_mesh(dict(config.mesh), devices=trainer_devices)
-    except ValueError as e:
-        raise ConfigError(f"config.mesh: {e}") from None
-    rl, process_count = config.rl, jax.process_count()
-    dp = sharding.row_shards(mesh)  # rows split over data x fsdp x expert
-    P, G, K, U = rl.prompts_per_step, rl.group_size, rl.num_minibatches, rl.num_microbatches
-    B = P * G
-    if P % process_count:
-        raise ConfigError(
-            f"config.rl.prompts_per_step={P} is not divisible by the {process_count} processes; "
-            "each process loads an equal share of prompts: use a multiple of the process count"
-        )
-    if P % dp:
-        raise ConfigError(
-            f"config.rl.prompts_per_step={P} does not divide over the data axis: the mesh shards "
-            f"rows over data x fsdp x expert = {dp} devices, and every device needs whole prompts. "
-            f"Use a multiple of {dp} prompts, or shrink config.mesh.data / fsdp / expert"
-        )
-    if B % K or (B // K) % dp:
-        raise ConfigError(
-            f"the rollout batch of {P} prompts x {G} samples = {B} rows must split into "
-            f"config.rl.num_minibatches={K} minibatches whose size divides over the {dp} "
-            "data-parallel devices; change num_minibatches or prompts_per_step"
-        )
-    if (B // K) % U or (B // K // U) % dp:
-        raise ConfigError(
-            f"a minibatch of {B // K} rows must split into config.rl.num_microbatches={U} "
-            f"micro-batches whose size divides over the {dp} data-parallel devices"
-        )
-    return mesh
 
 
 def make_task(config: ml_collections.ConfigDict) -> tasks.Task:
@@ -355,21 +319,6 @@ def check_lengths(
             f"{model_cfg.name!r} (the prompt + response slots of the sampler's KV cache); {fix}, "
             "or use a preset with a longer max_seq_len"
         )
-
-
-def mesh_devices(config: ml_collections.ConfigDict) -> list:
-    """The devices the mesh spans: all of them, or the first config.num_devices (single-process
-    only; lets one process compare a 1-device run with an 8-device run)."""
-    n = config.num_devices
-    if n is None or n < 0:
-        return list(jax.devices())
-    if jax.process_count() > 1:
-        raise ConfigError("config.num_devices must be -1 (all devices) in a multi-process run")
-    if not 1 <= n <= jax.device_count():
-        raise ConfigError(
-            f"config.num_devices={n}, but {jax.device_count()} devices exist; use -1 for all"
-        )
-    return list(jax.devices()[:n])
 
 
 def _split_model(model):
@@ -540,7 +489,8 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
     config = copy.deepcopy(config)  # a private copy (resolving max_new_tokens writes into it)
     rl = config.rl
     objective = make_objective(config)
-    mesh = make_mesh(config)
+    where = placement.place(config)  # the trainer's mesh and the rollout's, once
+    mesh = where.trainer
     task = make_task(config)
     model_cfg = make_model_config(config, task)
     if workdir is not None:
@@ -565,10 +515,8 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
         rollout_graphdef = abstract_params(rollout_cfg, mesh, config.seed, lora)[0]
     if jax.tree.leaves(rest):
         raise NotImplementedError("models with non-parameter state are not supported")
-    r_mesh = r_shardings = None
-    _, r_devices = pipeline.split_devices(config, mesh_devices(config))
-    if r_devices:  # the rollout's own device group (rl/pipeline.py)
-        r_mesh = pipeline.rollout_mesh(config, r_devices)
+    r_mesh, r_shardings = where.rollout, None
+    if r_mesh is not None:  # the rollout's own device group (rl/placement.py, rl/pipeline.py)
         r_shardings = abstract_params(model_cfg, r_mesh, config.seed, lora)[3]
     return Run(
         config=config,
@@ -648,7 +596,7 @@ def step_spec(config, task, objective: objectives.Objective) -> StepSpec:
     rl = config.rl
     estimator = config_lib.resolve_estimator(config)
     uses_reference = objective.kl_coef > 0 or rl.log_kl_ref  # a KL term, or its log alone
-    max_staleness, sync_every, pipelined = pipeline.check_pipeline(config)
+    max_staleness, sync_every, pipelined = placement.check_pipeline(config)
     return StepSpec(
         prompts=rl.prompts_per_step,
         group_size=rl.group_size,

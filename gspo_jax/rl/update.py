@@ -206,7 +206,9 @@ def make_update_fn(
             raise ValueError(f"adv has shape {batch.adv.shape}; need {(B,)} or {(B, T)}")
         chex.assert_rank(batch.prompts, 2)
         if B % K:
-            raise ValueError(f"{B} rows do not split into {K} minibatches; see build.make_mesh")
+            raise ValueError(
+                f"{B} rows do not split into {K} minibatches; see placement.trainer_mesh"
+            )
         idx = minibatch_rows(shuffle_key, B, K, num_epochs, shuffle)
 
         def body(carry, rows):
