@@ -30,7 +30,7 @@ import ml_collections
 from flax import nnx
 
 from gspo_jax import models
-from gspo_jax.rl import build as exp
+from gspo_jax.rl import adapters, build
 from gspo_jax.runtime import checkpoint as checkpoint_lib
 
 TOKENIZER_FILES = (
@@ -54,9 +54,9 @@ def export(workdir: str, out: str, step: int | None = None, peft: str | None = N
     LoRA run's adapters to ``peft``); returns the step exported."""
     with open(os.path.join(workdir, "config.json")) as f:
         config = ml_collections.ConfigDict(json.load(f))
-    run = exp.build_run(config)
+    run = build.build_run(config)
     ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every=1)
-    target = exp.saved_abstract_state(run)
+    target = build.saved_abstract_state(run)
     if step is None:
         restored = ckpt.restore_latest(target, _NoData())
         if restored is None:
@@ -65,19 +65,13 @@ def export(workdir: str, out: str, step: int | None = None, peft: str | None = N
     else:
         state, meta = ckpt.restore(step, target, _NoData())
     ckpt.close()
-    lora = exp.lora_spec(config)
-    if lora.rank > 0:  # the adapters on their base, loaded again and checked
-        base, _ = exp.base_params(run)
-        exp.check_base_identity(meta.get("lora_base"), exp.base_identity(config, base), workdir)
-        state = exp.with_base(run, state, base)
+    if run.step.lora_adapters:  # the adapters on their base, loaded again and checked
+        base, _ = build.base_params(run)
+        state = adapters.restored(run, state, meta, base, workdir)
     model = nnx.merge(run.graphdef, state.params, run.rest)
-    if lora.rank > 0:
-        if peft:
-            models.lora.save_peft(model, lora, peft, base_model=config.init.get("checkpoint", ""))
-        model = models.lora.merged(model, lora)
-    elif peft:
+    if peft and not run.step.lora_adapters:
         raise SystemExit(f"--peft: {workdir} is not a LoRA run (config.lora.rank = 0)")
-    models.save_hf_checkpoint(model, out)
+    models.save_hf_checkpoint(adapters.exported(run, model, peft), out)
     source = config.init.get("checkpoint", "")
     for name in TOKENIZER_FILES:
         if source and os.path.exists(os.path.join(source, name)):

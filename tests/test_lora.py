@@ -17,7 +17,7 @@ from flax import nnx
 from gspo_jax import models
 from gspo_jax.config import ConfigError, default_config
 from gspo_jax.models import lora
-from gspo_jax.rl import build, placement
+from gspo_jax.rl import adapters, build, placement
 
 SPEC = lora.LoraSpec(rank=4, alpha=8.0)
 TOKENS = jax.random.randint(jax.random.key(1), (2, 7), 0, 16)  # [B, S]
@@ -162,12 +162,12 @@ def test_an_rl_update_trains_only_the_adapters(adapted):
 def test_bad_lora_configs_are_one_line_errors():
     cfg = tiny()
     with pytest.raises(ConfigError, match="rank=-1 must be >= 0"):
-        build.check_lora(lora.LoraSpec(rank=-1), cfg)
+        adapters.check_lora(lora.LoraSpec(rank=-1), cfg)
     with pytest.raises(ConfigError, match=r"'layers/nothing' matches no module.*layers/attn"):
-        build.check_lora(lora.LoraSpec(rank=2, targets=("layers/attn", "layers/nothing")), cfg)
+        adapters.check_lora(lora.LoraSpec(rank=2, targets=("layers/attn", "layers/nothing")), cfg)
     with pytest.raises(ConfigError, match="but no weight"):
-        build.check_lora(lora.LoraSpec(rank=2, targets=("final_norm",)), cfg)
-    build.check_lora(lora.LoraSpec(rank=0, targets=("anything",)), cfg)  # rank 0: off, unchecked
+        adapters.check_lora(lora.LoraSpec(rank=2, targets=("final_norm",)), cfg)
+    adapters.check_lora(lora.LoraSpec(rank=0, targets=("anything",)), cfg)  # rank 0: off, unchecked
 
 
 def test_peft_export_has_peft_keys_shapes_and_the_merged_delta(adapted, tmp_path):

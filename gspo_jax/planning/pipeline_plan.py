@@ -60,8 +60,8 @@ from gspo_jax import config as config_lib
 from gspo_jax import sharding
 from gspo_jax.planning import memory_plan
 from gspo_jax.planning.memory_plan import GIB, HEADROOM
+from gspo_jax.rl import adapters, build, pipeline, placement
 from gspo_jax.rl import batch as rl_batch
-from gspo_jax.rl import build, pipeline, placement
 from gspo_jax.rl import step as ts
 
 
@@ -202,7 +202,7 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
         roll = memory_plan.rollout_part(run, r_fn, r_params, run.rollout_mesh, slc)
         params = memory_plan.shard_bytes(abs_state.params)
         opt = memory_plan.shard_bytes(abs_state.opt_state)
-        ref = params if rl_batch.uses_reference(run) and not run.step.lora_adapters else 0
+        ref = params if adapters.keeps_reference_copy(run) else 0
         copy_bytes = memory_plan.shard_bytes(r_params)  # what each rollout device receives
         trainer = dict(
             devices=D - R,

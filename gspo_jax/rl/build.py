@@ -21,14 +21,12 @@ import copy
 import dataclasses
 import json
 import os
-import re
 import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 from flax import nnx
 
@@ -36,7 +34,7 @@ from gspo_jax import advantages, data, models, objectives, rollout, sharding, ta
 from gspo_jax import config as config_lib
 from gspo_jax.config import ConfigError
 from gspo_jax.data import files as data_files
-from gspo_jax.rl import placement, warmstart
+from gspo_jax.rl import adapters, placement, warmstart
 from gspo_jax.runtime import metrics as metrics_lib
 from gspo_jax.state import Run, StepSpec, TrainState
 
@@ -84,8 +82,9 @@ def scale_router_updates(scale: float) -> optax.GradientTransformation:
 
 def make_optimizer(opt_cfg: Any, total_updates: int) -> tuple[optax.GradientTransformation, Any]:
     """AdamW with global-norm gradient clipping (and opt_cfg.router_lr_scale on the MoE routers'
-    steps, where set); returns (tx, schedule). It acts on the trainable parameters (trainable():
-    with LoRA the adapters alone: their optimizer state, their clipping norm)."""
+    steps, where set); returns (tx, schedule). It acts on the trainable parameters
+    (adapters.trainable: with LoRA the adapters alone, their optimizer state, their clipping
+    norm)."""
     schedule = make_schedule(opt_cfg, total_updates)
     parts = []
     if opt_cfg.grad_clip and opt_cfg.grad_clip > 0:
@@ -326,68 +325,17 @@ def _split_model(model):
     return graphdef, params, rest
 
 
-def lora_spec(config: ml_collections.ConfigDict) -> models.lora.LoraSpec:
-    """config.lora, typed (rank 0, the default, is full fine-tuning)."""
-    return models.lora.LoraSpec.of(config.get("lora"))
-
-
-def check_lora(spec: models.lora.LoraSpec, model_cfg: models.ModelConfig) -> None:
-    """ConfigError for a negative rank, a non-positive α, a target that matches no module (the
-    model's module paths listed) or targets whose modules have no weight qwix adapts."""
-    if spec.rank < 0:
-        raise ConfigError(
-            f"config.lora.rank={spec.rank} must be >= 0 (0 = full fine-tuning, no adapters)"
-        )
-    if spec.rank == 0:
-        return
-    if not spec.alpha > 0:
-        raise ConfigError(f"config.lora.alpha={spec.alpha} must be > 0 (the scale is α / r)")
-    paths = models.lora.module_paths(model_cfg)
-    for pattern in spec.targets:
-        try:
-            hits = [p for p in paths if re.fullmatch(pattern, p)]
-        except re.error as e:
-            raise ConfigError(f"config.lora.targets: {pattern!r} is not a regex ({e})") from None
-        if not hits:
-            raise ConfigError(
-                f"config.lora.targets: {pattern!r} matches no module of the model; its module "
-                f"paths: {paths}"
-            )
-    try:
-        models.lora.adapted_weights(spec, model_cfg)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
-
-def adapted_model(model, spec: models.lora.LoraSpec, seed: int):
-    """The policy's model from the base ``model``: with LoRA the base under its adapters
-    (models/lora.py), and with spec.base_quant (QLoRA) the base's projection weights held
-    quantized under them (rollout/quant.py: QuantizedParam, read dequantized by the trainer,
-    the reference and the rollout; the adapters stay in their dtype). The one place the policy
-    gets its adapters and its quantized base, for the abstract model and the concrete one."""
-    if spec.rank <= 0:  # full fine-tuning: every weight trains, none is held quantized
-        return model
-    return rollout.quantize_weights(
-        models.lora.add_adapters(model, spec, seed=seed), spec.base_quant
-    )
-
-
 def abstract_params(model_cfg, mesh, seed: int, lora=None):
     """(graphdef, params ShapeDtypeStructs with their mesh shardings, rest) without allocating;
     with a LoraSpec of rank > 0 the model carries its adapters (and its quantized base: QLoRA)."""
     spec = lora or models.lora.LoraSpec()
     abstract = nnx.eval_shape(
-        lambda: adapted_model(models.create_model(model_cfg, seed=seed), spec, seed)
+        lambda: adapters.adapted_model(models.create_model(model_cfg, seed=seed), spec, seed)
     )
     graphdef, params, rest = _split_model(abstract)
     shardings = rollout.quant.state_shardings(params, mesh)
     abs_params = sharding.with_shardings(params, shardings)
     return graphdef, abs_params, rest, shardings
-
-
-def trainable(run: Run, params):
-    """The parameters the optimizer updates: all of them, or with LoRA the adapters alone."""
-    return params.filter(nnx.LoRAParam) if run.step.lora_adapters else params
 
 
 def abstract_state(run: Run, abs_params) -> TrainState:
@@ -399,7 +347,7 @@ def abstract_state(run: Run, abs_params) -> TrainState:
     moments came back replicated, and the count on one device, which a resumed multi-device run
     could not use. initial_state creates the state with these same shardings.
     """
-    abs_trainable = trainable(run, abs_params)
+    abs_trainable = adapters.trainable(run, abs_params)
     opt_shapes = jax.eval_shape(run.tx.init, abs_trainable)
     replicated = sharding.replicated(run.mesh)
 
@@ -454,8 +402,8 @@ def policy_params(run: Run, model, seed: int):
     base's under fresh adapters drawn from ``seed`` (B = 0: the base's function; a run's are its
     config.seed's, a population member's its own seed's)."""
     config = run.config
-    spec = lora_spec(config)
-    _, params, _ = _split_model(adapted_model(model, spec, seed))
+    spec = adapters.lora_spec(config)
+    _, params, _ = _split_model(adapters.adapted_model(model, spec, seed))
     if config.init.kind == "warmstart" or spec.rank > 0:
         params = jax.device_put(params, run.state_shardings)  # a no-op unless the rules differ
     return params
@@ -498,8 +446,8 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
     if rl.max_new_tokens <= 0:
         rl.max_new_tokens = task.max_response_len
     updates_per_step = rl.num_epochs * rl.num_minibatches
-    lora = lora_spec(config)
-    check_lora(lora, model_cfg)
+    lora = adapters.lora_spec(config)
+    adapters.check_lora(lora, model_cfg)
     if lora.base_quant and config.population.seeds:
         raise ConfigError(
             f"config.lora.base_quant={lora.base_quant!r} (QLoRA) in a population is not built; "
@@ -643,7 +591,7 @@ def step_spec(config, task, objective: objectives.Objective) -> StepSpec:
         num_microbatches=rl.num_microbatches,
         shuffle_minibatches=rl.shuffle_minibatches,
         aux_loss_coef=rl.aux_loss_coef,
-        lora_adapters=lora_spec(config).rank > 0,
+        lora_adapters=adapters.lora_spec(config).rank > 0,
     )
 
 
@@ -654,7 +602,9 @@ def initial_state(run: Run, params) -> TrainState:
     shardings = jax.tree.map(lambda a: a.sharding, target)
     params = jax.device_put(params, shardings.params)
     with sharding.use_mesh(run.mesh):
-        opt_state = jax.jit(run.tx.init, out_shardings=shardings.opt_state)(trainable(run, params))
+        opt_state = jax.jit(run.tx.init, out_shardings=shardings.opt_state)(
+            adapters.trainable(run, params)
+        )
     key = jax.random.key_data(jax.random.key(run.config.seed))
     return TrainState(
         step=jax.device_put(jnp.zeros((), jnp.int32), shardings.step),
@@ -664,55 +614,10 @@ def initial_state(run: Run, params) -> TrainState:
     )
 
 
-# ---------------------------------------------------------------- LoRA: what a checkpoint holds
-# With config.lora.rank > 0 the policy's parameters are the frozen base and the adapters; a
-# checkpoint holds the adapters (and their optimizer state) and the base's identity, and a resume
-# loads the base again from its source (as the reference policy of a full fine-tuning run is).
-
-
-def saved_state(run: Run, state: TrainState) -> TrainState:
-    """What a checkpoint holds of ``state``: all of it, or with LoRA the adapters' parameters."""
-    return state.replace(params=trainable(run, state.params))
-
-
 def saved_abstract_state(run: Run) -> TrainState:
-    """saved_state's shapes and shardings: the restore target."""
-    target = abstract_state(run, run.abs_params)
-    return saved_state(run, target)
-
-
-def with_base(run: Run, restored: TrainState, base: Any) -> TrainState:
-    """A restored (saved_state) state with the base's parameters put back: the base policy's
-    non-adapter leaves of ``base`` (base_params) and the checkpoint's adapters."""
-    if not run.step.lora_adapters:
-        return restored
-    frozen = base.filter(nnx.Not(nnx.LoRAParam))
-    return restored.replace(params=nnx.merge_state(frozen, restored.params))
-
-
-def base_identity(config: ml_collections.ConfigDict, params: Any) -> dict:
-    """The base a LoRA checkpoint's adapters belong to: its source (config.init) and a fingerprint
-    of its weights (sum of squares over every non-adapter parameter, float64 on the host)."""
-    frozen = params.filter(nnx.Not(nnx.LoRAParam))
-    sq = [jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(frozen)]
-    init = config.init
-    source = {"random": f"seed {config.seed}", "hf": init.checkpoint}.get(init.kind, "warm start")
-    return {"kind": init.kind, "source": source, "sum_sq": float(np.sum(np.asarray(sq, "f8")))}
-
-
-def check_base_identity(saved: dict | None, now: dict, where: str) -> None:
-    """ConfigError when the base loaded now is not the one the checkpoint's adapters trained on."""
-    if saved is None:
-        raise ConfigError(
-            f"the checkpoint in {where} holds no LoRA base identity (it was written without "
-            "config.lora); resume it with config.lora.rank=0, or --start_fresh"
-        )
-    same = saved["kind"] == now["kind"] and saved["source"] == now["source"]
-    if not same or not np.isclose(saved["sum_sq"], now["sum_sq"], rtol=1e-6, atol=0.0):
-        raise ConfigError(
-            f"the LoRA adapters in {where} were trained on base {saved}, but the base loaded now "
-            f"is {now}; resume with the base they were trained on, or --start_fresh"
-        )
+    """What a checkpoint holds (adapters.saved_state) as shapes and shardings: the restore
+    target."""
+    return adapters.saved_state(run, abstract_state(run, run.abs_params))
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str | None = None) -> None:

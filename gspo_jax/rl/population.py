@@ -59,8 +59,8 @@ from gspo_jax import objectives, sharding
 from gspo_jax.config import ConfigError
 from gspo_jax.config import population as population_cfg
 from gspo_jax.data import iterator as data_iterator
+from gspo_jax.rl import adapters, build, trainer
 from gspo_jax.rl import batch as rl_batch
-from gspo_jax.rl import build, trainer
 from gspo_jax.rl import step as ts
 from gspo_jax.rl.update import make_update_fn
 from gspo_jax.runtime import checkpoint as checkpoint_lib
@@ -206,7 +206,7 @@ def abstract_state(pop: Population) -> TrainState:
 
 def saved_abstract_state(pop: Population) -> TrainState:
     """What a checkpoint holds, stacked (the restore target): the whole state, or with LoRA the
-    adapters' parameters and optimizer state (build.saved_state, as a single run's)."""
+    adapters' parameters and optimizer state (adapters.saved_state, as a single run's)."""
     return stacked_abstract(pop, build.saved_abstract_state(pop.run))
 
 
@@ -230,7 +230,7 @@ def with_base(pop: Population, restored: TrainState, base) -> TrainState:
         return restored
     shardings = jax.tree.map(lambda a: a.sharding, abstract_state(pop).params)
     stacked = jax.tree.map(lambda x: jnp.broadcast_to(x, (pop.size, *x.shape)), base)
-    return build.with_base(pop.run, restored, jax.device_put(stacked, shardings))
+    return adapters.with_base(pop.run, restored, jax.device_put(stacked, shardings))
 
 
 # ------------------------------------------------------------------------------------ the step
@@ -407,7 +407,7 @@ def make_phases(pop: Population, with_ref: bool) -> PopulationPhases:
 
     batching = resolve_batching(run.config.population.batching)
     groups = run.mesh.shape[pop.axis] if pop.axis else 1
-    ref_axis = 0 if run.step.lora_adapters else None
+    ref_axis = 0 if adapters.reference_in_policy(run.step) else None
     return PopulationPhases(
         keys=vm(step_keys),
         # the heavy phases: the rollout and the update (config.population.batching)
@@ -489,7 +489,7 @@ def population_step(
             pass_m.update(phases.recompute_metrics(logp, batch))
             batch = batch.replace(old_logp=logp)
         if phases.ref is not None:
-            ref = state.params if spec.lora_adapters else ref_params  # LoRA: adapters off
+            ref = adapters.reference_params(spec, state.params, ref_params)
             batch = batch.replace(ref_logp=phases.ref(ref, batch, *temps)["logp"])
         if phases.kl_reward is not None:
             batch, kl_m = phases.kl_reward(batch, shaped)
@@ -609,8 +609,8 @@ def train(
         w.write_config(m.config)
         writers.append(w)
     uses_ref = rl_batch.uses_reference(run)
-    lora = run.step.lora_adapters  # the reference is each member's base, its adapters off
-    lora_base = None  # LoRA: the base's identity (build.base_identity), checked on resume
+    lora = run.step.lora_adapters
+    base_meta = {}  # what checkpoints hold of the base (adapters.checkpoint_meta)
     frozen_at = [None] * M  # the step at which each member froze
     collapsed_at = [None] * M  # the step after which each member stopped (rl.stop_on_collapse)
     watches = [metrics_lib.CollapseWatch(rl.collapse_patience) for _ in range(M)]
@@ -623,18 +623,20 @@ def train(
             w.load(count)
         prior_wall = float(meta.get("wall_s", 0.0))
         base_eval = rundir.read_base_eval(member_dir(workdir, names[0]))
-        if lora:  # the checkpoint holds the adapters; the base loads again
+        if lora or adapters.keeps_reference_copy(run):  # the base loads again
             base, _ = build.base_params(run)
-            lora_base = build.base_identity(run.config, base)
-            build.check_base_identity(meta.get("lora_base"), lora_base, ckpt.directory)
-            state = with_base(pop, state, base)
-        elif uses_ref:
-            ref_params, _ = build.base_params(run)
+            base_meta = adapters.checkpoint_meta(run, base)
+            if lora:  # the checkpoint holds the adapters: checked against the base, put on it
+                adapters.check_base_identity(
+                    meta.get("lora_base"), base_meta["lora_base"], ckpt.directory
+                )
+                state = with_base(pop, state, base)
+            else:
+                ref_params = base
     else:
         params, own, warm_s = initial_params(pop)
-        if lora:
-            lora_base = build.base_identity(run.config, params)
-        elif uses_ref:
+        base_meta = adapters.checkpoint_meta(run, params)
+        if adapters.keeps_reference_copy(run):
             ref_params = jax.tree.map(jnp.copy, params)
         state = initial_state(pop, params, own)
         if ev.at_start and ev.num_problems > 0:  # one base policy for all members
@@ -658,10 +660,9 @@ def train(
             "collapse": [w.state() for w in watches],
             "members": names,
             "config": rundir.config_dict(run.config),
+            **base_meta,
         }
-        if lora:  # the adapters' base, checked on resume
-            meta["lora_base"] = lora_base
-        ckpt.save(done, build.saved_state(run, state), iters, meta, force=force)
+        ckpt.save(done, adapters.saved_state(run, state), iters, meta, force=force)
 
     def ended_runs() -> list[bool]:  # frozen or stopped on collapse: no more steps
         return [frozen_at[i] is not None or collapsed_at[i] is not None for i in range(M)]

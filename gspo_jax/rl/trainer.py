@@ -50,8 +50,8 @@ from flax import nnx
 
 from gspo_jax import sharding
 from gspo_jax.data import iterator as data_iterator
+from gspo_jax.rl import adapters, build, evaluation
 from gspo_jax.rl import batch as rl_batch
-from gspo_jax.rl import build, evaluation
 from gspo_jax.rl import step as ts
 from gspo_jax.rl.partial import PartialQueue
 from gspo_jax.rl.pipeline import Pipeline, PipelineQueue
@@ -210,7 +210,7 @@ class Session:
             "config_hash": rundir.config_hash(self.config),
         }
         self.base_eval, self.warm_s, self.prior_wall, self.ref_params = None, 0.0, 0.0, None
-        self.lora_base: dict | None = None  # LoRA: the base's identity (build.base_identity)
+        self.base_meta: dict = {}  # what checkpoints hold of the base (adapters.checkpoint_meta)
         pod.set_phase("loading the warm start")
         self.collapse = metrics_lib.CollapseWatch(self.config.rl.collapse_patience)
         if restored is not None:
@@ -275,19 +275,15 @@ class Session:
         self.collapse.load(meta.get("collapse"))
         self.notes.append(f"resumed from step {step} in {self.workdir}")
         self.base_eval = rundir.read_base_eval(self.workdir)
-        if self.run.step.lora_adapters:  # the checkpoint holds the adapters; the base loads again
+        keeps_ref = adapters.keeps_reference_copy(self.run)
+        if self.run.step.lora_adapters or keeps_ref:  # the base loads again
             base, _ = pod.together(
                 "loading the warm start",
                 lambda: build.base_params(self.run, build.cache_dir_of(self.config)),
             )
-            self.lora_base = build.base_identity(self.config, base)
-            build.check_base_identity(meta.get("lora_base"), self.lora_base, self.ckpt_dir)
-            self.state = build.with_base(self.run, state, base)
-        elif rl_batch.uses_reference(self.run):
-            self.ref_params, _ = pod.together(
-                "loading the warm start",
-                lambda: build.base_params(self.run, build.cache_dir_of(self.config)),
-            )
+            self.state = adapters.restored(self.run, state, meta, base, self.ckpt_dir)
+            self.base_meta = adapters.checkpoint_meta(self.run, base)
+            self.ref_params = base if keeps_ref else None
 
     def _start(self, *, no_checkpoint: bool) -> None:
         """Step 0: the base policy (also the reference), evaluated when config.eval.at_start."""
@@ -297,12 +293,10 @@ class Session:
             "loading the warm start",
             lambda: build.base_params(self.run, build.cache_dir_of(self.config)),
         )
-        # LoRA: the reference stays None (the policy's base weights with the adapters off)
-        if rl_batch.uses_reference(self.run) and not self.run.step.lora_adapters:
+        if adapters.keeps_reference_copy(self.run):  # (LoRA: the policy holds the reference)
             self.ref_params = jax.tree.map(jnp.copy, params)
         self.state = build.initial_state(self.run, params)
-        if self.run.step.lora_adapters:
-            self.lora_base = build.base_identity(self.config, params)
+        self.base_meta = adapters.checkpoint_meta(self.run, params)
         if self.config.eval.at_start and self.config.eval.num_problems > 0:
             t0 = time.time()
             self.base_eval = evaluate(self.run, self.state.params)
@@ -364,11 +358,10 @@ class Session:
             "wall_s": self.prior_wall + time.time() - self.t_start,
             "collapse": self.collapse.state(),
             **self.meta_config,
+            **self.base_meta,
         }
-        if self.run.step.lora_adapters:  # the adapters' base, checked on resume
-            meta["lora_base"] = self.lora_base
         pod.set_phase(f"saving step {done}")
-        state = build.saved_state(self.run, self.state)
+        state = adapters.saved_state(self.run, self.state)
         self.ckpt.save(done, state, self.data_iter, meta, force=force)
 
     def collapsed(self, done: int, warning: str) -> None:

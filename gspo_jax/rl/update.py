@@ -155,7 +155,7 @@ def make_update_fn(
 
     lora: only the LoRA adapters (nnx.LoRAParam) train: the gradient is taken with respect to
     them alone (no gradient or accumulator of the base's size), ``tx`` and the optimizer state
-    are the adapters' (build.trainable), and the base leaves pass through unchanged.
+    are the adapters' (adapters.trainable), and the base leaves pass through unchanged.
     """
     K, U = num_minibatches, num_microbatches
     micro_loss = make_micro_loss(
