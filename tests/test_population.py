@@ -332,7 +332,8 @@ def test_resume_is_exact(shared, loop_run):
 def test_a_collapsed_member_stops_alone(shared, monkeypatch, capfd):
     """rl.stop_on_collapse in a population: the member with no learning signal for
     collapse_patience steps is warned about and stops there (its summary's steps and
-    collapsed_at_step, its parameters kept from then on); the other member runs to the end."""
+    collapsed_at_step, its parameters kept from then on); the other member runs to the end.
+    Each member's summary is printed at the end."""
     config = pop_config(
         shared,
         seeds=(0, 1),
@@ -357,6 +358,10 @@ def test_a_collapsed_member_stops_alone(shared, monkeypatch, capfd):
     summaries = population.train(config, wd)
     out, err = capfd.readouterr()  # stdout without a progress bar, above it with one
     assert "member seed1: warning: no learning signal for 2 steps" in out + err
+    # each member's closing block, as a single run prints it, and why one stopped early
+    for name in ("seed0", "seed1"):
+        assert f"== summary (gspo, {os.path.join(wd, 'members', name)}) ==" in out
+    assert "member seed1 stopped (collapse) at step 2" in out
     ok, stopped = summaries["seed0"], summaries["seed1"]
     assert ok["steps"] == STEPS and ok["collapsed_at_step"] is None
     assert stopped["steps"] == 2 and stopped["collapsed_at_step"] == 2 and not stopped["frozen"]

@@ -22,7 +22,7 @@ from gspo_jax import sharding
 from gspo_jax import state as state_lib
 from gspo_jax.data import iterator as data_iterator
 from gspo_jax.rl import batch as rl_batch
-from gspo_jax.rl import build
+from gspo_jax.rl import build, population
 from gspo_jax.rl import step as ts
 from gspo_jax.runtime import distributed
 
@@ -165,3 +165,22 @@ def test_router_lr_scale_selects_exactly_the_routers(shared):
     dense = {"model.preset": "tiny", "optimizer.router_lr_scale": 5.0}
     with pytest.raises(config_lib.ConfigError, match="router_lr_scale=5.0 .* is dense"):
         build.build_run(_moe_config(shared, **dense), None)
+
+
+@pytest.mark.long
+def test_a_population_logs_each_members_route_change(shared):
+    """A population's step is the single run's learn_on_batch over its members, the route-change
+    pass included: every member logs train/route_change_frac."""
+    c = _moe_config(shared, num_devices=1)
+    with c.unlocked():
+        c.population.seeds = (0, 1)
+    pop = population.build_population(c)
+    params, own, _ = population.initial_params(pop)
+    state = population.initial_state(pop, params, own)
+    phases = population.make_phases(pop, with_ref=False)
+    iters = [data_iterator.make_data_iterator(m.config, pop.run.task) for m in pop.members]
+    batches = [next(it) for it in iters]
+    _, ms, kept = population.population_step(pop, phases, state, batches, np.ones(2, bool))
+    assert kept.all() and len(ms) == 2
+    for m in ms:
+        assert 0.0 <= m[FRAC] <= 1.0 and m["time/route_change_s"] >= 0.0

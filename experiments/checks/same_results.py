@@ -188,6 +188,9 @@ def compare(before: str, after: str) -> int:
     bad = 0
     names = sorted(n[: -len(".npz")] for n in os.listdir(before) if n.endswith(".npz"))
     for name in names:
+        if not os.path.exists(os.path.join(after, f"{name}.npz")):
+            print(f"{name}: not run in {after} (run --only)")
+            continue
         problems = []
         a = np.load(os.path.join(before, f"{name}.npz"))
         b = np.load(os.path.join(after, f"{name}.npz"))

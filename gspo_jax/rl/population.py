@@ -396,6 +396,37 @@ class PopulationPhases:
     # None), with LoRA each member's own parameters with the adapters off (in_axes 0)
     kl_reward: object
     update: object
+    routes: object  # None unless config.rl.log_route_change: the updated members' routes
+
+    def learning(self, hparams: dict, active: jax.Array) -> MemberLearning:
+        """The phases learn_on_batch calls, for one step of the members: ``hparams`` {name: [M]}
+        (the varied values; a varied temperature enters the log-prob passes) and ``active`` [M]
+        bool (a frozen or stopped member's update is not kept)."""
+        return MemberLearning(self, hparams, active)
+
+
+class MemberLearning:
+    """rl/step.py's Phases as learn_on_batch reads them (prepare, logprob, ref, kl_reward,
+    update, routes, recompute_metrics), over the member axis: the varied temperature passed to
+    the log-prob passes, the update given the members' values and which are active, and which
+    members' updates were kept left in ``kept`` [M] bool."""
+
+    def __init__(self, phases: PopulationPhases, hparams: dict, active: jax.Array):
+        temps = (hparams[TEMPERATURE],) if TEMPERATURE in hparams else ()
+        self.prepare, self.kl_reward = phases.prepare, phases.kl_reward
+        self.recompute_metrics, self.routes = phases.recompute_metrics, phases.routes
+        self.logprob = self.ref = None
+        if phases.logprob is not None:
+            self.logprob = lambda params, batch: phases.logprob(params, batch, *temps)
+        if phases.ref is not None:
+            self.ref = lambda params, batch: phases.ref(params, batch, *temps)
+        self.kept = None
+
+        def update(state, batch, shuffle_keys):
+            state, metrics, self.kept = phases.update(state, batch, shuffle_keys, hparams, active)
+            return state, metrics
+
+        self.update = update
 
 
 def make_phases(pop: Population, with_ref: bool) -> PopulationPhases:
@@ -426,6 +457,7 @@ def make_phases(pop: Population, with_ref: bool) -> PopulationPhases:
             single.ref, in_axes=(ref_axis, 0, 0) if TEMPERATURE in pop.hparams else (ref_axis, 0)
         ),
         kl_reward=vm(single.kl_reward),
+        routes=vm(single.routes),
         update=make_population_update(
             run,
             pop.size,
@@ -482,31 +514,20 @@ def population_step(
         shaped, shaping, truncated, _ = phases.shape(sample, parts["reward"])
         pass_m = phases.means([parts], shaping if spec.overlong_penalty > 0 else None, None)
     t2 = time.time()
-    with sharding.use_mesh(run.mesh):
-        batch, roll_m = phases.prepare(sample, shaped, prompts, lengths, truncated)
-        if phases.logprob is not None:
-            logp = phases.logprob(state.params, batch, *temps)["logp"]
-            pass_m.update(phases.recompute_metrics(logp, batch))
-            batch = batch.replace(old_logp=logp)
-        if phases.ref is not None:
-            ref = adapters.reference_params(spec, state.params, ref_params)
-            batch = batch.replace(ref_logp=phases.ref(ref, batch, *temps)["logp"])
-        if phases.kl_reward is not None:
-            batch, kl_m = phases.kl_reward(batch, shaped)
-            pass_m.update(kl_m)
-        jax.block_until_ready(batch.old_logp)
-        t3 = time.time()
-        state, train_m, kept = phases.update(
-            state, batch, keys["shuffle"], pop.hparams, jax.device_put(active, pop.on_members())
-        )
-        jax.block_until_ready(train_m["loss"])
-    t4 = time.time()
-    train_m, roll_m, pass_m, kept = jax.device_get((train_m, roll_m, pass_m, kept))
+    got = ts.Collected(
+        sample, shaped, shaping, truncated, prompts, lengths, pass_m, t1 - t_start, t2 - t1
+    )
+    # the single run's learn_on_batch (old/ref log-probs, KL in the reward, the update, the
+    # route-change pass) over the members' phases, with their varied values and which are active
+    learn = phases.learning(pop.hparams, jax.device_put(active, pop.on_members()))
+    state, train_m, roll_m, pass_m, times = ts.learn_on_batch(
+        run, learn, state, got, keys, ref_params
+    )
+    train_m, roll_m, pass_m, kept = jax.device_get((train_m, roll_m, pass_m, learn.kept))
     times = {
-        "time/rollout_s": t1 - t_start,
-        "time/reward_s": t2 - t1,
-        "time/logp_s": t3 - t2,
-        "time/update_s": t4 - t3,
+        "time/rollout_s": got.rollout_s,
+        "time/reward_s": got.reward_s,
+        **times,
         "time/step_s": time.time() - t_start,
     }
     lr_scale = np.asarray(pop.hparams.get(LR_SCALE, np.ones(M)), np.float64)
@@ -550,10 +571,6 @@ class MemberIterators:
 
 def member_dir(workdir: str, name: str) -> str:
     return os.path.join(workdir, "members", name)
-
-
-def _fmt_accuracy(m: dict | None) -> str:
-    return "n/a" if not m else f"{m.get('eval/greedy_accuracy', float('nan')):.3f}"
 
 
 def cpu_deadlock_warning(pop: Population) -> str | None:
@@ -738,8 +755,11 @@ def train(
         s.update(seed=m.seed, values=m.values, frozen=frozen_at[i] is not None)
         s["frozen_at_step"] = frozen_at[i]
         s["collapsed_at_step"] = collapsed_at[i]
-        with open(os.path.join(member_dir(workdir, m.name), "summary.json"), "w") as f:
-            json.dump(rundir.strict_json(s), f, indent=2, allow_nan=False)
+        # its summary.json and its closing block, as a single run's
+        rundir.write_summary(member_dir(workdir, m.name), s, writer=True)
+        if frozen_at[i] is not None or collapsed_at[i] is not None:
+            why = "froze (not finite)" if frozen_at[i] is not None else "stopped (collapse)"
+            print(f"member {m.name} {why} at step {frozen_at[i] or collapsed_at[i]}", flush=True)
         summaries[m.name] = s
     with open(os.path.join(workdir, "summary.json"), "w") as f:
         json.dump(rundir.strict_json({"members": summaries}), f, indent=2, allow_nan=False)
