@@ -91,13 +91,7 @@ def main(argv: list[str]) -> None:
 
         build.prepare(_CONFIG.value, _WORKDIR.value)
         return
-    from gspo_jax.config import population as population_cfg
-
-    if population_cfg.is_population(_CONFIG.value):  # many runs as one program (rl/population.py)
-        from gspo_jax.rl import population
-
-        population.train(_CONFIG.value, _WORKDIR.value)
-        return
+    # a single run, or a population (config.population.seeds: many runs as one program)
     trainer.train(
         _CONFIG.value,
         _WORKDIR.value,

@@ -1,7 +1,7 @@
 """A population: many runs of one experiment as one program (config.population).
 
-    summary = population.train(config, workdir)   # main.py calls it when population.seeds is set
-    population.refusal(config)                    # why it cannot run as one (a line), or None
+    summary = trainer.train(config, workdir)   # population.seeds set: steppers.PopulationStepper
+    population.refusal(config)                 # why it cannot run as one (a line), or None
 
 The members differ in their seed and in the numeric fields of config.population.vary
 (config/population.py: the members and their checks). They share the shapes and the program's
@@ -29,7 +29,10 @@ parameters and optimizer state from then on (frozen, marked
 ``train/frozen`` in its metrics and ``frozen_at_step`` in its summary); the others go on. Each
 member's collapse (rl.collapse_patience steps in a row without a learning signal) is watched as
 a single run's is: warned, and with rl.stop_on_collapse that member stops there
-(``collapsed_at_step``), the others go on; the counts are in the checkpoint.
+(``collapsed_at_step``), the others go on; the counts are in the checkpoint. That housekeeping
+is rl/trainer.py's Session, the single run's, over the members: this module builds the
+population and takes its step (population_step: rl/step.py's learn_on_batch over the members'
+phases); it holds no loop.
 
 Not bit-identical to the single runs: vmapped matmuls and reductions may sum in another order, and
 traced hyperparameters are float32 arithmetic where a single run folds Python floats; the first
@@ -43,8 +46,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
-import logging
 import os
 import time
 
@@ -58,14 +59,9 @@ from gspo_jax import config as config_lib
 from gspo_jax import objectives, sharding
 from gspo_jax.config import ConfigError
 from gspo_jax.config import population as population_cfg
-from gspo_jax.data import iterator as data_iterator
-from gspo_jax.rl import adapters, build, trainer
-from gspo_jax.rl import batch as rl_batch
+from gspo_jax.rl import adapters, build
 from gspo_jax.rl import step as ts
 from gspo_jax.rl.update import make_update_fn
-from gspo_jax.runtime import checkpoint as checkpoint_lib
-from gspo_jax.runtime import metrics as metrics_lib
-from gspo_jax.runtime import rundir
 from gspo_jax.state import Run, TrainState, step_keys
 
 LR_SCALE = "lr_scale"  # the hyperparameter pytree's key of the learning-rate factor
@@ -543,30 +539,7 @@ def population_step(
     return state, out, np.asarray(kept)
 
 
-# ------------------------------------------------------------------------------------ the loop
-
-
-class MemberIterators:
-    """The members' prompt streams as one checkpointable iterator state {name: state}."""
-
-    def __init__(self, names: list[str], iterators: list):
-        self.names, self.iterators = names, iterators
-
-    def __next__(self) -> list[dict]:
-        return [next(it) for it in self.iterators]
-
-    def get_state(self) -> dict:
-        out = {}
-        for name, it in zip(self.names, self.iterators, strict=True):
-            s = it.get_state()
-            out[name] = {"__bytes__": s.decode()} if isinstance(s, bytes | bytearray) else s
-        return out
-
-    def set_state(self, state: dict) -> None:
-        for name, it in zip(self.names, self.iterators, strict=True):
-            s = state[name]
-            is_bytes = isinstance(s, dict) and set(s) == {"__bytes__"}
-            it.set_state(s["__bytes__"].encode() if is_bytes else s)
+# ------------------------------------------------------------------------------ the stepper
 
 
 def member_dir(workdir: str, name: str) -> str:
@@ -587,180 +560,3 @@ def cpu_deadlock_warning(pop: Population) -> str | None:
         "devices, which can deadlock XLA:CPU's collectives on a loaded host: on a CPU use "
         "--config.mesh.population=1"
     )
-
-
-def train(
-    config: ml_collections.ConfigDict,
-    workdir: str,
-    *,
-    stop_after: int | None = None,
-) -> dict | None:
-    """Runs (or resumes) the population ``config`` in ``workdir``; returns {member name: its
-    summary} (also WORKDIR/summary.json), or None when ``stop_after`` n steps of this invocation
-    stopped it early (like a crash, without a final checkpoint: tests use it)."""
-    t_start = time.time()
-    pop = build_population(config, workdir)
-    if (warning := cpu_deadlock_warning(pop)) is not None:
-        logging.warning(warning)
-    run, M = pop.run, pop.size
-    names = [m.name for m in pop.members]
-    rl, ev = run.config.rl, run.config.eval
-    workdir = run.workdir
-    iters = MemberIterators(
-        names, [data_iterator.make_data_iterator(m.config, run.task) for m in pop.members]
-    )
-    ckpt = checkpoint_lib.Checkpointer(
-        os.path.join(workdir, "checkpoints"),
-        save_every=run.config.checkpoint.every,
-        max_to_keep=run.config.checkpoint.max_to_keep,
-        async_save=run.config.checkpoint.async_save,
-    )
-    restored = ckpt.restore_latest(saved_abstract_state(pop), iters)
-    resumed = restored[0] if restored is not None else None
-    writers = []
-    for m in pop.members:
-        os.makedirs(member_dir(workdir, m.name), exist_ok=True)
-        w = metrics_lib.MetricWriter(
-            member_dir(workdir, m.name), resume_step=resumed, tensorboard=config.log.tensorboard
-        )
-        w.write_config(m.config)
-        writers.append(w)
-    uses_ref = rl_batch.uses_reference(run)
-    lora = run.step.lora_adapters
-    base_meta = {}  # what checkpoints hold of the base (adapters.checkpoint_meta)
-    frozen_at = [None] * M  # the step at which each member froze
-    collapsed_at = [None] * M  # the step after which each member stopped (rl.stop_on_collapse)
-    watches = [metrics_lib.CollapseWatch(rl.collapse_patience) for _ in range(M)]
-    base_eval, warm_s, prior_wall, ref_params = None, 0.0, 0.0, None
-    if restored is not None:
-        _, state, meta = restored
-        frozen_at = list(meta["frozen_at"])
-        collapsed_at = list(meta.get("collapsed_at") or collapsed_at)
-        for w, count in zip(watches, meta.get("collapse") or [None] * M, strict=True):
-            w.load(count)
-        prior_wall = float(meta.get("wall_s", 0.0))
-        base_eval = rundir.read_base_eval(member_dir(workdir, names[0]))
-        if lora or adapters.keeps_reference_copy(run):  # the base loads again
-            base, _ = build.base_params(run)
-            base_meta = adapters.checkpoint_meta(run, base)
-            if lora:  # the checkpoint holds the adapters: checked against the base, put on it
-                adapters.check_base_identity(
-                    meta.get("lora_base"), base_meta["lora_base"], ckpt.directory
-                )
-                state = with_base(pop, state, base)
-            else:
-                ref_params = base
-    else:
-        params, own, warm_s = initial_params(pop)
-        base_meta = adapters.checkpoint_meta(run, params)
-        if adapters.keeps_reference_copy(run):
-            ref_params = jax.tree.map(jnp.copy, params)
-        state = initial_state(pop, params, own)
-        if ev.at_start and ev.num_problems > 0:  # one base policy for all members
-            base_eval = trainer.evaluate(run, params)
-            for i, w in enumerate(writers):
-                w.write(0, base_eval)
-                rundir.write_base_eval(member_dir(workdir, names[i]), base_eval, writer=True)
-    phases = make_phases(pop, with_ref=ref_params is not None or (lora and uses_ref))
-    start = int(np.max(jax.device_get(state.step)))
-    last_eval: list[dict | None] = [None] * M
-    t_loop = time.time()
-    progress = metrics_lib.Progress(
-        total=rl.num_steps, initial=start, enabled=None if config.log.progress else False
-    )
-
-    def save(done: int, force: bool) -> None:
-        meta = {
-            "wall_s": prior_wall + time.time() - t_start,
-            "frozen_at": frozen_at,
-            "collapsed_at": collapsed_at,
-            "collapse": [w.state() for w in watches],
-            "members": names,
-            "config": rundir.config_dict(run.config),
-            **base_meta,
-        }
-        ckpt.save(done, adapters.saved_state(run, state), iters, meta, force=force)
-
-    def ended_runs() -> list[bool]:  # frozen or stopped on collapse: no more steps
-        return [frozen_at[i] is not None or collapsed_at[i] is not None for i in range(M)]
-
-    try:
-        with trainer.StopSignals() as signals:  # SIGTERM / SIGINT: save the step, stop
-            for step in range(start, rl.num_steps):
-                if stop_after is not None and step - start >= stop_after:
-                    break
-                ended = ended_runs()
-                active = ~np.asarray(ended)
-                state, ms, kept = population_step(
-                    pop, phases, state, next(iters), active, ref_params=ref_params
-                )
-                done = step + 1
-                due = done == rl.num_steps or (ev.every and done % ev.every == 0)
-                for i in range(M):
-                    if ended[i]:
-                        continue  # a frozen or stopped member's run ended: no more metrics
-                    evaluated = False
-                    if not kept[i]:
-                        frozen_at[i], last_eval[i] = done, None  # the end evaluates its policy
-                        ms[i]["train/frozen"] = 1.0
-                        progress.write(f"member {names[i]} diverged at step {done}: frozen")
-                    elif evaluated := bool(due and ev.num_problems > 0):
-                        last_eval[i] = trainer.evaluate(run, member_params(pop, state, i))
-                        ms[i].update(last_eval[i])
-                    writers[i].write(done, ms[i])
-                    # before the save: the count is run state (as trainer.train's)
-                    warning = watches[i].update(done, ms[i]) if kept[i] else None
-                    if warning:
-                        progress.write(f"member {names[i]}: {warning}")
-                    if warning and rl.stop_on_collapse:
-                        collapsed_at[i] = done
-                        last_eval[i] = last_eval[i] if evaluated else None
-                        progress.write(f"member {names[i]} stopped at step {done} (collapse)")
-                over = all(ended_runs())
-                save(done, force=done == rl.num_steps or over)
-                live = [m for i, m in enumerate(ms) if frozen_at[i] is None and not ended[i]]
-                progress.update(live[0] if live else ms[0])
-                if over:  # every member's run has ended
-                    break
-                signum = signals.agreed()
-                if signum and done < rl.num_steps:  # as a single run stops (trainer.Session.stop)
-                    save(done, force=True)
-                    ckpt.close()
-                    raise trainer.Preempted(signum, done)
-    finally:
-        progress.close()
-        for w in writers:
-            w.flush()
-    ckpt.close()
-    for w in writers:
-        w.close()
-    if stop_after is not None and int(np.max(jax.device_get(state.step))) < rl.num_steps:
-        return None
-    summaries = {}
-    for i, m in enumerate(pop.members):
-        if last_eval[i] is None and ev.num_problems > 0:  # frozen or stopped: its last policy
-            last_eval[i] = trainer.evaluate(run, member_params(pop, state, i))
-        s = rundir.make_summary(
-            m.config.objective.name,
-            member_dir(workdir, m.name),
-            base_eval,
-            last_eval[i],
-            steps=(
-                frozen_at[i] - 1 if frozen_at[i] is not None else collapsed_at[i] or rl.num_steps
-            ),
-            wall_s=prior_wall + time.time() - t_start,
-            warmstart_s=warm_s,
-            rl_s=time.time() - t_loop,
-        )
-        s.update(seed=m.seed, values=m.values, frozen=frozen_at[i] is not None)
-        s["frozen_at_step"] = frozen_at[i]
-        s["collapsed_at_step"] = collapsed_at[i]
-        # its summary.json and its closing block, as a single run's
-        rundir.write_summary(member_dir(workdir, m.name), s, writer=True)
-        if frozen_at[i] is not None or collapsed_at[i] is not None:
-            why = "froze (not finite)" if frozen_at[i] is not None else "stopped (collapse)"
-            print(f"member {m.name} {why} at step {frozen_at[i] or collapsed_at[i]}", flush=True)
-        summaries[m.name] = s
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-        json.dump(rundir.strict_json({"members": summaries}), f, indent=2, allow_nan=False)
-    return summaries
