@@ -17,7 +17,7 @@ from flax import nnx
 from gspo_jax import models
 from gspo_jax.config import ConfigError, default_config
 from gspo_jax.models import lora
-from gspo_jax.rl import adapters, build, placement
+from gspo_jax.rl import adapters, build, optimizer, placement
 
 SPEC = lora.LoraSpec(rank=4, alpha=8.0)
 TOKENS = jax.random.randint(jax.random.key(1), (2, 7), 0, 16)  # [B, S]
@@ -132,7 +132,7 @@ def test_an_rl_update_trains_only_the_adapters(adapted):
     batch = RLBatch(prompts=rep(prompts), prompt_lengths=rep(lengths), responses=out.tokens,
                     mask=out.mask, old_logp=out.logp, adv=adv)  # fmt: skip
     graphdef, params, rest = nnx.split(adapted, nnx.Param, ...)
-    tx, _ = build.make_optimizer(default_config().optimizer, 10)
+    tx, _ = optimizer.make_optimizer(default_config().optimizer, 10)
     adapters = params.filter(nnx.LoRAParam)
     update = make_update_fn(graphdef, rest, objectives.get_objective("grpo"), tx,
                             temperature=1.0, num_epochs=2, num_minibatches=2,

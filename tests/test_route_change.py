@@ -22,7 +22,7 @@ from gspo_jax import sharding
 from gspo_jax import state as state_lib
 from gspo_jax.data import iterator as data_iterator
 from gspo_jax.rl import batch as rl_batch
-from gspo_jax.rl import build, population
+from gspo_jax.rl import build, optimizer, population
 from gspo_jax.rl import step as ts
 from gspo_jax.runtime import distributed
 
@@ -157,7 +157,7 @@ def test_router_lr_scale_selects_exactly_the_routers(shared):
     and nothing else, and a scale <= 0 is refused before anything is built."""
     run = build.build_run(_moe_config(shared))
     leaves = jax.tree_util.tree_leaves_with_path(run.abs_params)
-    routers = [jax.tree_util.keystr(p) for p, _ in leaves if build.is_router_path(p)]
+    routers = [jax.tree_util.keystr(p) for p, _ in leaves if optimizer.is_router_path(p)]
     assert routers and all("['router']" in p for p in routers)
     assert len(routers) == sum("router" in jax.tree_util.keystr(p) for p, _ in leaves)
     with pytest.raises(config_lib.ConfigError, match="router_lr_scale=0.0 .* must be > 0"):
