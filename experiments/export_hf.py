@@ -26,8 +26,7 @@ import shutil
 import sys
 
 from gspo_jax import models
-from gspo_jax.rl import build as exp
-from gspo_jax.rl import policies
+from gspo_jax.rl import adapters, policies
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -45,14 +44,9 @@ def export(workdir: str, out: str, step: int | None = None, peft: str | None = N
         raise SystemExit(f"no checkpoint in {workdir}/checkpoints")
     run, model, step = policies.run_policy(workdir, step)
     config = run.config
-    lora = exp.lora_spec(config)
-    if lora.rank > 0:
-        if peft:
-            models.lora.save_peft(model, lora, peft, base_model=config.init.get("checkpoint", ""))
-        model = models.lora.merged(model, lora)
-    elif peft:
+    if peft and not run.step.lora_adapters:
         raise SystemExit(f"--peft: {workdir} is not a LoRA run (config.lora.rank = 0)")
-    models.save_hf_checkpoint(model, out)
+    models.save_hf_checkpoint(adapters.exported(run, model, peft), out)
     source = config.init.get("checkpoint", "")
     for name in TOKENIZER_FILES:
         if source and os.path.exists(os.path.join(source, name)):

@@ -87,17 +87,11 @@ def main(argv: list[str]) -> None:
     from gspo_jax.rl import trainer  # after distributed init: importing models may touch devices
 
     if _PREPARE_ONLY.value:
-        from gspo_jax.rl import build as experiment
+        from gspo_jax.rl import build
 
-        experiment.prepare(_CONFIG.value, _WORKDIR.value)
+        build.prepare(_CONFIG.value, _WORKDIR.value)
         return
-    from gspo_jax.config import population as population_cfg
-
-    if population_cfg.is_population(_CONFIG.value):  # many runs as one program (rl/population.py)
-        from gspo_jax.rl import population
-
-        population.train(_CONFIG.value, _WORKDIR.value)
-        return
+    # a single run, or a population (config.population.seeds: many runs as one program)
     trainer.train(
         _CONFIG.value,
         _WORKDIR.value,
@@ -166,8 +160,8 @@ def run() -> None:
 
     A configuration problem prints one ``error: ...`` line and exits with code 2, before any work:
     the config file's arguments are checked here (load_config_file turns get_config's ValueError
-    into a ConfigError) before absl parses the flags, and everything else by experiment.build_run,
-    the first thing trainer.train and experiment.prepare do.
+    into a ConfigError) before absl parses the flags, and everything else by build.build_run,
+    the first thing trainer.train and build.prepare do.
     """
     try:
         spec = _config_spec(sys.argv)

@@ -2,7 +2,7 @@
 
 A configuration problem (an unknown task, model preset or eval split, a task knob out of range, a
 bad ``config.py:arg``, a response longer than the model's KV cache, a NaN or infinite
-hyperparameter) is a ConfigError raised by config.load_config_file or experiment.build_run, before
+hyperparameter) is a ConfigError raised by config.load_config_file or build.build_run, before
 the workdir is created, the dataset prepared or the warm start trained; main.py prints it as one
 ``error: ...`` line on stderr and exits with code 2. Most cases call build_run directly (no JAX
 start-up per case); a few run ``python -m gspo_jax.main`` to cover the command-line path.
@@ -18,7 +18,7 @@ import pytest
 
 from gspo_jax import config as config_lib
 from gspo_jax.config import ConfigError
-from gspo_jax.rl import build as experiment
+from gspo_jax.rl import build
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARITH = os.path.join("configs", "arith.py")
@@ -129,7 +129,7 @@ BAD_CONFIGS = [
 def test_validate_rejects_bad_config_before_any_work(fields, pattern, tmp_path):
     workdir = tmp_path / "run"
     with pytest.raises(ConfigError) as e:
-        experiment.build_run(_runlocal(**fields), str(workdir))
+        build.build_run(_runlocal(**fields), str(workdir))
     message = str(e.value)
     assert re.search(pattern, message), message
     assert "\n" not in message
@@ -153,9 +153,9 @@ def test_config_file_argument_errors_are_config_errors(arg, pattern):
 def test_good_configs_still_validate():
     """The new checks do not reject the shipped experiments (dense and MoE, with replay)."""
     for spec in (ARITH, f"{ARITH}:runlocal", f"{MOE}:runlocal,routing_replay", MOE):
-        experiment.build_run(config_lib.load_config_file(os.path.join(REPO, spec)), None)
-    experiment.build_run(_runlocal(task__name="countdown", task__kwargs={}), None)
-    experiment.build_run(_runlocal(eval__split="train", rl__max_new_tokens=249), None)
+        build.build_run(config_lib.load_config_file(os.path.join(REPO, spec)), None)
+    build.build_run(_runlocal(task__name="countdown", task__kwargs={}), None)
+    build.build_run(_runlocal(eval__split="train", rl__max_new_tokens=249), None)
 
 
 # Through `python -m gspo_jax.main`: one line on stderr, exit code 2, nothing written or trained.

@@ -15,10 +15,9 @@ import pytest
 from flax import nnx
 from trainer_runs import load_repo_module
 
-from gspo_jax import models
+from gspo_jax import filelock, models
 from gspo_jax import tasks as tasks_lib
 from gspo_jax.rl import warmstart
-from gspo_jax.runtime import filelock
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _PROCESSES = 3
@@ -165,7 +164,7 @@ def test_processes_started_together_train_the_warm_start_once(tmp_path):
 def test_lock_waits_says_for_what_and_is_released_by_a_killed_holder(tmp_path):
     entry = str(tmp_path / "entry")
     take = (
-        "import sys, time; from gspo_jax.runtime import filelock\n"
+        "import sys, time; from gspo_jax import filelock\n"
         "with filelock.locked(sys.argv[1], 'the test entry'):\n"
         "    print('HELD', flush=True); time.sleep(float(sys.argv[2]))\n"
     )

@@ -14,7 +14,7 @@ from trainer_runs import load_repo_module
 from gspo_jax import config as config_lib
 from gspo_jax import objectives
 from gspo_jax.config import ConfigError
-from gspo_jax.rl import build as experiment
+from gspo_jax.rl import build
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARITH = os.path.join(REPO, "configs", "arith.py")
@@ -138,8 +138,8 @@ def _cfg(**rl):
 
 
 def test_validate_accepts_default_and_runlocal(tmp_path):
-    experiment.build_run(get_config(), str(tmp_path / "a"))
-    experiment.build_run(get_config("runlocal"), str(tmp_path / "b"))
+    build.build_run(get_config(), str(tmp_path / "a"))
+    build.build_run(get_config("runlocal"), str(tmp_path / "b"))
 
 
 @pytest.mark.parametrize(
@@ -156,22 +156,22 @@ def test_validate_accepts_default_and_runlocal(tmp_path):
 def test_validate_rejects(change, match, tmp_path):
     # 8 simulated devices (conftest): the data axis has 8 shards.
     with pytest.raises(ConfigError, match=match):
-        experiment.build_run(_cfg(**change), str(tmp_path))
+        build.build_run(_cfg(**change), str(tmp_path))
 
 
 def test_validate_objective_and_mesh(tmp_path):
     c = _cfg()
     c.objective.name = "ppo"
     with pytest.raises(ConfigError, match="config.objective.*gspo"):
-        experiment.build_run(c, str(tmp_path))
+        build.build_run(c, str(tmp_path))
     c = _cfg()
     c.objective.eps_low = 1.5
     with pytest.raises(ConfigError, match="eps_low"):
-        experiment.build_run(c, str(tmp_path))
+        build.build_run(c, str(tmp_path))
     c = _cfg()
     c.mesh.data, c.mesh.tensor = 3, 1
     with pytest.raises(ConfigError, match="config.mesh"):
-        experiment.build_run(c, str(tmp_path))
+        build.build_run(c, str(tmp_path))
 
 
 def test_build_run_builds_each_part_once(monkeypatch):
@@ -193,7 +193,7 @@ def test_build_run_builds_each_part_once(monkeypatch):
             return _real(*args, **kwargs)
 
         monkeypatch.setattr(module, name, counted)
-    experiment.build_run(get_config("runlocal"), None)
+    build.build_run(get_config("runlocal"), None)
     assert calls == {"get_objective": 1, "make_mesh": 1, "get_task": 1, "get_model_config": 1}
 
 
@@ -202,7 +202,7 @@ def test_validate_unwritable_workdir(tmp_path):
     blocker.write_text("not a directory")
     # (chmod cannot make a directory unwritable for root; a path under a file fails for everyone)
     with pytest.raises(ConfigError, match="not writable.*--workdir"):
-        experiment.build_run(get_config("runlocal"), str(blocker / "run"))
+        build.build_run(get_config("runlocal"), str(blocker / "run"))
 
 
 def test_sweep_expands_to_commands_and_collects_tables(tmp_path, capsys):
@@ -268,14 +268,14 @@ def test_multihost_cold_warm_start_cache_is_a_config_error(tmp_path, monkeypatch
     c = get_config("runlocal")
     c.init.cache_dir = str(tmp_path / "cache")
     c.data.data_dir = str(tmp_path / "data")
-    task = experiment.make_task(c)
+    task = build.make_task(c)
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(warmstart, "train", lambda *a, **k: pytest.fail("trained on every host"))
     with pytest.raises(ConfigError, match="--prepare_only"):
-        experiment._base_model(
+        build._base_model(
             c,
             task,
-            experiment.make_model_config(c, task),
+            build.make_model_config(c, task),
             c.init.cache_dir,
             mesh=None,
             progress=False,
@@ -317,7 +317,7 @@ def test_claim_sweeps_and_pod_variants():
     v3 = moe.get_config()
     for k, v in doses["grpo_v3_s0"].items():
         config_lib.set_field(v3, k, v)
-    model = experiment.make_model_config(v3, experiment.make_task(v3))
+    model = build.make_model_config(v3, build.make_task(v3))
     assert (model.num_experts, model.experts_per_token) == (16, 4)
     c = countdown.get_config()
     assert c.task.name == "countdown" and c.init.warmstart.steps == 4800
@@ -371,10 +371,10 @@ def test_token_advantages_need_a_per_token_ratio():
     with c.unlocked():
         c.rl.token_advantages = True
     with pytest.raises(ConfigError, match="token_advantages=True .* one ratio per response"):
-        experiment.build_run(c, None)
+        build.build_run(c, None)
     with c.unlocked():
         c.objective.name = "gspo_token"
-    experiment.build_run(c, None)
+    build.build_run(c, None)
 
 
 def test_pod_timeout_must_be_positive():

@@ -14,7 +14,8 @@ import pytest
 from flax import nnx
 
 from gspo_jax import models, rollout
-from gspo_jax.models import attention, paged_attention
+from gspo_jax.kernels import paged_attention
+from gspo_jax.models import attention
 from gspo_jax.rollout import continuous, paged
 
 LP, G, T = 6, 4, 12

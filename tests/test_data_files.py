@@ -18,8 +18,7 @@ import pytest
 from gspo_jax import config as config_lib
 from gspo_jax import data, tasks
 from gspo_jax.data import files as data_files
-from gspo_jax.rl import build as experiment
-from gspo_jax.rl import warmstart
+from gspo_jax.rl import build, warmstart
 from gspo_jax.tasks import gsm8k, math_problems
 
 FIXTURE = Path(__file__).parent / "data" / "gsm8k_sample.jsonl"
@@ -197,7 +196,7 @@ def test_bad_files_give_one_line_errors_naming_them(folders, data_dir, tmp_path)
     )
     cfg = ml_collections.ConfigDict(dict(eval=dict(split="test", num_problems=8)))
     with pytest.raises(config_lib.ConfigError, match=r"has no \['train'\] split"):
-        experiment.check_eval_split(cfg, task)  # a run fails at validation, before any work
+        build.check_eval_split(cfg, task)  # a run fails at validation, before any work
     (tmp_path / "csv").mkdir()
     (tmp_path / "csv" / "train.csv").write_text("question,answer\n")
     _one_line_error(

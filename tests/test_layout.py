@@ -19,18 +19,20 @@ LAYERS = {
     "errors": set(),
     "state": set(),
     "sharding": set(),  # the logical-axis rule table: models name axes, runtime places arrays
+    "filelock": set(),  # the caches' lock: data/ (datasets) and rl/ (warm starts) take it
+    "kernels": set(),  # attention over the rollout engine's pages (the model's paged decode)
     "objectives": set(),
     "advantages": set(),
     "eval_figures": set(),  # the figures papers report (pass@k, avg@n, intervals): numpy only
-    "models": {"sharding"},
+    "models": {"sharding", "kernels"},
     "tasks": set(),
     "tools": set(),  # the sandboxed tools the policy calls (run by environments)
     "envs": {"tasks", "tools"},  # environments: episodes over turns, tasks as one-turn ones
     "config": {"objectives", "advantages", "errors"},
-    "runtime": {"config", "errors", "models", "sharding"},
+    "runtime": {"config", "errors", "sharding"},
     "rollout": {"models", "sharding"},
     "sampler": {"rollout"},
-    "data": {"tasks", "runtime", "errors", "sharding"},
+    "data": {"tasks", "errors", "sharding", "filelock"},
     "rl": {
         "sharding",
         "errors",
@@ -44,6 +46,7 @@ LAYERS = {
         "rollout",
         "data",
         "eval_figures",
+        "filelock",
     },
     "planning": {
         "sharding",

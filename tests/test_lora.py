@@ -17,7 +17,7 @@ from flax import nnx
 from gspo_jax import models
 from gspo_jax.config import ConfigError, default_config
 from gspo_jax.models import lora
-from gspo_jax.rl import build
+from gspo_jax.rl import adapters, build, optimizer, placement
 
 SPEC = lora.LoraSpec(rank=4, alpha=8.0)
 TOKENS = jax.random.randint(jax.random.key(1), (2, 7), 0, 16)  # [B, S]
@@ -132,7 +132,7 @@ def test_an_rl_update_trains_only_the_adapters(adapted):
     batch = RLBatch(prompts=rep(prompts), prompt_lengths=rep(lengths), responses=out.tokens,
                     mask=out.mask, old_logp=out.logp, adv=adv)  # fmt: skip
     graphdef, params, rest = nnx.split(adapted, nnx.Param, ...)
-    tx, _ = build.make_optimizer(default_config().optimizer, 10)
+    tx, _ = optimizer.make_optimizer(default_config().optimizer, 10)
     adapters = params.filter(nnx.LoRAParam)
     update = make_update_fn(graphdef, rest, objectives.get_objective("grpo"), tx,
                             temperature=1.0, num_epochs=2, num_minibatches=2,
@@ -162,12 +162,12 @@ def test_an_rl_update_trains_only_the_adapters(adapted):
 def test_bad_lora_configs_are_one_line_errors():
     cfg = tiny()
     with pytest.raises(ConfigError, match="rank=-1 must be >= 0"):
-        build.check_lora(lora.LoraSpec(rank=-1), cfg)
+        adapters.check_lora(lora.LoraSpec(rank=-1), cfg)
     with pytest.raises(ConfigError, match=r"'layers/nothing' matches no module.*layers/attn"):
-        build.check_lora(lora.LoraSpec(rank=2, targets=("layers/attn", "layers/nothing")), cfg)
+        adapters.check_lora(lora.LoraSpec(rank=2, targets=("layers/attn", "layers/nothing")), cfg)
     with pytest.raises(ConfigError, match="but no weight"):
-        build.check_lora(lora.LoraSpec(rank=2, targets=("final_norm",)), cfg)
-    build.check_lora(lora.LoraSpec(rank=0, targets=("anything",)), cfg)  # rank 0: off, unchecked
+        adapters.check_lora(lora.LoraSpec(rank=2, targets=("final_norm",)), cfg)
+    adapters.check_lora(lora.LoraSpec(rank=0, targets=("anything",)), cfg)  # rank 0: off, unchecked
 
 
 def test_peft_export_has_peft_keys_shapes_and_the_merged_delta(adapted, tmp_path):
@@ -226,7 +226,7 @@ def test_peft_round_trip_through_transformers(adapted, tmp_path):
 
 def test_rank_zero_leaves_the_model_alone(base):
     assert lora.add_adapters(base, lora.LoraSpec(rank=0)) is base
-    _, params, _, _ = build.abstract_params(tiny(), build.make_mesh(default_config()), 0)
+    _, params, _, _ = build.abstract_params(tiny(), placement.place(default_config()).trainer, 0)
     assert not any(lora.is_adapter(p) for p, _ in jax.tree_util.tree_leaves_with_path(params))
 
 

@@ -1,5 +1,5 @@
-"""Tests for attention over the continuous engine's paged KV cache (models/paged_attention.py)
-and its Pallas kernels (models/paged_kernel.py for TPU, models/paged_kernel_gpu.py for GPU):
+"""Tests for attention over the continuous engine's paged KV cache (kernels/paged_attention.py)
+and its Pallas kernels (kernels/paged_kernel.py for TPU, kernels/paged_kernel_gpu.py for GPU):
 the ragged plain-JAX pages and the kernels in interpret mode against the dense reference, on
 the engine's layout (rows at different lengths, a shared prompt page set, the prompt's
 right-padding hole, scratch table entries).
@@ -16,7 +16,8 @@ import test_continuous_engine as tce
 from flax import nnx
 
 from gspo_jax import models, rollout
-from gspo_jax.models import attention, paged_attention
+from gspo_jax.kernels import paged_attention
+from gspo_jax.models import attention
 from gspo_jax.rollout import paged
 
 N, H, K, Dh, ps, Pp, Pt, L = 4, 4, 2, 8, 4, 2, 6, 2
@@ -170,7 +171,7 @@ def _gpu_case(dtype, seed=0, N=6, H=4, K=2, Dh=128, ps=16, Pp=2, Pt=6, L=2):
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="the GPU kernel compiles on a GPU")
 @pytest.mark.parametrize("dtype, atol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
 def test_gpu_kernel_compiled_equals_the_plain_pages(dtype, atol):
-    """On a GPU, "pallas" compiles models/paged_kernel_gpu.py through Triton: at a real head
+    """On a GPU, "pallas" compiles kernels/paged_kernel_gpu.py through Triton: at a real head
     size it equals the plain pages at both layers, float32 at full precision (both sides) to
     1e-5 and bfloat16 to its rounding."""
     q, cache, valid, kv_end = _gpu_case(dtype)

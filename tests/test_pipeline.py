@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gspo_jax.config import ConfigError
-from gspo_jax.rl import pipeline
+from gspo_jax.rl import pipeline, placement
 from gspo_jax.rl.pipeline import InFlight, PipelineQueue, Schedule
 
 # ---- the schedule, driven as the Pipeline drives it, over kills and resumes
@@ -154,7 +154,7 @@ def test_rollout_devices_count_or_fraction():
     from ml_collections import ConfigDict
 
     def count(v, n):
-        return pipeline.rollout_device_count(ConfigDict({"rollout": {"devices": v}}), n)
+        return placement.rollout_device_count(ConfigDict({"rollout": {"devices": v}}), n)
 
     assert [count(0.0, 8), count(4.0, 8), count(0.25, 8), count(0.01, 8)] == [0, 4, 2, 1]
 

@@ -22,7 +22,7 @@ from gspo_jax import sharding
 from gspo_jax.config import population as population_cfg
 from gspo_jax.data import iterator as data_iterator
 from gspo_jax.models import lora
-from gspo_jax.rl import build, population
+from gspo_jax.rl import build, population, trainer
 from gspo_jax.rl import step as ts
 
 # Whole population runs: .ci/run runs them after the README's test command (marker long).
@@ -250,10 +250,10 @@ def test_lora_population_checkpoints_adapters_and_resumes_exactly(shared):
     """A LoRA population's checkpoint holds the members' adapters alone (the base loads again on
     resume, its identity checked), and a resume from step 2 equals the uninterrupted run."""
     whole = os.path.join(shared["root"], "lora_population")
-    population.train(_lora_loop_config(shared), whole)
+    trainer.train(_lora_loop_config(shared), whole)
     split = os.path.join(shared["root"], "lora_population_resumed")
-    assert population.train(_lora_loop_config(shared), split, stop_after=2) is None
-    population.train(_lora_loop_config(shared), split)
+    assert trainer.train(_lora_loop_config(shared), split, stop_after=2) is None
+    trainer.train(_lora_loop_config(shared), split)
     saved = runs.final_params(whole, STEPS)
     leaves = jax.tree_util.tree_leaves_with_path(saved["params"])
     assert leaves and all(lora.is_adapter(p) for p, _ in leaves)  # adapters only on disk
@@ -278,7 +278,7 @@ def _loop_config(shared):
 def loop_run(shared):
     """A 3-step population of 2 members, one of which diverges: (workdir, summaries)."""
     wd = os.path.join(shared["root"], "population")
-    return wd, population.train(_loop_config(shared), wd)
+    return wd, trainer.train(_loop_config(shared), wd)
 
 
 def _members(wd):
@@ -320,8 +320,8 @@ def test_diverging_member_is_frozen_alone(loop_run):
 def test_resume_is_exact(shared, loop_run):
     wd, _ = loop_run
     wd2 = os.path.join(shared["root"], "population_resumed")
-    assert population.train(_loop_config(shared), wd2, stop_after=2) is None
-    population.train(_loop_config(shared), wd2)
+    assert trainer.train(_loop_config(shared), wd2, stop_after=2) is None
+    trainer.train(_loop_config(shared), wd2)
     runs.assert_trees(runs.final_params(wd, STEPS), runs.final_params(wd2, STEPS))
     for name in _members(wd):
         a = runs.records(os.path.join(wd, "members", name))
@@ -332,7 +332,8 @@ def test_resume_is_exact(shared, loop_run):
 def test_a_collapsed_member_stops_alone(shared, monkeypatch, capfd):
     """rl.stop_on_collapse in a population: the member with no learning signal for
     collapse_patience steps is warned about and stops there (its summary's steps and
-    collapsed_at_step, its parameters kept from then on); the other member runs to the end."""
+    collapsed_at_step, its parameters kept from then on); the other member runs to the end.
+    Each member's summary is printed at the end."""
     config = pop_config(
         shared,
         seeds=(0, 1),
@@ -354,9 +355,13 @@ def test_a_collapsed_member_stops_alone(shared, monkeypatch, capfd):
 
     monkeypatch.setattr(population, "population_step", member_1_collapses)
     wd = os.path.join(shared["root"], "population_collapse")
-    summaries = population.train(config, wd)
+    summaries = trainer.train(config, wd)
     out, err = capfd.readouterr()  # stdout without a progress bar, above it with one
     assert "member seed1: warning: no learning signal for 2 steps" in out + err
+    # each member's closing block, as a single run prints it, and why one stopped early
+    for name in ("seed0", "seed1"):
+        assert f"== summary (gspo, {os.path.join(wd, 'members', name)}) ==" in out
+    assert "member seed1 stopped (collapse) at step 2" in out
     ok, stopped = summaries["seed0"], summaries["seed1"]
     assert ok["steps"] == STEPS and ok["collapsed_at_step"] is None
     assert stopped["steps"] == 2 and stopped["collapsed_at_step"] == 2 and not stopped["frozen"]
@@ -390,12 +395,12 @@ def test_sigterm_saves_the_step_and_resumes_exactly(shared, loop_run, monkeypatc
 
     monkeypatch.setattr(population, "population_step", step_then_sigterm)
     with pytest.raises(trainer.Preempted) as e:
-        population.train(config, wd2)
+        trainer.train(config, wd2)
     assert e.value.step == 2 and e.value.exit_code == 128 + signal.SIGTERM
     assert sorted(os.listdir(os.path.join(wd2, "checkpoints"))) == ["2"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     monkeypatch.undo()
-    population.train(config, wd2)
+    trainer.train(config, wd2)
     runs.assert_trees(runs.final_params(wd, STEPS), runs.final_params(wd2, STEPS))
     for name in _members(wd):
         a = runs.records(os.path.join(wd, "members", name))

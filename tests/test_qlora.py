@@ -1,5 +1,5 @@
 """QLoRA (config.lora.base_quant): the frozen base held quantized under the LoRA adapters
-(rl/build.py adapted_model, rollout/quant.py's weights): its function, its gradients (adapters
+(rl/adapters.py adapted_model, rollout/quant.py's weights): its function, its gradients (adapters
 only), its config checks, the trainer's run and its exact resume (long).
 
 Dimension legend: B rows, S slots, V vocab, L layers, D hidden, r the rank.
@@ -18,7 +18,7 @@ from trainer_runs import assert_records, assert_trees, final_params, make_config
 from gspo_jax import config as config_lib
 from gspo_jax import models, rollout
 from gspo_jax.models import lora
-from gspo_jax.rl import build
+from gspo_jax.rl import adapters, build
 
 SPEC = lora.LoraSpec(rank=4, alpha=8.0, base_quant="int8")
 TOKENS = jax.random.randint(jax.random.key(1), (2, 7), 0, 16)  # [B, S]
@@ -31,7 +31,7 @@ def base():
 
 @pytest.fixture(scope="module")
 def qlora(base):
-    return build.adapted_model(base, SPEC, seed=1)
+    return adapters.adapted_model(base, SPEC, seed=1)
 
 
 def _quantized(model) -> dict:
@@ -70,7 +70,7 @@ def test_zero_b_qlora_computes_the_quantized_base_exactly_op_by_op(base):
     tokens = TOKENS[:1, :4]
     with jax.disable_jit():
         np.testing.assert_array_equal(
-            build.adapted_model(one, SPEC, seed=1)(tokens),
+            adapters.adapted_model(one, SPEC, seed=1)(tokens),
             rollout.quantize_weights(one, "int8")(tokens),
         )
 
@@ -121,7 +121,9 @@ def test_qlora_shardings_follow_the_weights_and_leave_scales_contracted_axes_who
     w = build.abstract_params(cfg, mesh, 0, lora.LoraSpec(rank=4))[3]["layers"]["attn"]["q_proj"]
     assert q.qvalue.spec == w.get_value().spec and "fsdp" in q.qvalue.spec  # the weight's
     assert q.scale.spec[1] is None  # its contracted axis (embed) has size 1 in the scale
-    _, params, _ = nnx.split(build.adapted_model(models.create_model(cfg), SPEC, 0), nnx.Param, ...)
+    _, params, _ = nnx.split(
+        adapters.adapted_model(models.create_model(cfg), SPEC, 0), nnx.Param, ...
+    )
     placed = jax.device_put(params, shardings)["layers"]["attn"]["q_proj"].get_raw_value()
     assert placed.qvalue.sharding == q.qvalue and placed.scale.sharding == q.scale
 

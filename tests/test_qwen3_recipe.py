@@ -13,8 +13,7 @@ from test_hf_tokenizer import QWEN_CONFIG, write_folder
 
 from gspo_jax import config as config_lib
 from gspo_jax import data, models, tasks
-from gspo_jax.rl import build as experiment
-from gspo_jax.rl import trainer
+from gspo_jax.rl import build, trainer
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = REPO / "tests" / "data" / "gsm8k_sample.jsonl"
@@ -41,7 +40,7 @@ def test_runlocal_recipe_from_a_checkpoint_and_gsm8k_files(shared, tmp_path):
     config.task.kwargs.max_prompt_len, config.rl.max_new_tokens = 128, 8
     config.eval.num_problems, config.eval.batch_size = 4, 8
     config.rl.prompts_per_step, config.rl.group_size, config.rl.num_minibatches = 4, 2, 2
-    run = experiment.build_run(config)
+    run = build.build_run(config)
     assert run.model_cfg == models.config_from_hf(
         json.loads((ckpt / "config.json").read_text()), dtype="float32"
     )  # the checkpoint's own shapes, not a preset's

@@ -13,8 +13,7 @@ from gspo_jax import config as config_lib
 from gspo_jax import sampler, sharding
 from gspo_jax.data import iterator as data_iterator
 from gspo_jax.rl import batch as rl_batch
-from gspo_jax.rl import build as exp
-from gspo_jax.rl import trainer
+from gspo_jax.rl import build, trainer
 from gspo_jax.rollout import continuous
 
 
@@ -49,7 +48,7 @@ def test_dynamic_sampling_keeps_groups_with_signal_in_generated_order(shared):
     the step with their mask zeroed."""
     cfg = make_config(shared, num_devices=1)
     cfg.rl.prompts_per_step, cfg.rl.group_size = 2, 2
-    run = exp.build_run(cfg)
+    run = build.build_run(cfg)
     select = rl_batch.make_select_fn(run)
     s1, s2 = _fake_sample([[1], [2], [3], [4]]), _fake_sample([[5], [6], [7], [8]])
     r1, r2 = jnp.array([1.0, 1.0, 0.0, 1.0]), jnp.array([1.0, 0.0, 0.5, 0.5])
@@ -144,7 +143,7 @@ def test_bad_rollout_options_are_config_errors(shared, field, value, match):
     if field == "rl.log_kl_ref":  # the KL moved into the rewards, where kl_ref is not logged
         cfg.objective.kl_coef, cfg.rl.kl_in_reward = 0.01, True
     with pytest.raises(config_lib.ConfigError, match=match):
-        exp.build_run(cfg, None)
+        build.build_run(cfg, None)
 
 
 def test_mismatch_metrics_by_hand():
@@ -185,7 +184,7 @@ def test_token_advantages_put_each_response_advantage_on_its_tokens(shared):
     tok = make_config(
         shared, num_devices=1, **{"objective.name": "gspo_token", "rl.token_advantages": True}
     )
-    runs = [exp.build_run(c) for c in (base, tok)]
+    runs = [build.build_run(c) for c in (base, tok)]
     P, G, T = base.rl.prompts_per_step, base.rl.group_size, runs[0].config.rl.max_new_tokens
     B = P * G
     rng = np.random.default_rng(0)
@@ -218,8 +217,8 @@ def test_reinforce_pp_advantages_and_kl_in_reward_phases(shared):
             "rl.kl_in_reward": True,
         },
     )
-    exp.build_run(cfg, None)
-    run = exp.build_run(cfg)
+    build.build_run(cfg, None)
+    run = build.build_run(cfg)
     P, G, T = cfg.rl.prompts_per_step, cfg.rl.group_size, run.config.rl.max_new_tokens
     B = P * G
     rng = np.random.default_rng(0)
@@ -262,11 +261,11 @@ def test_rollout_logp_noise_moves_only_the_reported_logp(shared):
         "rl.max_new_tokens": 8,
         "eval.num_problems": 0,
     }
-    run = exp.build_run(make_config(shared, num_devices=1, **small))
-    noisy = exp.build_run(
+    run = build.build_run(make_config(shared, num_devices=1, **small))
+    noisy = build.build_run(
         make_config(shared, num_devices=1, **small, **{"rl.rollout_logp_noise": 0.1})
     )
-    params, _ = exp.base_params(run)
+    params, _ = build.base_params(run)
     batch = next(data_iterator.make_data_iterator(run.config, run.task))
     prompts, lengths = jnp.asarray(batch["prompt"]), jnp.asarray(batch["prompt_length"])
     keys = [jax.random.key_data(jax.random.key(k)) for k in (0, 1)]
@@ -281,7 +280,7 @@ def test_rollout_logp_noise_moves_only_the_reported_logp(shared):
     clean_1 = ts.make_rollout_fn(run)(params, prompts, lengths, keys[1])
     assert not np.array_equal(np.asarray(dosed[1].logp - clean_1.logp), diff)  # a fresh draw
     with pytest.raises(config_lib.ConfigError, match="rollout_logp_noise"):
-        exp.build_run(
+        build.build_run(
             make_config(shared, num_devices=1, **small, **{"rl.rollout_logp_noise": -1.0})
         )
 
@@ -301,8 +300,8 @@ def test_trainer_rollout_on_the_continuous_engine_samples_the_static_tokens(shar
         "rl.max_new_tokens": 8,
         "eval.num_problems": 0,
     }
-    static = exp.build_run(make_config(shared, num_devices=1, **small))
-    cont = exp.build_run(
+    static = build.build_run(make_config(shared, num_devices=1, **small))
+    cont = build.build_run(
         make_config(
             shared,
             num_devices=1,
@@ -313,7 +312,7 @@ def test_trainer_rollout_on_the_continuous_engine_samples_the_static_tokens(shar
     # the config's default page size is the engine's (config/ cannot import rollout/)
     page_size = continuous.DEFAULT_PAGE_SIZE
     assert dict(cont.step.rollout_options) == {"slots": 4, "page_size": page_size}
-    params, _ = exp.base_params(static)
+    params, _ = build.base_params(static)
     batch = next(data_iterator.make_data_iterator(static.config, static.task))
     prompts, lengths = jnp.asarray(batch["prompt"]), jnp.asarray(batch["prompt_length"])
     key = jax.random.key_data(jax.random.key(3))
@@ -327,4 +326,4 @@ def test_trainer_rollout_on_the_continuous_engine_samples_the_static_tokens(shar
         {"rl.rollout_engine": "continuous", "rl.rollout_slots": 0},
     ):
         with pytest.raises(config_lib.ConfigError, match="rollout_"):
-            exp.build_run(make_config(shared, num_devices=1, **small, **bad))
+            build.build_run(make_config(shared, num_devices=1, **small, **bad))

@@ -22,7 +22,7 @@ from gspo_jax import sharding
 from gspo_jax import state as state_lib
 from gspo_jax.data import iterator as data_iterator
 from gspo_jax.rl import batch as rl_batch
-from gspo_jax.rl import build as exp
+from gspo_jax.rl import build, optimizer, population
 from gspo_jax.rl import step as ts
 from gspo_jax.runtime import distributed
 
@@ -50,7 +50,7 @@ def _moe_config(shared, **extra) -> ml_collections.ConfigDict:
 
 def _steps(run, n=2):
     """n RL steps from the run's base parameters: (phases, final state, [host metrics])."""
-    state = exp.initial_state(run, exp.base_params(run)[0])
+    state = build.initial_state(run, build.base_params(run)[0])
     phases = ts.make_phases(run, state, with_ref=False)
     data = data_iterator.make_data_iterator(run.config, run.task)
     ms = []
@@ -63,7 +63,7 @@ def _steps(run, n=2):
 @pytest.fixture(scope="module")
 def logged(shared):
     """2 steps with log_route_change=True (the arith_moe default): (run, phases, state, metrics)."""
-    run = exp.build_run(_moe_config(shared))
+    run = build.build_run(_moe_config(shared))
     assert run.config.rl.log_route_change and not run.config.rl.routing_replay
     return (run, *_steps(run))
 
@@ -103,7 +103,7 @@ def test_route_change_is_logged_and_moves(logged):
 def test_no_parameter_change_gives_no_route_change(shared):
     """Learning rate 0 (config.validate wants lr > 0, so the optimizer is swapped for SGD at 0):
     the same parameters route every valid response token as the rollout did."""
-    run = dataclasses.replace(exp.build_run(_moe_config(shared)), tx=optax.sgd(0.0))
+    run = dataclasses.replace(build.build_run(_moe_config(shared)), tx=optax.sgd(0.0))
     _, state, ms = _steps(run)
     assert int(state.step) == 2
     assert [m[FRAC] for m in ms] == [0.0, 0.0]
@@ -120,7 +120,7 @@ def test_routes_reach_the_update_only_with_routing_replay(shared, logged):
     key = state_lib.step_keys(np.asarray(jax.device_get(state.rng)), 0)["rollout"]
     B = prompts.shape[0] * run.config.rl.group_size
     rewards, truncated = jnp.zeros(B), jnp.zeros(B, bool)
-    rr = exp.build_run(_moe_config(shared, **{"rl.routing_replay": True}))
+    rr = build.build_run(_moe_config(shared, **{"rl.routing_replay": True}))
     with sharding.use_mesh(run.mesh):
         sample = phases.rollout(state.params, prompts, lengths, key)
         assert sample.routes is not None
@@ -135,7 +135,7 @@ def test_turning_the_metric_off_changes_nothing_else(shared, logged):
     parameters and every other metric equal those of the logged run (its routes never reached
     the update)."""
     _, _, state_on, ms_on = logged
-    run = exp.build_run(_moe_config(shared, **{"rl.log_route_change": False}))
+    run = build.build_run(_moe_config(shared, **{"rl.log_route_change": False}))
     phases, state, ms = _steps(run)
     assert phases.routes is None
     assert_trees(state.params, state_on.params)
@@ -149,19 +149,38 @@ def test_turning_the_metric_off_changes_nothing_else(shared, logged):
 def test_log_route_change_on_a_dense_model_is_a_config_error(shared):
     c = make_config(shared, **{"rl.log_route_change": True})
     with pytest.raises(config_lib.ConfigError, match="log_route_change=True .* is dense"):
-        exp.build_run(c, None)
+        build.build_run(c, None)
 
 
 def test_router_lr_scale_selects_exactly_the_routers(shared):
     """optimizer.router_lr_scale (a volatility dose): the mask covers the MoE routers' weights
     and nothing else, and a scale <= 0 is refused before anything is built."""
-    run = exp.build_run(_moe_config(shared))
+    run = build.build_run(_moe_config(shared))
     leaves = jax.tree_util.tree_leaves_with_path(run.abs_params)
-    routers = [jax.tree_util.keystr(p) for p, _ in leaves if exp.is_router_path(p)]
+    routers = [jax.tree_util.keystr(p) for p, _ in leaves if optimizer.is_router_path(p)]
     assert routers and all("['router']" in p for p in routers)
     assert len(routers) == sum("router" in jax.tree_util.keystr(p) for p, _ in leaves)
     with pytest.raises(config_lib.ConfigError, match="router_lr_scale=0.0 .* must be > 0"):
-        exp.build_run(_moe_config(shared, **{"optimizer.router_lr_scale": 0.0}), None)
+        build.build_run(_moe_config(shared, **{"optimizer.router_lr_scale": 0.0}), None)
     dense = {"model.preset": "tiny", "optimizer.router_lr_scale": 5.0}
     with pytest.raises(config_lib.ConfigError, match="router_lr_scale=5.0 .* is dense"):
-        exp.build_run(_moe_config(shared, **dense), None)
+        build.build_run(_moe_config(shared, **dense), None)
+
+
+@pytest.mark.long
+def test_a_population_logs_each_members_route_change(shared):
+    """A population's step is the single run's learn_on_batch over its members, the route-change
+    pass included: every member logs train/route_change_frac."""
+    c = _moe_config(shared, num_devices=1)
+    with c.unlocked():
+        c.population.seeds = (0, 1)
+    pop = population.build_population(c)
+    params, own, _ = population.initial_params(pop)
+    state = population.initial_state(pop, params, own)
+    phases = population.make_phases(pop, with_ref=False)
+    iters = [data_iterator.make_data_iterator(m.config, pop.run.task) for m in pop.members]
+    batches = [next(it) for it in iters]
+    _, ms, kept = population.population_step(pop, phases, state, batches, np.ones(2, bool))
+    assert kept.all() and len(ms) == 2
+    for m in ms:
+        assert 0.0 <= m[FRAC] <= 1.0 and m["time/route_change_s"] >= 0.0

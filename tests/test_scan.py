@@ -177,4 +177,4 @@ def test_a_checkpoint_with_layers_one_by_one_fails_in_one_line(tmp_path):
         ck.restore(1, target, _Iterator())
     assert ck.all_steps() == [1] and not list(tmp_path.glob("*.unreadable-*"))
     ck.close()
-    assert models.transformer.unstacked_layers_error({"params": params}, "x") is None
+    assert checkpoint.unstacked_layers_error({"params": params}, "x") is None

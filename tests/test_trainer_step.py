@@ -11,7 +11,7 @@ from gspo_jax import advantages, models, objectives, sampler, sharding
 from gspo_jax import config as config_lib
 from gspo_jax.rl import logprob_passes
 from gspo_jax.rl.batch import RLBatch
-from gspo_jax.rl.build import make_optimizer, make_schedule
+from gspo_jax.rl.optimizer import make_optimizer, make_schedule
 from gspo_jax.rl.update import make_update_fn
 from gspo_jax.state import TrainState, step_keys
 

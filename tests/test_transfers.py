@@ -11,7 +11,7 @@ import pytest
 from trainer_runs import make_config
 
 from gspo_jax.data import iterator as data_iterator
-from gspo_jax.rl import build as exp
+from gspo_jax.rl import build
 from gspo_jax.rl import step as ts
 
 # Every optional phase of a dense run: dynamic sampling (extra generation batches), overlong
@@ -36,9 +36,9 @@ OPTIONS = {
 
 @pytest.mark.parametrize("kl_in_reward", [False, True])
 def test_a_step_makes_no_implicit_transfer(shared, kl_in_reward):
-    run = exp.build_run(make_config(shared, **OPTIONS, **{"rl.kl_in_reward": kl_in_reward}))
-    params, _ = exp.base_params(run)
-    state = exp.initial_state(run, params)
+    run = build.build_run(make_config(shared, **OPTIONS, **{"rl.kl_in_reward": kl_in_reward}))
+    params, _ = build.base_params(run)
+    state = build.initial_state(run, params)
     ref_params = jax.tree.map(lambda x: x.copy(), params)
     phases = ts.make_phases(run, state, with_ref=True)
     data = data_iterator.make_data_iterator(run.config, run.task)

@@ -7,7 +7,7 @@ T new tokens.
 The step is rollout.decode_step_for_plan's (every slot decoding, as in the uniform shape of
 sampler_bench --compare-engines: P=16 x G=8, prompt 64, 128 new tokens, slots = B, the "small"
 shape), every slot at generated token --fed. Variants, each traced with
-models.paged_attention.attend_pages replaced, timed interleaved in this process (medians):
+kernels.paged_attention.attend_pages replaced, timed interleaved in this process (medians):
   plain:    the attention as configured (ragged plain JAX)
   table:    paged_attention_reference (each slot's whole page table)
   none:     no attention at all (the step's query passed through): the rest of the step
@@ -33,8 +33,8 @@ import numpy as np
 from flax import nnx
 from sampler_bench import make_model
 
+from gspo_jax.kernels import paged_attention as pa
 from gspo_jax.models import attention
-from gspo_jax.models import paged_attention as pa
 from gspo_jax.rollout import continuous, paged, static
 
 VARIANTS = {

@@ -5,7 +5,7 @@
 
 Shapes only (nnx.eval_shape / jax.eval_shape: no weights are allocated). For each model and rank:
 the trainable parameters, the optimizer state (the run's optax chain: clipping + AdamW, on the
-adapters alone under LoRA), and what a checkpoint holds (rl/build.py saved_state: the whole
+adapters alone under LoRA), and what a checkpoint holds (rl/adapters.py saved_state: the whole
 parameters and optimizer state for full fine-tuning; the adapters and their optimizer state with
 LoRA, the base being loaded again from its source). Bytes as stored (float32 parameters and
 moments, int32 counts), with the ratio to full fine-tuning of the same model.
@@ -27,7 +27,7 @@ if REPO not in sys.path and not os.environ.get("PYTHONPATH"):
 
 from gspo_jax import config as config_lib  # noqa: E402
 from gspo_jax import models  # noqa: E402
-from gspo_jax.rl import build  # noqa: E402
+from gspo_jax.rl import build, optimizer  # noqa: E402
 
 
 def nbytes(tree) -> int:
@@ -46,7 +46,7 @@ def row(cfg: models.ModelConfig, rank: int, opt_cfg) -> dict:
     spec = models.lora.LoraSpec(rank=rank, alpha=2.0 * max(rank, 1))
     model = nnx.eval_shape(lambda: models.lora.add_adapters(models.create_model(cfg), spec))
     params = nnx.state(model, nnx.Param)
-    tx, _ = build.make_optimizer(opt_cfg, 100, adapters_only=rank > 0)
+    tx, _ = optimizer.make_optimizer(opt_cfg, 100, adapters_only=rank > 0)
     opt = jax.eval_shape(tx.init, params)
     trainable = params.filter(nnx.LoRAParam) if rank > 0 else params
     return {

@@ -10,7 +10,7 @@ ratio to "table" (the median of --repeats passes over --steps sampled steps):
                 attention before the ragged one)
   longest:      a loop over blocks of bp pages up to the longest live slot, all slots per
                 block (flash-decoding batched by rows; defined here, not in the library)
-  ragged bp/C:  models.paged_attention.paged_attention, (slot, bp-page block) work items, C
+  ragged bp/C:  kernels.paged_attention.paged_attention, (slot, bp-page block) work items, C
                 per loop trip
 Each step's slot lengths: "long_tail" draws each slot's generated age from the geometric
 distribution with mean --mean-len capped at the limit (the age of a renewal process with
@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gspo_jax.models import paged_attention as pa
+from gspo_jax.kernels import paged_attention as pa
 from gspo_jax.rollout import paged
 
 

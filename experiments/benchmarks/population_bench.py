@@ -81,7 +81,7 @@ def run_processes(config, root, seeds, parallel, overrides) -> float:
 POPULATION_RUNNER = """
 import ast, sys
 from gspo_jax import config as config_lib
-from gspo_jax.rl import population
+from gspo_jax.rl import trainer
 config = config_lib.load_config_file(sys.argv[1])
 with config.unlocked():
     for kv in sys.argv[4:]:
@@ -92,7 +92,7 @@ with config.unlocked():
             pass  # a string
         config_lib.set_field(config, k, v)
     config.population.seeds = tuple(int(s) for s in sys.argv[3].split(","))
-population.train(config, sys.argv[2])
+trainer.train(config, sys.argv[2])
 """
 
 

@@ -52,7 +52,7 @@ parts chosen with --parts (comma-separated):
 --engine-shape (a SHAPES entry: "qwen3_0_6b" is Qwen3-0.6B's shape), --dtype (bfloat16: weights
 and compute; the token check's log-prob tolerance widens to 0.1) and --paged-attention (the
 continuous engine once per implementation, "pallas" being the backend's kernel: on a GPU
-models/paged_kernel_gpu.py) apply to long_tail and uniform; --refills picks the continuous
+kernels/paged_kernel_gpu.py) apply to long_tail and uniform; --refills picks the continuous
 engine's refill strategies.
 The long-tailed shape of docs/benchmarks.md (the issue's 1,024-token limit scaled to 256):
     python experiments/benchmarks/sampler_bench.py --compare-engines --P 32 --G 8 \
@@ -1032,7 +1032,7 @@ def main(argv=None):
         "--paged-attention",
         default="plain",
         help="--compare-engines: the continuous engine once per implementation (comma-separated "
-        "models.config.PAGED_IMPLEMENTATIONS, e.g. plain,pallas)",
+        "kernels.paged_attention.PAGED_IMPLEMENTATIONS, e.g. plain,pallas)",
     )
     ap.add_argument("--refills", default="device,chunked", help="--compare-engines: refills")
     ap.add_argument(

@@ -3,7 +3,8 @@ of the code bit for bit (a restructuring must not change a number).
 
 Each run is `python -m gspo_jax.main` (the CLI, which every version keeps) on configs/*.py at
 runlocal size for 3 RL steps; what is kept: metrics.jsonl without its time/ keys, the final
-checkpoint's train state (params, optimizer state, step, key) and summary.json without times.
+checkpoint's train state (params, optimizer state, step, key) and summary.json without times
+(a population's: its members' too).
 
     python experiments/checks/same_results.py run --out /tmp/before     # in the old checkout
     python experiments/checks/same_results.py run --out /tmp/after      # in the new one
@@ -69,6 +70,24 @@ RUNS = {
         },
     ),
     "moe_replay": ("configs/arith_moe.py:runlocal,routing_replay", 1, {}),
+    # the asynchronous pipeline on its own rollout device, one version of staleness
+    "pipelined_2dev": (
+        "configs/arith.py:runlocal",
+        2,
+        {"rl.max_staleness": 1, "rollout.devices": 1, "rollout.sync_dtype": "trainer"},
+    ),
+    # a population of 4 seeds (a KL term, so each member has a reference)
+    "population4": (
+        "configs/arith.py:runlocal",
+        1,
+        {"population.seeds": "(0,1,2,3)", "objective.kl_coef": 0.01},
+    ),
+    "lora": ("configs/arith.py:runlocal", 1, {"lora.rank": 4, "objective.kl_coef": 0.01}),
+    "qlora": (
+        "configs/arith.py:runlocal",
+        1,
+        {"lora.rank": 4, "lora.base_quant": "int8", "objective.kl_coef": 0.01},
+    ),
 }
 
 
@@ -120,18 +139,32 @@ def dump_state(workdir: str, path: str) -> None:
     np.savez(path, **flat)
 
 
+def run_dirs(run_dir: str) -> list[str]:
+    """The run's own directory, or a population's member directories (members/<name>/)."""
+    members = os.path.join(run_dir, "members")
+    if os.path.isdir(members):
+        return [os.path.join(members, n) for n in sorted(os.listdir(members))]
+    return [run_dir]
+
+
 def records(run_dir: str) -> list[dict]:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        recs = [json.loads(line) for line in f if line.strip()]
+    recs = []
+    for d in run_dirs(run_dir):
+        with open(os.path.join(d, "metrics.jsonl")) as f:
+            rs = [json.loads(line) for line in f if line.strip()]
+        member = os.path.basename(d) if d != run_dir else None
+        recs += [dict(r, member=member) for r in rs]
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in recs]
 
 
 def summary(run_dir: str) -> dict:
-    path = os.path.join(run_dir, "summary.json")
-    if not os.path.exists(path):
-        return {}
-    with open(path) as f:
-        s = json.load(f)
+    """summary.json without times; a population's members' too."""
+    out = {}
+    for d in dict.fromkeys([run_dir, *run_dirs(run_dir)]):
+        path = os.path.join(d, "summary.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                out[os.path.relpath(d, run_dir)] = json.load(f)
 
     def strip(x):
         if isinstance(x, dict):
@@ -142,7 +175,7 @@ def summary(run_dir: str) -> dict:
             }
         return x
 
-    return strip(s)
+    return strip(out)
 
 
 def same(a, b) -> bool:
@@ -155,6 +188,9 @@ def compare(before: str, after: str) -> int:
     bad = 0
     names = sorted(n[: -len(".npz")] for n in os.listdir(before) if n.endswith(".npz"))
     for name in names:
+        if not os.path.exists(os.path.join(after, f"{name}.npz")):
+            print(f"{name}: not run in {after} (run --only)")
+            continue
         problems = []
         a = np.load(os.path.join(before, f"{name}.npz"))
         b = np.load(os.path.join(after, f"{name}.npz"))

@@ -31,7 +31,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     >= 2, positive counts (prompts, minibatches, micro-batches, epochs, steps), temperature,
     response lengths, the schedule and intervals, and the rollout options. The checks that need a
     built part (the objective, the mesh, the task, the model config) run where rl/build.py builds
-    it, and the workdir is probed last (experiment.build_run).
+    it, and the workdir is probed last (build.build_run).
     """
     rl = config.rl
     check_finite(config)
@@ -113,7 +113,7 @@ ROLLOUT_QUANTS = ("", "int8", "fp8")  # rollout/quant.py QTYPES
 def check_rollout_options(config: ml_collections.ConfigDict) -> None:
     """The rollout dtype and weight quantization, dynamic sampling, collapse watch and the
     objective's use of the rollout's log-probs, each against the rest of the config (the
-    overlong buffer needs the task's response length: experiment.make_task checks it)."""
+    overlong buffer needs the task's response length: build.make_task checks it)."""
     rl = config.rl
     if rl.rollout_dtype not in ROLLOUT_DTYPES:
         raise ConfigError(

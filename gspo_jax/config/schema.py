@@ -94,9 +94,9 @@ def default_config() -> ml_collections.ConfigDict:
     # Attention kernel (models/attention.py): None = the ModelConfig default "auto" (splash on
     # TPU, cuDNN on GPU, else blockwise past one key block); "blockwise" or "reference" forces one.
     c.model.attention = config_dict.placeholder(str)
-    # The continuous rollout engine's attention over its pages (models/paged_attention.py): None
+    # The continuous rollout engine's attention over its pages (kernels/paged_attention.py): None
     # = "plain" (plain JAX); "auto" (the Pallas kernel on a TPU or a GPU), "pallas",
-    # "interpret" or "interpret_gpu" (models.config.PAGED_IMPLEMENTATIONS).
+    # "interpret" or "interpret_gpu" (kernels.paged_attention.PAGED_IMPLEMENTATIONS).
     c.model.paged_attention = config_dict.placeholder(str)
     # Fields of the preset a config may change (None = the preset's): the MoE volatility doses'
     # expert counts, a released checkpoint's padded vocabulary.

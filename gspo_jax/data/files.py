@@ -14,7 +14,7 @@ as released:
 
 Each split is converted once into one array_record file of JSON records in the cache
 (``<data_dir>/files/<task>_<split>_<hash>/records.array_record``), with a progress bar, under the
-entry's file lock (runtime/filelock.py: runs started together convert it once). The hash covers the
+entry's file lock (filelock.py: runs started together convert it once). The hash covers the
 split
 files' bytes, the task and the record format, so an edited file gets a new entry and an unchanged
 one is never converted again. Records are what ``task.record_from_example(row)`` makes of each row
@@ -38,7 +38,7 @@ from collections.abc import Sequence
 import grain
 from tqdm import tqdm
 
-from gspo_jax.runtime import filelock
+from gspo_jax import filelock
 from gspo_jax.tasks.released import (  # noqa: F401 (part of this module's API)
     DataFileError,
     content_key,

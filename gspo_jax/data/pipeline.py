@@ -33,8 +33,8 @@ from typing import Any
 import grain
 import numpy as np
 
+from gspo_jax import filelock
 from gspo_jax.data import files as data_files
-from gspo_jax.runtime import filelock
 from gspo_jax.tasks.task import Task
 
 DEFAULT_DATA_DIR = os.path.join(os.path.expanduser("~"), ".cache", "gspo_jax", "tfds")
@@ -58,7 +58,7 @@ def prepare(task: Task, data_dir: str | os.PathLike | None = None):
     Generated tasks: generate it unless it is there already and return its prepared TFDS
     builder. Safe to call from many processes at once (parallel runs, the hosts of a pod sharing
     ``data_dir``): the first one generates the files under a lock next to them
-    (``<version dir>.lock``, see runtime/filelock.py), the others wait for it and then read its
+    (``<version dir>.lock``, see filelock.py), the others wait for it and then read its
     files.
     Tasks reading files (``task.data_path``): convert every split the folder holds (data/files.py,
     the same lock) and return {split: array_record path}. Catalogue datasets: check that they are

@@ -15,13 +15,19 @@ attention_bias), not copies of it.
 
 See config.py (presets, flags), layers.py (blocks, MoE router), moe_dispatch.py (how the
 experts run: dense reference, sparse grouped matmuls, expert parallelism), transformer.py
-(layout, masks, model, create_model), paged_attention.py (the continuous rollout engine's paged
-KV cache and attention over its pages), paged_kernel.py (that attention as a Pallas kernel),
-logprobs.py (chunked log-prob / entropy), interface.py (the seam), hf.py (Hugging Face
-checkpoints) and lora.py (LoRA adapters through qwix: only the adapters, nnx.LoRAParam, train;
-docs/lora.md).
+(layout, masks, model, create_model), logprobs.py (chunked log-prob / entropy), interface.py
+(the seam), hf.py (Hugging Face checkpoints) and lora.py (LoRA adapters through qwix: only the
+adapters, nnx.LoRAParam, train; docs/lora.md). The continuous rollout engine's paged KV cache
+and the attention over its pages are gspo_jax/kernels/ (its names re-exported here).
 """
 
+from gspo_jax.kernels.paged_attention import (
+    SCRATCH_PAGE,
+    init_paged_cache,
+    is_paged,
+    paged_cache_bytes,
+    write_prompt_pages,
+)
 from gspo_jax.models import lora
 from gspo_jax.models.attention import add_chunk, is_shared_prefix, shared_prefix_cache
 from gspo_jax.models.config import EXECUTION_FIELDS, PRESETS, ModelConfig, get_model_config
@@ -33,13 +39,6 @@ from gspo_jax.models.logprobs import (
     response_logprobs,
     scale_logits,
     token_logprob_entropy,
-)
-from gspo_jax.models.paged_attention import (
-    SCRATCH_PAGE,
-    init_paged_cache,
-    is_paged,
-    paged_cache_bytes,
-    write_prompt_pages,
 )
 from gspo_jax.models.transformer import (
     Transformer,

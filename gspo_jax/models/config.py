@@ -20,18 +20,12 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from gspo_jax.kernels.paged_attention import PAGED_IMPLEMENTATIONS
 from gspo_jax.models.attention import IMPLEMENTATIONS
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 MOE_DISPATCHES = ("sparse", "dense")
 MOE_KERNELS = ("auto", "tiled", "ragged_dot", "megablox")
-PAGED_IMPLEMENTATIONS = (
-    "plain",
-    "auto",
-    "pallas",
-    "interpret",
-    "interpret_gpu",
-)  # paged_attention.attend_pages
 # Fields that choose how the model is computed, not which function it computes (the same
 # parameters give the same function, to float rounding, whatever their values): a warm start
 # cached under one value serves the others (warmstart.cache_key leaves them out).
@@ -117,7 +111,7 @@ class ModelConfig:
     # The continuous rollout engine's attention over its paged KV cache
     # (paged_attention.attend_pages): "plain" (plain JAX, every platform; the reference),
     # "auto" (the backend's Pallas kernel on a TPU or a GPU, else plain), "pallas" (the kernel:
-    # models/paged_kernel.py on a TPU, models/paged_kernel_gpu.py on a GPU), or "interpret" /
+    # kernels/paged_kernel.py on a TPU, kernels/paged_kernel_gpu.py on a GPU), or "interpret" /
     # "interpret_gpu" (the TPU / GPU kernel in Pallas interpret mode: tests).
     paged_attention: str = "plain"
 

@@ -9,7 +9,7 @@ Nothing outside gspo_jax/models/ calls more of a model than this Protocol:
   steps writing the cache at a slot), ``init_cache``, ``logits``, ``cfg`` (vocab_size,
   max_seq_len, is_moe), and the cache-layout helpers models/ exports (shared_prefix_cache,
   add_chunk, is_shared_prefix; the paged cache's init_paged_cache, write_prompt_pages,
-  SCRATCH_PAGE), so no engine reaches into models/attention.py or models/paged_attention.py;
+  SCRATCH_PAGE), so no engine reaches into models/attention.py or kernels/paged_attention.py;
 - gspo_jax/models/logprobs.py (response_logprobs, which rl/step.py, rl/warmstart.py and
   rl/evaluation.py call): ``forward`` without a cache, ``output_matrix`` and ``cfg``
   (compute_dtype, logprob_chunk_bytes, num_layers, experts_per_token);

@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from gspo_jax.models import attention, moe_dispatch, paged_attention
+from gspo_jax.kernels import paged_attention
+from gspo_jax.models import attention, moe_dispatch
 from gspo_jax.models.config import ModelConfig
 from gspo_jax.sharding import logical_constraint
 
@@ -118,7 +119,7 @@ class Attention(nnx.Module):
       and a page table per row; a one-token step writes each row at its own logical slot
       write_index [N] and attends over the row's pages up to that slot, the mask's key_valid
       saying which slots it sees, with the implementation cfg.paged_attention selects (plain
-      JAX or the Pallas kernel: models/paged_attention.py attend_pages).
+      JAX or the Pallas kernel: kernels/paged_attention.py attend_pages).
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):

@@ -67,7 +67,7 @@ _HF_MODULE = {
 class LoraSpec:
     """config.lora, typed: rank r (0 = no adapters), α, the target module-path patterns and
     base_quant, the frozen base's quantization under the adapters (QLoRA: "int8", "fp8"; "" =
-    none; rl/build.py adapted_model applies it through rollout/quant.py)."""
+    none; rl/adapters.py adapted_model applies it through rollout/quant.py)."""
 
     rank: int = 0
     alpha: float = 16.0

@@ -19,7 +19,6 @@ rl/build.py, rl/warmstart.py, models/hf.py and the tests build models through it
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import chex
 import jax
@@ -144,7 +143,7 @@ class Transformer(nnx.Module):
         explicit [B, S, Sk] bool (Sk = S without a cache, the cache length with one),
         token_mask [B, S] (MoE aux loss counts only these tokens), cache: init_cache's pytree,
         the sampler's shared-prefix cache (layers.Attention; every leaf stacked on a leading [L]
-        axis), written at slot `write_index`, or a paged cache (models/paged_attention.py: one
+        axis), written at slot `write_index`, or a paged cache (kernels/paged_attention.py: one
         token per row, written at each row's logical slot write_index [B]; mask a SlotMask
         whose key_valid [B, Sk] alone decides what each row sees),
         routes [L, B, S, k] int32 (MoE Routing Replay) or None.
@@ -247,32 +246,6 @@ def remat(fn, policy: str):
         return fn
     named = None if policy == "full" else getattr(jax.checkpoint_policies, policy)
     return jax.checkpoint(fn, policy=named, prevent_cse=False)
-
-
-def unstacked_layers_error(saved_tree: Any, where: str) -> str | None:
-    """The one-line error for a saved tree (an orbax checkpoint's metadata) that holds the
-    decoder layers one by one (layers/0/..., layers/1/...), as every checkpoint written before
-    the layers were stacked for the scan does; None for any other tree."""
-
-    def unstacked(node) -> bool:
-        if isinstance(node, dict):
-            layers = node.get("layers")
-            if isinstance(layers, dict) and any(str(k).isdigit() for k in layers):
-                return True
-            return any(unstacked(v) for v in node.values())
-        if isinstance(node, (list, tuple)):
-            return any(unstacked(v) for v in node)
-        return False
-
-    if not unstacked(saved_tree):
-        return None
-    return (
-        f"the checkpoint in {where} holds the decoder layers one by one (layers/0/...), the "
-        "layout before they were stacked on a leading axis ([L, ...]) for the scan; this "
-        "version cannot resume it. Resume it with the commit that wrote it, or export it with "
-        "that commit (experiments/export_hf.py) and start a run from the exported folder "
-        "(config.init.kind='hf', config.init.checkpoint=<folder>), or rerun with --start_fresh"
-    )
 
 
 def create_model(

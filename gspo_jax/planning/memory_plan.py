@@ -61,8 +61,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from gspo_jax import config as config_lib
 from gspo_jax import models, rollout, sharding
 from gspo_jax.planning import hlo_cost
+from gspo_jax.rl import adapters, build
 from gspo_jax.rl import batch as rl_batch
-from gspo_jax.rl import build as exp
 from gspo_jax.rl import step as ts
 from gspo_jax.rl.batch import RLBatch
 
@@ -149,8 +149,8 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
             f"{jax.device_count()}: run it through `python -m gspo_jax.main ... --dry_run`, which "
             "simulates the slice's devices on the CPU"
         )
-    run = exp.build_run(config)
-    abs_state = exp.abstract_state(run, run.abs_params)
+    run = build.build_run(config)
+    abs_state = build.abstract_state(run, run.abs_params)
     phases = ts.make_phases(run, abs_state, with_ref=rl_batch.uses_reference(run))
     spec, mesh = run.step, run.mesh
     P, Lp, T = spec.prompts, spec.prompt_len, spec.response_len
@@ -161,10 +161,10 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     rollout_peak, steps, engine = roll["peak"], roll["decode_steps"], roll["engine"]
     (t_roll, t_step), t_upd = roll["compile_s"], upd["compile_s"]
     params = shard_bytes(abs_state.params)  # QLoRA: the quantized base as it is held
-    base_quant = exp.lora_spec(config).base_quant if spec.lora_adapters else ""
+    base_quant = adapters.base_quant(run)
     opt = shard_bytes(abs_state.opt_state)
     # LoRA: the reference is the policy's own base weights with the adapters off (no copy)
-    ref = params if rl_batch.uses_reference(run) and not spec.lora_adapters else 0
+    ref = params if adapters.keeps_reference_copy(run) else 0
     update_peak = upd["peak"]
     needed = max(update_peak, rollout_peak + opt) + ref
     hbm = int(slc.hbm_gib * GIB)
@@ -500,7 +500,7 @@ def rollout_weight_bytes(run) -> dict[str, Any]:
     config.rl.rollout_quant (int8 / fp8 qvalues + float32 scales; shapes only, nothing is
     allocated). Keys: quant, float_bytes, rollout_bytes."""
     quant = run.step.rollout_quant
-    base_quant = exp.lora_spec(run.config).base_quant if run.step.lora_adapters else ""
+    base_quant = adapters.base_quant(run)
 
     def prepared(params):
         model = rollout.quantize_weights(nnx.merge(run.rollout_graphdef, params, run.rest), quant)
@@ -520,11 +520,13 @@ def rollout_weight_bytes(run) -> dict[str, Any]:
 def float_abstract(run):
     """(graphdef, abstract params) of the run's model with its base in float32: the run's own
     unless QLoRA (config.lora.base_quant) holds the base quantized (shapes only)."""
-    spec = exp.lora_spec(run.config)
+    spec = adapters.lora_spec(run.config)
     if not (run.step.lora_adapters and spec.base_quant):
         return run.rollout_graphdef, run.abs_params
     spec = dataclasses.replace(spec, base_quant="")
-    graphdef, abs_params, _, _ = exp.abstract_params(run.model_cfg, run.mesh, run.config.seed, spec)
+    graphdef, abs_params, _, _ = build.abstract_params(
+        run.model_cfg, run.mesh, run.config.seed, spec
+    )
     return graphdef, abs_params
 
 

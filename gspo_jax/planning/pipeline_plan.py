@@ -60,14 +60,14 @@ from gspo_jax import config as config_lib
 from gspo_jax import sharding
 from gspo_jax.planning import memory_plan
 from gspo_jax.planning.memory_plan import GIB, HEADROOM
+from gspo_jax.rl import adapters, build, pipeline, placement
 from gspo_jax.rl import batch as rl_batch
-from gspo_jax.rl import build, pipeline
 from gspo_jax.rl import step as ts
 
 
 def is_pipelined(config) -> bool:
     """Whether ``config`` runs the asynchronous pipeline (and its dry run is this module's)."""
-    return pipeline.check_pipeline(config)[2]
+    return placement.check_pipeline(config)[2]
 
 
 def synchronous_config(config, trainer_devices: int) -> ml_collections.ConfigDict:
@@ -142,9 +142,9 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     "pipelined"}), "sync_bytes", "sync_s", "suggested" (R*, {R: step seconds}), and the keys
     memory_plan.check_fits reads (the tighter group's)."""
     slc = memory_plan.get_slice(config.slice)
-    k, s, _ = pipeline.check_pipeline(config)
+    k, s, _ = placement.check_pipeline(config)
     D = slc.devices
-    R = pipeline.rollout_device_count(config, D)
+    R = placement.rollout_device_count(config, D)
     sync = memory_plan.plan(synchronous_config(config, D - R))
     run = build.build_run(config)
     abs_state = build.abstract_state(run, run.abs_params)
@@ -202,7 +202,7 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
         roll = memory_plan.rollout_part(run, r_fn, r_params, run.rollout_mesh, slc)
         params = memory_plan.shard_bytes(abs_state.params)
         opt = memory_plan.shard_bytes(abs_state.opt_state)
-        ref = params if rl_batch.uses_reference(run) and not run.step.lora_adapters else 0
+        ref = params if adapters.keeps_reference_copy(run) else 0
         copy_bytes = memory_plan.shard_bytes(r_params)  # what each rollout device receives
         trainer = dict(
             devices=D - R,

@@ -1,14 +1,16 @@
 """The one place a run is built: task, model config, objective, mesh, optimizer, train state.
 
-    run = experiment.build_run(config, workdir)      # checks as it builds (ConfigError: the fix)
-    params, seconds = experiment.base_params(run)    # warm start (cached) or random, on the mesh
-    state = experiment.initial_state(run, params)
+    run = build.build_run(config, workdir)      # checks as it builds (ConfigError: the fix)
+    params, seconds = build.base_params(run)    # warm start (cached) or random, on the mesh
+    state = build.initial_state(run, params)
 
 build_run builds each part once, and every builder checks its own input as it builds
-(make_objective, make_mesh, make_task, make_model_config), after config.validate's checks of the
-config alone and before the workdir is probed. Nothing here runs an RL step (that is
-rl/step.py, which imports this module; rl/trainer.py is the loop); notebooks and benchmarks use
-these functions to get the same objects the trainer uses.
+(make_objective, placement.place, make_task, make_model_config), after config.validate's checks
+of the config alone and before the workdir is probed. The layers of rl/ stack: build (this
+module; placement.py decides where each role runs) -> the steppers (step.py's synchronous step,
+pipeline.py, population.py), which read the Run it returns -> trainer.py, the loop. Nothing here
+runs an RL step; notebooks and benchmarks use these functions to get the objects the trainer
+uses.
 
 Dimension legend: none (configuration objects and parameter pytrees).
 """
@@ -19,14 +21,12 @@ import copy
 import dataclasses
 import json
 import os
-import re
 import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 from flax import nnx
 
@@ -34,74 +34,9 @@ from gspo_jax import advantages, data, models, objectives, rollout, sharding, ta
 from gspo_jax import config as config_lib
 from gspo_jax.config import ConfigError
 from gspo_jax.data import files as data_files
-from gspo_jax.rl import pipeline, warmstart
+from gspo_jax.rl import adapters, optimizer, placement, warmstart
 from gspo_jax.runtime import metrics as metrics_lib
 from gspo_jax.state import Run, StepSpec, TrainState
-
-# ------------------------------------------------------------------------------------ optimizer
-
-
-def make_schedule(opt_cfg: Any, total_updates: int) -> optax.Schedule:
-    """Learning rate per optimizer update: linear warmup then constant / cosine / linear decay.
-
-    Counted in optimizer updates (RL steps × epochs × minibatches).
-    """
-    lr, warm = float(opt_cfg.learning_rate), int(opt_cfg.warmup_updates)
-    kind = opt_cfg.schedule
-    decay_steps = max(total_updates - warm, 1)
-    end = lr * float(opt_cfg.end_lr_ratio)
-    if kind == "constant":
-        main = optax.constant_schedule(lr)
-    elif kind == "cosine":
-        main = optax.cosine_decay_schedule(lr, decay_steps, alpha=float(opt_cfg.end_lr_ratio))
-    elif kind == "linear":
-        main = optax.linear_schedule(lr, end, decay_steps)
-    else:
-        raise ValueError(f"unknown schedule {kind!r}; valid: constant, cosine, linear")
-    if warm <= 0:
-        return main
-    return optax.join_schedules([optax.linear_schedule(0.0, lr, warm), main], [warm])
-
-
-def is_router_path(path) -> bool:
-    """Whether a parameter's tree path lies under an MoE router (layers.MoE's ``router``)."""
-    return any(getattr(k, "key", None) == "router" for k in path)
-
-
-def scale_router_updates(scale: float) -> optax.GradientTransformation:
-    """Multiplies the MoE routers' updates by ``scale``, after AdamW (whose step does not depend
-    on the gradient's scale, so the step size can only be set here). The routers then move
-    ``scale`` times as far per update as the rest of the model: a dose of route volatility, the
-    routes' drift between the rollout and each update that Routing Replay is for. (AdamW's weight
-    decay on the routers is scaled with their step.)"""
-    return optax.masked(
-        optax.scale(scale),
-        lambda params: jax.tree_util.tree_map_with_path(lambda p, _: is_router_path(p), params),
-    )
-
-
-def make_optimizer(opt_cfg: Any, total_updates: int) -> tuple[optax.GradientTransformation, Any]:
-    """AdamW with global-norm gradient clipping (and opt_cfg.router_lr_scale on the MoE routers'
-    steps, where set); returns (tx, schedule). It acts on the trainable parameters (trainable():
-    with LoRA the adapters alone: their optimizer state, their clipping norm)."""
-    schedule = make_schedule(opt_cfg, total_updates)
-    parts = []
-    if opt_cfg.grad_clip and opt_cfg.grad_clip > 0:
-        parts.append(optax.clip_by_global_norm(float(opt_cfg.grad_clip)))
-    parts.append(
-        optax.adamw(
-            schedule,
-            b1=float(opt_cfg.b1),
-            b2=float(opt_cfg.b2),
-            eps=float(opt_cfg.eps),
-            weight_decay=float(opt_cfg.weight_decay),
-        )
-    )
-    router_lr_scale = float(opt_cfg.router_lr_scale)
-    if router_lr_scale != 1.0:
-        parts.append(scale_router_updates(router_lr_scale))
-    return optax.chain(*parts), schedule
-
 
 # ------------------------------------------------------------------------------------ builders
 # Each builder checks its own input as it builds: a ConfigError naming the field and the fix.
@@ -156,44 +91,6 @@ def make_objective(config: ml_collections.ConfigDict) -> objectives.Objective:
             "or set --config.rl.token_advantages=False"
         )
     return objective
-
-
-def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
-    """The device mesh of config.mesh, checked against the batch: every process loads whole
-    prompts, and the rollout batch, its minibatches and micro-batches divide over the rows'
-    data x fsdp x expert shards."""
-    trainer_devices, _ = pipeline.split_devices(config, mesh_devices(config))
-    try:
-        mesh = sharding.make_mesh(dict(config.mesh), devices=trainer_devices)
-    except ValueError as e:
-        raise ConfigError(f"config.mesh: {e}") from None
-    rl, process_count = config.rl, jax.process_count()
-    dp = sharding.row_shards(mesh)  # rows split over data x fsdp x expert
-    P, G, K, U = rl.prompts_per_step, rl.group_size, rl.num_minibatches, rl.num_microbatches
-    B = P * G
-    if P % process_count:
-        raise ConfigError(
-            f"config.rl.prompts_per_step={P} is not divisible by the {process_count} processes; "
-            "each process loads an equal share of prompts: use a multiple of the process count"
-        )
-    if P % dp:
-        raise ConfigError(
-            f"config.rl.prompts_per_step={P} does not divide over the data axis: the mesh shards "
-            f"rows over data x fsdp x expert = {dp} devices, and every device needs whole prompts. "
-            f"Use a multiple of {dp} prompts, or shrink config.mesh.data / fsdp / expert"
-        )
-    if B % K or (B // K) % dp:
-        raise ConfigError(
-            f"the rollout batch of {P} prompts x {G} samples = {B} rows must split into "
-            f"config.rl.num_minibatches={K} minibatches whose size divides over the {dp} "
-            "data-parallel devices; change num_minibatches or prompts_per_step"
-        )
-    if (B // K) % U or (B // K // U) % dp:
-        raise ConfigError(
-            f"a minibatch of {B // K} rows must split into config.rl.num_microbatches={U} "
-            f"micro-batches whose size divides over the {dp} data-parallel devices"
-        )
-    return mesh
 
 
 def make_task(config: ml_collections.ConfigDict) -> tasks.Task:
@@ -357,70 +254,9 @@ def check_lengths(
         )
 
 
-def mesh_devices(config: ml_collections.ConfigDict) -> list:
-    """The devices the mesh spans: all of them, or the first config.num_devices (single-process
-    only; lets one process compare a 1-device run with an 8-device run)."""
-    n = config.num_devices
-    if n is None or n < 0:
-        return list(jax.devices())
-    if jax.process_count() > 1:
-        raise ConfigError("config.num_devices must be -1 (all devices) in a multi-process run")
-    if not 1 <= n <= jax.device_count():
-        raise ConfigError(
-            f"config.num_devices={n}, but {jax.device_count()} devices exist; use -1 for all"
-        )
-    return list(jax.devices()[:n])
-
-
 def _split_model(model):
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     return graphdef, params, rest
-
-
-def lora_spec(config: ml_collections.ConfigDict) -> models.lora.LoraSpec:
-    """config.lora, typed (rank 0, the default, is full fine-tuning)."""
-    return models.lora.LoraSpec.of(config.get("lora"))
-
-
-def check_lora(spec: models.lora.LoraSpec, model_cfg: models.ModelConfig) -> None:
-    """ConfigError for a negative rank, a non-positive α, a target that matches no module (the
-    model's module paths listed) or targets whose modules have no weight qwix adapts."""
-    if spec.rank < 0:
-        raise ConfigError(
-            f"config.lora.rank={spec.rank} must be >= 0 (0 = full fine-tuning, no adapters)"
-        )
-    if spec.rank == 0:
-        return
-    if not spec.alpha > 0:
-        raise ConfigError(f"config.lora.alpha={spec.alpha} must be > 0 (the scale is α / r)")
-    paths = models.lora.module_paths(model_cfg)
-    for pattern in spec.targets:
-        try:
-            hits = [p for p in paths if re.fullmatch(pattern, p)]
-        except re.error as e:
-            raise ConfigError(f"config.lora.targets: {pattern!r} is not a regex ({e})") from None
-        if not hits:
-            raise ConfigError(
-                f"config.lora.targets: {pattern!r} matches no module of the model; its module "
-                f"paths: {paths}"
-            )
-    try:
-        models.lora.adapted_weights(spec, model_cfg)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
-
-def adapted_model(model, spec: models.lora.LoraSpec, seed: int):
-    """The policy's model from the base ``model``: with LoRA the base under its adapters
-    (models/lora.py), and with spec.base_quant (QLoRA) the base's projection weights held
-    quantized under them (rollout/quant.py: QuantizedParam, read dequantized by the trainer,
-    the reference and the rollout; the adapters stay in their dtype). The one place the policy
-    gets its adapters and its quantized base, for the abstract model and the concrete one."""
-    if spec.rank <= 0:  # full fine-tuning: every weight trains, none is held quantized
-        return model
-    return rollout.quantize_weights(
-        models.lora.add_adapters(model, spec, seed=seed), spec.base_quant
-    )
 
 
 def abstract_params(model_cfg, mesh, seed: int, lora=None):
@@ -428,17 +264,12 @@ def abstract_params(model_cfg, mesh, seed: int, lora=None):
     with a LoraSpec of rank > 0 the model carries its adapters (and its quantized base: QLoRA)."""
     spec = lora or models.lora.LoraSpec()
     abstract = nnx.eval_shape(
-        lambda: adapted_model(models.create_model(model_cfg, seed=seed), spec, seed)
+        lambda: adapters.adapted_model(models.create_model(model_cfg, seed=seed), spec, seed)
     )
     graphdef, params, rest = _split_model(abstract)
     shardings = rollout.quant.state_shardings(params, mesh)
     abs_params = sharding.with_shardings(params, shardings)
     return graphdef, abs_params, rest, shardings
-
-
-def trainable(run: Run, params):
-    """The parameters the optimizer updates: all of them, or with LoRA the adapters alone."""
-    return params.filter(nnx.LoRAParam) if run.step.lora_adapters else params
 
 
 def abstract_state(run: Run, abs_params) -> TrainState:
@@ -450,7 +281,7 @@ def abstract_state(run: Run, abs_params) -> TrainState:
     moments came back replicated, and the count on one device, which a resumed multi-device run
     could not use. initial_state creates the state with these same shardings.
     """
-    abs_trainable = trainable(run, abs_params)
+    abs_trainable = adapters.trainable(run, abs_params)
     opt_shapes = jax.eval_shape(run.tx.init, abs_trainable)
     replicated = sharding.replicated(run.mesh)
 
@@ -505,8 +336,8 @@ def policy_params(run: Run, model, seed: int):
     base's under fresh adapters drawn from ``seed`` (B = 0: the base's function; a run's are its
     config.seed's, a population member's its own seed's)."""
     config = run.config
-    spec = lora_spec(config)
-    _, params, _ = _split_model(adapted_model(model, spec, seed))
+    spec = adapters.lora_spec(config)
+    _, params, _ = _split_model(adapters.adapted_model(model, spec, seed))
     if config.init.kind == "warmstart" or spec.rank > 0:
         params = jax.device_put(params, run.state_shardings)  # a no-op unless the rules differ
     return params
@@ -540,7 +371,8 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
     config = copy.deepcopy(config)  # a private copy (resolving max_new_tokens writes into it)
     rl = config.rl
     objective = make_objective(config)
-    mesh = make_mesh(config)
+    where = placement.place(config)  # the trainer's mesh and the rollout's, once
+    mesh = where.trainer
     task = make_task(config)
     model_cfg = make_model_config(config, task)
     if workdir is not None:
@@ -548,14 +380,14 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
     if rl.max_new_tokens <= 0:
         rl.max_new_tokens = task.max_response_len
     updates_per_step = rl.num_epochs * rl.num_minibatches
-    lora = lora_spec(config)
-    check_lora(lora, model_cfg)
+    lora = adapters.lora_spec(config)
+    adapters.check_lora(lora, model_cfg)
     if lora.base_quant and config.population.seeds:
         raise ConfigError(
             f"config.lora.base_quant={lora.base_quant!r} (QLoRA) in a population is not built; "
             "run the QLoRA runs one by one (experiments/sweep.py) or set config.lora.base_quant=''"
         )
-    tx, schedule = make_optimizer(config.optimizer, rl.num_steps * updates_per_step)
+    tx, schedule = optimizer.make_optimizer(config.optimizer, rl.num_steps * updates_per_step)
     graphdef, abs_params, rest, state_sh = abstract_params(model_cfg, mesh, config.seed, lora)
     rollout_graphdef = graphdef
     if rl.rollout_dtype and rl.rollout_dtype != model_cfg.dtype:
@@ -565,10 +397,8 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
         rollout_graphdef = abstract_params(rollout_cfg, mesh, config.seed, lora)[0]
     if jax.tree.leaves(rest):
         raise NotImplementedError("models with non-parameter state are not supported")
-    r_mesh = r_shardings = None
-    _, r_devices = pipeline.split_devices(config, mesh_devices(config))
-    if r_devices:  # the rollout's own device group (rl/pipeline.py)
-        r_mesh = pipeline.rollout_mesh(config, r_devices)
+    r_mesh, r_shardings = where.rollout, None
+    if r_mesh is not None:  # the rollout's own device group (rl/placement.py, rl/pipeline.py)
         r_shardings = abstract_params(model_cfg, r_mesh, config.seed, lora)[3]
     return Run(
         config=config,
@@ -648,7 +478,7 @@ def step_spec(config, task, objective: objectives.Objective) -> StepSpec:
     rl = config.rl
     estimator = config_lib.resolve_estimator(config)
     uses_reference = objective.kl_coef > 0 or rl.log_kl_ref  # a KL term, or its log alone
-    max_staleness, sync_every, pipelined = pipeline.check_pipeline(config)
+    max_staleness, sync_every, pipelined = placement.check_pipeline(config)
     return StepSpec(
         prompts=rl.prompts_per_step,
         group_size=rl.group_size,
@@ -695,7 +525,7 @@ def step_spec(config, task, objective: objectives.Objective) -> StepSpec:
         num_microbatches=rl.num_microbatches,
         shuffle_minibatches=rl.shuffle_minibatches,
         aux_loss_coef=rl.aux_loss_coef,
-        lora_adapters=lora_spec(config).rank > 0,
+        lora_adapters=adapters.lora_spec(config).rank > 0,
     )
 
 
@@ -706,7 +536,9 @@ def initial_state(run: Run, params) -> TrainState:
     shardings = jax.tree.map(lambda a: a.sharding, target)
     params = jax.device_put(params, shardings.params)
     with sharding.use_mesh(run.mesh):
-        opt_state = jax.jit(run.tx.init, out_shardings=shardings.opt_state)(trainable(run, params))
+        opt_state = jax.jit(run.tx.init, out_shardings=shardings.opt_state)(
+            adapters.trainable(run, params)
+        )
     key = jax.random.key_data(jax.random.key(run.config.seed))
     return TrainState(
         step=jax.device_put(jnp.zeros((), jnp.int32), shardings.step),
@@ -716,55 +548,10 @@ def initial_state(run: Run, params) -> TrainState:
     )
 
 
-# ---------------------------------------------------------------- LoRA: what a checkpoint holds
-# With config.lora.rank > 0 the policy's parameters are the frozen base and the adapters; a
-# checkpoint holds the adapters (and their optimizer state) and the base's identity, and a resume
-# loads the base again from its source (as the reference policy of a full fine-tuning run is).
-
-
-def saved_state(run: Run, state: TrainState) -> TrainState:
-    """What a checkpoint holds of ``state``: all of it, or with LoRA the adapters' parameters."""
-    return state.replace(params=trainable(run, state.params))
-
-
 def saved_abstract_state(run: Run) -> TrainState:
-    """saved_state's shapes and shardings: the restore target."""
-    target = abstract_state(run, run.abs_params)
-    return saved_state(run, target)
-
-
-def with_base(run: Run, restored: TrainState, base: Any) -> TrainState:
-    """A restored (saved_state) state with the base's parameters put back: the base policy's
-    non-adapter leaves of ``base`` (base_params) and the checkpoint's adapters."""
-    if not run.step.lora_adapters:
-        return restored
-    frozen = base.filter(nnx.Not(nnx.LoRAParam))
-    return restored.replace(params=nnx.merge_state(frozen, restored.params))
-
-
-def base_identity(config: ml_collections.ConfigDict, params: Any) -> dict:
-    """The base a LoRA checkpoint's adapters belong to: its source (config.init) and a fingerprint
-    of its weights (sum of squares over every non-adapter parameter, float64 on the host)."""
-    frozen = params.filter(nnx.Not(nnx.LoRAParam))
-    sq = [jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(frozen)]
-    init = config.init
-    source = {"random": f"seed {config.seed}", "hf": init.checkpoint}.get(init.kind, "warm start")
-    return {"kind": init.kind, "source": source, "sum_sq": float(np.sum(np.asarray(sq, "f8")))}
-
-
-def check_base_identity(saved: dict | None, now: dict, where: str) -> None:
-    """ConfigError when the base loaded now is not the one the checkpoint's adapters trained on."""
-    if saved is None:
-        raise ConfigError(
-            f"the checkpoint in {where} holds no LoRA base identity (it was written without "
-            "config.lora); resume it with config.lora.rank=0, or --start_fresh"
-        )
-    same = saved["kind"] == now["kind"] and saved["source"] == now["source"]
-    if not same or not np.isclose(saved["sum_sq"], now["sum_sq"], rtol=1e-6, atol=0.0):
-        raise ConfigError(
-            f"the LoRA adapters in {where} were trained on base {saved}, but the base loaded now "
-            f"is {now}; resume with the base they were trained on, or --start_fresh"
-        )
+    """What a checkpoint holds (adapters.saved_state) as shapes and shardings: the restore
+    target."""
+    return adapters.saved_state(run, abstract_state(run, run.abs_params))
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str | None = None) -> None:

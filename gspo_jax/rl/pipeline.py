@@ -62,87 +62,10 @@ import numpy as np
 from flax import nnx
 
 from gspo_jax import models, rollout, sharding
-from gspo_jax.errors import ConfigError
 from gspo_jax.rl import partial
 from gspo_jax.rl import step as ts
 from gspo_jax.runtime import distributed
 from gspo_jax.state import Run, TrainState
-
-# ------------------------------------------------------------------------------ the config
-
-
-def rollout_device_count(config, n_devices: int) -> int:
-    """config.rollout.devices as a device count: a whole number >= 1, or a fraction in (0, 1) of
-    ``n_devices`` (rounded to the nearest count >= 1); 0 = none (the rollout shares the mesh). A
-    count that leaves the trainer no device is a ConfigError naming the fix."""
-    v = float(config.rollout.devices)
-    if v == 0:
-        return 0
-    if v < 0 or (v >= 1 and v != int(v)):
-        raise ConfigError(
-            f"config.rollout.devices={v:g}: use a whole device count >= 1, a fraction in (0, 1) "
-            "of the devices, or 0 (the rollout shares the training mesh)"
-        )
-    n = int(v) if v >= 1 else max(1, round(v * n_devices))
-    if n >= n_devices:
-        raise ConfigError(
-            f"config.rollout.devices={v:g} gives the rollout {n} of the {n_devices} devices and "
-            "the trainer none: use fewer, or 0 to share the mesh"
-        )
-    return n
-
-
-def split_devices(config, devices: list) -> tuple[list, list]:
-    """(the trainer's devices, the rollout's): the rollout takes config.rollout.devices from the
-    end of the list (none: it shares the trainer's)."""
-    n = rollout_device_count(config, len(devices))
-    return (devices[: len(devices) - n], devices[len(devices) - n :]) if n else (devices, [])
-
-
-def check_pipeline(config) -> tuple[int, int, bool]:
-    """(max_staleness, sync_every, pipelined), checked: one-line ConfigErrors naming the fix for
-    a bound below 0, a sync interval the bound cannot absorb, a checkpoint interval that is not a
-    multiple of it, and what the pipeline does not run with."""
-    rl = config.rl
-    k, s = int(rl.max_staleness), int(rl.sync_every)
-    pipelined = k > 0 or float(config.rollout.devices) != 0
-    if k < 0 or s < 1:
-        raise ConfigError(
-            f"config.rl.max_staleness={k} must be >= 0 (0 = synchronous) and sync_every={s} >= 1"
-        )
-    if s > k + 1:
-        raise ConfigError(
-            f"config.rl.sync_every={s} lets the rollout's parameters lag {s - 1} versions, more "
-            f"than config.rl.max_staleness={k} allows: use sync_every <= max_staleness + 1"
-        )
-    if config.rollout.sync_dtype not in ("rollout", "trainer"):
-        raise ConfigError(
-            f"config.rollout.sync_dtype={config.rollout.sync_dtype!r}: use 'rollout' (the copy "
-            "in the rollout's compute dtype) or 'trainer' (the parameters' own dtype)"
-        )
-    if s > 1 and config.checkpoint.every % s:
-        raise ConfigError(
-            f"config.checkpoint.every={config.checkpoint.every} is not a multiple of "
-            f"config.rl.sync_every={s}: a resume needs the rollout's parameters equal to the "
-            "trainer's at each saved step; make checkpoint.every a multiple of sync_every"
-        )
-    if not pipelined:
-        return k, s, False
-    fix = "set config.rl.max_staleness=0 and config.rollout.devices=0"
-    for refused, why in (
-        (rl.dynamic_sampling, "rl.dynamic_sampling draws a data-dependent number of batches"),
-        (rl.partial_rollout, "rl.partial_rollout carries rows between steps (not yet pipelined)"),
-        (bool(config.population.seeds), "a population (config.population.seeds)"),
-        (
-            jax.process_count() > 1 and float(config.rollout.devices) != 0,
-            "a rollout device group in a multi-process run (each process would need rollout "
-            "devices of its own; rollout.devices=0 pipelines a pod run on its one mesh)",
-        ),
-    ):
-        if refused:
-            raise ConfigError(f"the asynchronous pipeline does not run with {why}; {fix}")
-    return k, s, True
-
 
 # ------------------------------------------------------------------------------ the schedule
 
@@ -411,32 +334,11 @@ def copy_shardings(run: Run, mesh: jax.sharding.Mesh):
     return rollout.quant.state_shardings(sent, mesh)
 
 
-def rollout_mesh(config, devices: list) -> jax.sharding.Mesh:
-    """The rollout's own mesh over ``devices`` (config.rollout.mesh's axes), checked against the
-    batch: its rows divide over the mesh's row shards."""
-    try:
-        mesh = sharding.make_mesh(dict(config.rollout.mesh), devices=devices)
-    except ValueError as e:
-        raise ConfigError(f"config.rollout.mesh: {e}") from None
-    dp, P = sharding.row_shards(mesh), config.rl.prompts_per_step
-    if P % dp:
-        raise ConfigError(
-            f"config.rl.prompts_per_step={P} does not divide over the rollout mesh's {dp} row "
-            f"shards (config.rollout.mesh over {len(devices)} devices): use a multiple of {dp} "
-            "prompts, or change config.rollout.mesh / rollout.devices"
-        )
-    return mesh
-
-
 __all__ = [
     "InFlight",
     "Pipeline",
     "PipelineQueue",
     "Schedule",
-    "check_pipeline",
     "copy_shardings",
     "rollout_copy",
-    "rollout_device_count",
-    "rollout_mesh",
-    "split_devices",
 ]

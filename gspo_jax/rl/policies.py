@@ -22,7 +22,7 @@ import ml_collections
 from flax import nnx
 
 from gspo_jax.errors import CheckpointError, ConfigError
-from gspo_jax.rl import build as exp
+from gspo_jax.rl import adapters, build
 from gspo_jax.runtime import checkpoint as checkpoint_lib
 
 CONFIG_FILE = "config.json"
@@ -79,16 +79,15 @@ def run_policy(workdir: str, step: int | None = None, config=None):
     ``config`` (default: the run's config.json) on the run's mesh."""
     step = check_step(workdir, step)
     config = read_run_config(workdir) if config is None else config
-    run = exp.build_run(config)
+    run = build.build_run(config)
     ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, CHECKPOINTS), save_every=1)
     try:
-        state, meta = ckpt.restore(step, exp.saved_abstract_state(run), _NoData())
+        state, meta = ckpt.restore(step, build.saved_abstract_state(run), _NoData())
     finally:
         ckpt.close()
-    if exp.lora_spec(config).rank > 0:  # the adapters on their base, loaded again and checked
-        base, _ = exp.base_params(run)
-        exp.check_base_identity(meta.get("lora_base"), exp.base_identity(config, base), workdir)
-        state = exp.with_base(run, state, base)
+    if run.step.lora_adapters:  # the adapters on their base, loaded again and checked
+        base, _ = build.base_params(run)
+        state = adapters.restored(run, state, meta, base, workdir)
     return run, nnx.merge(run.graphdef, state.params, run.rest), step
 
 
@@ -99,6 +98,6 @@ def config_base_policy(config: ml_collections.ConfigDict, cache_dir: str | None 
         raise ConfigError(
             f"config.init.kind={config.init.kind!r}; valid: 'warmstart', 'hf', 'random'"
         )
-    run = exp.build_run(config)
-    params, _ = exp.base_params(run, cache_dir)
+    run = build.build_run(config)
+    params, _ = build.base_params(run, cache_dir)
     return run, nnx.merge(run.graphdef, params, run.rest)

@@ -1,7 +1,7 @@
 """A population: many runs of one experiment as one program (config.population).
 
-    summary = population.train(config, workdir)   # main.py calls it when population.seeds is set
-    population.refusal(config)                    # why it cannot run as one (a line), or None
+    summary = trainer.train(config, workdir)   # population.seeds set: steppers.PopulationStepper
+    population.refusal(config)                 # why it cannot run as one (a line), or None
 
 The members differ in their seed and in the numeric fields of config.population.vary
 (config/population.py: the members and their checks). They share the shapes and the program's
@@ -29,7 +29,10 @@ parameters and optimizer state from then on (frozen, marked
 ``train/frozen`` in its metrics and ``frozen_at_step`` in its summary); the others go on. Each
 member's collapse (rl.collapse_patience steps in a row without a learning signal) is watched as
 a single run's is: warned, and with rl.stop_on_collapse that member stops there
-(``collapsed_at_step``), the others go on; the counts are in the checkpoint.
+(``collapsed_at_step``), the others go on; the counts are in the checkpoint. That housekeeping
+is rl/trainer.py's Session, the single run's, over the members: this module builds the
+population and takes its step (population_step: rl/step.py's learn_on_batch over the members'
+phases); it holds no loop.
 
 Not bit-identical to the single runs: vmapped matmuls and reductions may sum in another order, and
 traced hyperparameters are float32 arithmetic where a single run folds Python floats; the first
@@ -43,8 +46,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
-import logging
 import os
 import time
 
@@ -58,14 +59,9 @@ from gspo_jax import config as config_lib
 from gspo_jax import objectives, sharding
 from gspo_jax.config import ConfigError
 from gspo_jax.config import population as population_cfg
-from gspo_jax.data import iterator as data_iterator
-from gspo_jax.rl import batch as rl_batch
-from gspo_jax.rl import build, trainer
+from gspo_jax.rl import adapters, build
 from gspo_jax.rl import step as ts
 from gspo_jax.rl.update import make_update_fn
-from gspo_jax.runtime import checkpoint as checkpoint_lib
-from gspo_jax.runtime import metrics as metrics_lib
-from gspo_jax.runtime import rundir
 from gspo_jax.state import Run, TrainState, step_keys
 
 LR_SCALE = "lr_scale"  # the hyperparameter pytree's key of the learning-rate factor
@@ -206,7 +202,7 @@ def abstract_state(pop: Population) -> TrainState:
 
 def saved_abstract_state(pop: Population) -> TrainState:
     """What a checkpoint holds, stacked (the restore target): the whole state, or with LoRA the
-    adapters' parameters and optimizer state (build.saved_state, as a single run's)."""
+    adapters' parameters and optimizer state (adapters.saved_state, as a single run's)."""
     return stacked_abstract(pop, build.saved_abstract_state(pop.run))
 
 
@@ -230,7 +226,7 @@ def with_base(pop: Population, restored: TrainState, base) -> TrainState:
         return restored
     shardings = jax.tree.map(lambda a: a.sharding, abstract_state(pop).params)
     stacked = jax.tree.map(lambda x: jnp.broadcast_to(x, (pop.size, *x.shape)), base)
-    return build.with_base(pop.run, restored, jax.device_put(stacked, shardings))
+    return adapters.with_base(pop.run, restored, jax.device_put(stacked, shardings))
 
 
 # ------------------------------------------------------------------------------------ the step
@@ -396,6 +392,37 @@ class PopulationPhases:
     # None), with LoRA each member's own parameters with the adapters off (in_axes 0)
     kl_reward: object
     update: object
+    routes: object  # None unless config.rl.log_route_change: the updated members' routes
+
+    def learning(self, hparams: dict, active: jax.Array) -> MemberLearning:
+        """The phases learn_on_batch calls, for one step of the members: ``hparams`` {name: [M]}
+        (the varied values; a varied temperature enters the log-prob passes) and ``active`` [M]
+        bool (a frozen or stopped member's update is not kept)."""
+        return MemberLearning(self, hparams, active)
+
+
+class MemberLearning:
+    """rl/step.py's Phases as learn_on_batch reads them (prepare, logprob, ref, kl_reward,
+    update, routes, recompute_metrics), over the member axis: the varied temperature passed to
+    the log-prob passes, the update given the members' values and which are active, and which
+    members' updates were kept left in ``kept`` [M] bool."""
+
+    def __init__(self, phases: PopulationPhases, hparams: dict, active: jax.Array):
+        temps = (hparams[TEMPERATURE],) if TEMPERATURE in hparams else ()
+        self.prepare, self.kl_reward = phases.prepare, phases.kl_reward
+        self.recompute_metrics, self.routes = phases.recompute_metrics, phases.routes
+        self.logprob = self.ref = None
+        if phases.logprob is not None:
+            self.logprob = lambda params, batch: phases.logprob(params, batch, *temps)
+        if phases.ref is not None:
+            self.ref = lambda params, batch: phases.ref(params, batch, *temps)
+        self.kept = None
+
+        def update(state, batch, shuffle_keys):
+            state, metrics, self.kept = phases.update(state, batch, shuffle_keys, hparams, active)
+            return state, metrics
+
+        self.update = update
 
 
 def make_phases(pop: Population, with_ref: bool) -> PopulationPhases:
@@ -407,7 +434,7 @@ def make_phases(pop: Population, with_ref: bool) -> PopulationPhases:
 
     batching = resolve_batching(run.config.population.batching)
     groups = run.mesh.shape[pop.axis] if pop.axis else 1
-    ref_axis = 0 if run.step.lora_adapters else None
+    ref_axis = 0 if adapters.reference_in_policy(run.step) else None
     return PopulationPhases(
         keys=vm(step_keys),
         # the heavy phases: the rollout and the update (config.population.batching)
@@ -426,6 +453,7 @@ def make_phases(pop: Population, with_ref: bool) -> PopulationPhases:
             single.ref, in_axes=(ref_axis, 0, 0) if TEMPERATURE in pop.hparams else (ref_axis, 0)
         ),
         kl_reward=vm(single.kl_reward),
+        routes=vm(single.routes),
         update=make_population_update(
             run,
             pop.size,
@@ -482,31 +510,20 @@ def population_step(
         shaped, shaping, truncated, _ = phases.shape(sample, parts["reward"])
         pass_m = phases.means([parts], shaping if spec.overlong_penalty > 0 else None, None)
     t2 = time.time()
-    with sharding.use_mesh(run.mesh):
-        batch, roll_m = phases.prepare(sample, shaped, prompts, lengths, truncated)
-        if phases.logprob is not None:
-            logp = phases.logprob(state.params, batch, *temps)["logp"]
-            pass_m.update(phases.recompute_metrics(logp, batch))
-            batch = batch.replace(old_logp=logp)
-        if phases.ref is not None:
-            ref = state.params if spec.lora_adapters else ref_params  # LoRA: adapters off
-            batch = batch.replace(ref_logp=phases.ref(ref, batch, *temps)["logp"])
-        if phases.kl_reward is not None:
-            batch, kl_m = phases.kl_reward(batch, shaped)
-            pass_m.update(kl_m)
-        jax.block_until_ready(batch.old_logp)
-        t3 = time.time()
-        state, train_m, kept = phases.update(
-            state, batch, keys["shuffle"], pop.hparams, jax.device_put(active, pop.on_members())
-        )
-        jax.block_until_ready(train_m["loss"])
-    t4 = time.time()
-    train_m, roll_m, pass_m, kept = jax.device_get((train_m, roll_m, pass_m, kept))
+    got = ts.Collected(
+        sample, shaped, shaping, truncated, prompts, lengths, pass_m, t1 - t_start, t2 - t1
+    )
+    # the single run's learn_on_batch (old/ref log-probs, KL in the reward, the update, the
+    # route-change pass) over the members' phases, with their varied values and which are active
+    learn = phases.learning(pop.hparams, jax.device_put(active, pop.on_members()))
+    state, train_m, roll_m, pass_m, times = ts.learn_on_batch(
+        run, learn, state, got, keys, ref_params
+    )
+    train_m, roll_m, pass_m, kept = jax.device_get((train_m, roll_m, pass_m, learn.kept))
     times = {
-        "time/rollout_s": t1 - t_start,
-        "time/reward_s": t2 - t1,
-        "time/logp_s": t3 - t2,
-        "time/update_s": t4 - t3,
+        "time/rollout_s": got.rollout_s,
+        "time/reward_s": got.reward_s,
+        **times,
         "time/step_s": time.time() - t_start,
     }
     lr_scale = np.asarray(pop.hparams.get(LR_SCALE, np.ones(M)), np.float64)
@@ -522,38 +539,11 @@ def population_step(
     return state, out, np.asarray(kept)
 
 
-# ------------------------------------------------------------------------------------ the loop
-
-
-class MemberIterators:
-    """The members' prompt streams as one checkpointable iterator state {name: state}."""
-
-    def __init__(self, names: list[str], iterators: list):
-        self.names, self.iterators = names, iterators
-
-    def __next__(self) -> list[dict]:
-        return [next(it) for it in self.iterators]
-
-    def get_state(self) -> dict:
-        out = {}
-        for name, it in zip(self.names, self.iterators, strict=True):
-            s = it.get_state()
-            out[name] = {"__bytes__": s.decode()} if isinstance(s, bytes | bytearray) else s
-        return out
-
-    def set_state(self, state: dict) -> None:
-        for name, it in zip(self.names, self.iterators, strict=True):
-            s = state[name]
-            is_bytes = isinstance(s, dict) and set(s) == {"__bytes__"}
-            it.set_state(s["__bytes__"].encode() if is_bytes else s)
+# ------------------------------------------------------------------------------ the stepper
 
 
 def member_dir(workdir: str, name: str) -> str:
     return os.path.join(workdir, "members", name)
-
-
-def _fmt_accuracy(m: dict | None) -> str:
-    return "n/a" if not m else f"{m.get('eval/greedy_accuracy', float('nan')):.3f}"
 
 
 def cpu_deadlock_warning(pop: Population) -> str | None:
@@ -570,176 +560,3 @@ def cpu_deadlock_warning(pop: Population) -> str | None:
         "devices, which can deadlock XLA:CPU's collectives on a loaded host: on a CPU use "
         "--config.mesh.population=1"
     )
-
-
-def train(
-    config: ml_collections.ConfigDict,
-    workdir: str,
-    *,
-    stop_after: int | None = None,
-) -> dict | None:
-    """Runs (or resumes) the population ``config`` in ``workdir``; returns {member name: its
-    summary} (also WORKDIR/summary.json), or None when ``stop_after`` n steps of this invocation
-    stopped it early (like a crash, without a final checkpoint: tests use it)."""
-    t_start = time.time()
-    pop = build_population(config, workdir)
-    if (warning := cpu_deadlock_warning(pop)) is not None:
-        logging.warning(warning)
-    run, M = pop.run, pop.size
-    names = [m.name for m in pop.members]
-    rl, ev = run.config.rl, run.config.eval
-    workdir = run.workdir
-    iters = MemberIterators(
-        names, [data_iterator.make_data_iterator(m.config, run.task) for m in pop.members]
-    )
-    ckpt = checkpoint_lib.Checkpointer(
-        os.path.join(workdir, "checkpoints"),
-        save_every=run.config.checkpoint.every,
-        max_to_keep=run.config.checkpoint.max_to_keep,
-        async_save=run.config.checkpoint.async_save,
-    )
-    restored = ckpt.restore_latest(saved_abstract_state(pop), iters)
-    resumed = restored[0] if restored is not None else None
-    writers = []
-    for m in pop.members:
-        os.makedirs(member_dir(workdir, m.name), exist_ok=True)
-        w = metrics_lib.MetricWriter(
-            member_dir(workdir, m.name), resume_step=resumed, tensorboard=config.log.tensorboard
-        )
-        w.write_config(m.config)
-        writers.append(w)
-    uses_ref = rl_batch.uses_reference(run)
-    lora = run.step.lora_adapters  # the reference is each member's base, its adapters off
-    lora_base = None  # LoRA: the base's identity (build.base_identity), checked on resume
-    frozen_at = [None] * M  # the step at which each member froze
-    collapsed_at = [None] * M  # the step after which each member stopped (rl.stop_on_collapse)
-    watches = [metrics_lib.CollapseWatch(rl.collapse_patience) for _ in range(M)]
-    base_eval, warm_s, prior_wall, ref_params = None, 0.0, 0.0, None
-    if restored is not None:
-        _, state, meta = restored
-        frozen_at = list(meta["frozen_at"])
-        collapsed_at = list(meta.get("collapsed_at") or collapsed_at)
-        for w, count in zip(watches, meta.get("collapse") or [None] * M, strict=True):
-            w.load(count)
-        prior_wall = float(meta.get("wall_s", 0.0))
-        base_eval = rundir.read_base_eval(member_dir(workdir, names[0]))
-        if lora:  # the checkpoint holds the adapters; the base loads again
-            base, _ = build.base_params(run)
-            lora_base = build.base_identity(run.config, base)
-            build.check_base_identity(meta.get("lora_base"), lora_base, ckpt.directory)
-            state = with_base(pop, state, base)
-        elif uses_ref:
-            ref_params, _ = build.base_params(run)
-    else:
-        params, own, warm_s = initial_params(pop)
-        if lora:
-            lora_base = build.base_identity(run.config, params)
-        elif uses_ref:
-            ref_params = jax.tree.map(jnp.copy, params)
-        state = initial_state(pop, params, own)
-        if ev.at_start and ev.num_problems > 0:  # one base policy for all members
-            base_eval = trainer.evaluate(run, params)
-            for i, w in enumerate(writers):
-                w.write(0, base_eval)
-                rundir.write_base_eval(member_dir(workdir, names[i]), base_eval, writer=True)
-    phases = make_phases(pop, with_ref=ref_params is not None or (lora and uses_ref))
-    start = int(np.max(jax.device_get(state.step)))
-    last_eval: list[dict | None] = [None] * M
-    t_loop = time.time()
-    progress = metrics_lib.Progress(
-        total=rl.num_steps, initial=start, enabled=None if config.log.progress else False
-    )
-
-    def save(done: int, force: bool) -> None:
-        meta = {
-            "wall_s": prior_wall + time.time() - t_start,
-            "frozen_at": frozen_at,
-            "collapsed_at": collapsed_at,
-            "collapse": [w.state() for w in watches],
-            "members": names,
-            "config": rundir.config_dict(run.config),
-        }
-        if lora:  # the adapters' base, checked on resume
-            meta["lora_base"] = lora_base
-        ckpt.save(done, build.saved_state(run, state), iters, meta, force=force)
-
-    def ended_runs() -> list[bool]:  # frozen or stopped on collapse: no more steps
-        return [frozen_at[i] is not None or collapsed_at[i] is not None for i in range(M)]
-
-    try:
-        with trainer.StopSignals() as signals:  # SIGTERM / SIGINT: save the step, stop
-            for step in range(start, rl.num_steps):
-                if stop_after is not None and step - start >= stop_after:
-                    break
-                ended = ended_runs()
-                active = ~np.asarray(ended)
-                state, ms, kept = population_step(
-                    pop, phases, state, next(iters), active, ref_params=ref_params
-                )
-                done = step + 1
-                due = done == rl.num_steps or (ev.every and done % ev.every == 0)
-                for i in range(M):
-                    if ended[i]:
-                        continue  # a frozen or stopped member's run ended: no more metrics
-                    evaluated = False
-                    if not kept[i]:
-                        frozen_at[i], last_eval[i] = done, None  # the end evaluates its policy
-                        ms[i]["train/frozen"] = 1.0
-                        progress.write(f"member {names[i]} diverged at step {done}: frozen")
-                    elif evaluated := bool(due and ev.num_problems > 0):
-                        last_eval[i] = trainer.evaluate(run, member_params(pop, state, i))
-                        ms[i].update(last_eval[i])
-                    writers[i].write(done, ms[i])
-                    # before the save: the count is run state (as trainer.train's)
-                    warning = watches[i].update(done, ms[i]) if kept[i] else None
-                    if warning:
-                        progress.write(f"member {names[i]}: {warning}")
-                    if warning and rl.stop_on_collapse:
-                        collapsed_at[i] = done
-                        last_eval[i] = last_eval[i] if evaluated else None
-                        progress.write(f"member {names[i]} stopped at step {done} (collapse)")
-                over = all(ended_runs())
-                save(done, force=done == rl.num_steps or over)
-                live = [m for i, m in enumerate(ms) if frozen_at[i] is None and not ended[i]]
-                progress.update(live[0] if live else ms[0])
-                if over:  # every member's run has ended
-                    break
-                signum = signals.agreed()
-                if signum and done < rl.num_steps:  # as a single run stops (trainer.Session.stop)
-                    save(done, force=True)
-                    ckpt.close()
-                    raise trainer.Preempted(signum, done)
-    finally:
-        progress.close()
-        for w in writers:
-            w.flush()
-    ckpt.close()
-    for w in writers:
-        w.close()
-    if stop_after is not None and int(np.max(jax.device_get(state.step))) < rl.num_steps:
-        return None
-    summaries = {}
-    for i, m in enumerate(pop.members):
-        if last_eval[i] is None and ev.num_problems > 0:  # frozen or stopped: its last policy
-            last_eval[i] = trainer.evaluate(run, member_params(pop, state, i))
-        s = rundir.make_summary(
-            m.config.objective.name,
-            member_dir(workdir, m.name),
-            base_eval,
-            last_eval[i],
-            steps=(
-                frozen_at[i] - 1 if frozen_at[i] is not None else collapsed_at[i] or rl.num_steps
-            ),
-            wall_s=prior_wall + time.time() - t_start,
-            warmstart_s=warm_s,
-            rl_s=time.time() - t_loop,
-        )
-        s.update(seed=m.seed, values=m.values, frozen=frozen_at[i] is not None)
-        s["frozen_at_step"] = frozen_at[i]
-        s["collapsed_at_step"] = collapsed_at[i]
-        with open(os.path.join(member_dir(workdir, m.name), "summary.json"), "w") as f:
-            json.dump(rundir.strict_json(s), f, indent=2, allow_nan=False)
-        summaries[m.name] = s
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-        json.dump(rundir.strict_json({"members": summaries}), f, indent=2, allow_nan=False)
-    return summaries

@@ -31,6 +31,7 @@ import numpy as np
 from flax import nnx
 
 from gspo_jax import models, rollout, sharding
+from gspo_jax.rl import adapters
 from gspo_jax.rl import batch as rl_batch
 from gspo_jax.rl.logprob_passes import make_route_change_fn, run_logprob_fn
 from gspo_jax.rl.partial import PartialQueue
@@ -210,7 +211,7 @@ class Phases:
     routes: Any = None
     # rl.kl_in_reward: the advantages again, from rewards minus β·KL (after the reference pass)
     kl_reward: Any = None
-    # the step's keys from the state's base key and step, on the devices (experiment.step_keys)
+    # the step's keys from the state's base key and step, on the devices (state.step_keys)
     keys: Any = jax.jit(step_keys)
     resample_key: Any = jax.jit(_resample_key, static_argnums=1)
     recompute_metrics: Any = jax.jit(rl_batch.recompute_metrics)
@@ -226,11 +227,14 @@ def make_phases(run: Run, state: TrainState, with_ref: bool) -> Phases:
 
     # old_logp replays the rollout's routes; the reference model routes by itself
     logprob = logprob_pass(replay_routes=True) if spec.recompute_old_logp else None
-    ref = logprob_pass(replay_routes=False) if with_ref else None
-    if with_ref and spec.lora_adapters:
-        # LoRA: the reference is the base inside the policy's own parameters, its adapters off
+    ref = None
+    if with_ref:  # the reference model routes by itself; it reads adapters.reference_view
         ref_fn = run_logprob_fn(run, return_routes=False, replay_routes=False)
-        ref = jax.jit(lambda params, batch: ref_fn(models.lora.without_adapters(params), batch))
+        ref = jax.jit(
+            lambda params, batch, *temperature: ref_fn(
+                adapters.reference_view(spec, params), batch, *temperature
+            )
+        )
     update = jax.jit(
         make_update_fn(
             run.graphdef,
@@ -412,8 +416,7 @@ def learn_on_batch(
             pass_m.update(phases.recompute_metrics(logp, batch))
             batch = batch.replace(old_logp=logp)
         if phases.ref is not None:
-            # ref_params None: the policy's parameters hold the reference (LoRA, make_phases)
-            ref_in = state.params if ref_params is None else ref_params
+            ref_in = adapters.reference_params(run.step, state.params, ref_params)
             batch = batch.replace(ref_logp=phases.ref(ref_in, batch)["logp"])
         if phases.kl_reward is not None:  # the KL to the reference enters the rewards
             batch, kl_m = phases.kl_reward(batch, got.shaped)

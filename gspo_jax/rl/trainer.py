@@ -2,21 +2,21 @@
 
     summary = trainer.train(config, workdir)     # what `python -m gspo_jax.main` calls
 
-Setup (task, model, objective, optimizer, mesh, base policy) lives in rl/build.py; one RL step
-(its jitted phases and ``rl_step``) in rl/step.py; multi-host data placement in
-runtime/distributed.py.
-This module is the loop around them: resume, log, evaluate, checkpoint; the run directory's
-files (base_eval.json, summary.json, the --start_fresh moves) are runtime/rundir.py's. ``Session``
-holds
-what one invocation sets up before the first step and finishes after the last; ``train`` is the
-loop over steps.
+Setup (task, model, objective, optimizer, mesh, base policy) lives in rl/build.py; how a step is
+taken in a stepper (rl/steppers.py: the synchronous step of rl/step.py, the asynchronous
+pipeline of rl/pipeline.py; rl/population.py: many runs as one program); multi-host data
+placement in runtime/distributed.py. This module is the one loop around every stepper: resume,
+log, evaluate, watch for collapse, checkpoint, summarise; the run directory's files
+(base_eval.json, summary.json, the --start_fresh moves) are runtime/rundir.py's. ``Session``
+holds what one invocation sets up before the first step and finishes after the last, and each
+step's housekeeping (``advance``); ``train`` is the loop over steps.
 
 Dimension legend: P prompts per step (P_local on this process), G samples per prompt, B = P*G
 response rows (group-contiguous), Lp padded prompt length, T = max_new_tokens.
 
 One RL step, phase by phase, is described once, in docs/design.md "The data flow of one RL step".
 
-Randomness is a pure function of (config.seed, step) (experiment.step_keys), and the data
+Randomness is a pure function of (config.seed, step) (state.step_keys), and the data
 iterator's state is checkpointed, so restarting the same command in the same workdir resumes
 exactly: parameters and metrics equal those of an uninterrupted run. The same config gives the same
 results on one device and on a mesh of many (sharding changes only the order of float sums).
@@ -36,6 +36,7 @@ before any work every process checks that all run the same config in the same sh
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -49,13 +50,9 @@ import numpy as np
 from flax import nnx
 
 from gspo_jax import sharding
-from gspo_jax.data import iterator as data_iterator
+from gspo_jax.config import population as population_cfg
+from gspo_jax.rl import adapters, build, evaluation, population, steppers
 from gspo_jax.rl import batch as rl_batch
-from gspo_jax.rl import build as exp
-from gspo_jax.rl import evaluation
-from gspo_jax.rl import step as ts
-from gspo_jax.rl.partial import PartialQueue
-from gspo_jax.rl.pipeline import Pipeline, PipelineQueue
 from gspo_jax.runtime import agreement as pod
 from gspo_jax.runtime import checkpoint as checkpoint_lib
 from gspo_jax.runtime import metrics as metrics_lib
@@ -158,14 +155,15 @@ class StopSignals:
 
 
 class Session:
-    """One invocation of ``train``: the run, its data, checkpoints, logs and training state.
+    """One invocation of ``train``: the run's stepper, its data, checkpoints, logs and training
+    state, and each member's writer, collapse watch and end (one member for a single run).
 
     Constructing it does everything before the first step, in the order every process of a pod
     takes the same agreed decisions (runtime/agreement.py): the config and workdir checks,
-    --start_fresh, the
-    resume config check, the restore with its fallback, config.json and metrics.jsonl, then the
-    initial state (the resumed one, or the base policy with its evaluation) and the reference
-    parameters. The loop in ``train`` advances ``state``; ``finish`` ends a completed run.
+    --start_fresh, the resume config check, the restore with its fallback, config.json and
+    metrics.jsonl, then the initial state (the resumed one, or the base policy with its
+    evaluation) and the reference parameters. ``advance`` runs one step and its housekeeping;
+    ``finish`` ends a completed run.
     """
 
     def __init__(
@@ -179,22 +177,13 @@ class Session:
         self.t_start = time.time()
         # printed above the progress bar, which starts after the warm start
         self.notes: list[str] = []
-        self.run = _checked_run(config, workdir, start_fresh=start_fresh, notes=self.notes)
+        self.stepper = _checked_stepper(config, workdir, start_fresh=start_fresh, notes=self.notes)
+        self.run = self.stepper.run
         self.config, self.workdir = self.run.config, self.run.workdir
+        self.members = self.stepper.members
         self.ckpt_dir = os.path.join(self.workdir, "checkpoints")
         # nothing is written before the config check
-        self.data_iter = data_iterator.make_data_iterator(self.config, self.run.task)
-        spec = self.run.step
-        if spec.partial_rollout:  # the carried groups travel with the stream (rl/partial.py)
-            self.data_iter = PartialQueue(
-                self.data_iter,
-                carried_batches=spec.partial_rollout,
-                group_size=spec.group_size,
-                max_new_tokens=spec.response_len,
-                pad_id=spec.pad_id,
-            )
-        if spec.pipelined:  # the batches in flight travel with the stream (rl/pipeline.py)
-            self.data_iter = PipelineQueue(self.data_iter)
+        self.data_iter = self.stepper.open_data()
         self.ckpt = checkpoint_lib.Checkpointer(
             self.ckpt_dir,
             save_every=self.config.checkpoint.every,
@@ -205,23 +194,25 @@ class Session:
         pod.describe_kept(self.ckpt.describe)
         latest, restored = self._restore(allow_config_change)
         resumed_step = restored[0] if restored is not None else None
-        self.writer = self._open_writer(resumed_step)
+        self.writers = [self._open_writer(m, resumed_step) for m in self.members]
         self.meta_config = {
             "config": rundir.config_dict(self.config),
             "config_hash": rundir.config_hash(self.config),
         }
         self.base_eval, self.warm_s, self.prior_wall, self.ref_params = None, 0.0, 0.0, None
-        self.lora_base: dict | None = None  # LoRA: the base's identity (build.base_identity)
+        self.base_meta: dict = {}  # what checkpoints hold of the base (adapters.checkpoint_meta)
+        M = len(self.members)
+        patience = self.config.rl.collapse_patience
+        self.watches = [metrics_lib.CollapseWatch(patience) for _ in range(M)]
+        self.frozen_at: list[int | None] = [None] * M  # a population member's divergence
+        self.collapsed_at: list[int | None] = [None] * M  # a member stopped (stop_on_collapse)
+        self.last_eval: list[dict | None] = [None] * M
         pod.set_phase("loading the warm start")
-        self.collapse = metrics_lib.CollapseWatch(self.config.rl.collapse_patience)
         if restored is not None:
             self._resume(*restored)
         else:
             self._start(no_checkpoint=latest is None)
-        self.phases = ts.make_phases(
-            self.run, self.state, with_ref=rl_batch.uses_reference(self.run)
-        )
-        self.pipeline = Pipeline(self.run, self.phases, self.data_iter) if spec.pipelined else None
+        self.stepper.start(self.state, with_ref=rl_batch.uses_reference(self.run))
         self.log = metrics_lib.Progress(
             total=self.config.rl.num_steps,
             initial=resumed_step or 0,
@@ -246,7 +237,7 @@ class Session:
         pod.set_phase("restoring the newest checkpoint")
         writes = metrics_lib.is_writer_process()
         restored = self.ckpt.restore_latest(
-            exp.saved_abstract_state(self.run),
+            self.stepper.saved_abstract_state(),
             self.data_iter,
             # every host says it in its own log (a fault may be one host's alone)
             report=self.notes.append if writes else lambda s: print(s, flush=True),
@@ -254,12 +245,13 @@ class Session:
         )
         return latest, restored
 
-    def _open_writer(self, resumed_step: int | None) -> metrics_lib.MetricWriter:
-        """The metrics writer (metrics.jsonl cut back to the resumed step) and config.json."""
+    def _open_writer(self, member, resumed_step: int | None) -> metrics_lib.MetricWriter:
+        """A member's metrics writer (metrics.jsonl cut back to the resumed step), config.json."""
+        os.makedirs(member.workdir, exist_ok=True)
         writer = metrics_lib.MetricWriter(
-            self.workdir, resume_step=resumed_step, tensorboard=self.config.log.tensorboard
+            member.workdir, resume_step=resumed_step, tensorboard=self.config.log.tensorboard
         )
-        kept = writer.write_config(self.config)
+        kept = writer.write_config(member.config)
         if kept:
             self.notes.append(f"config.json changed; the earlier one is kept as {kept}")
         if writer.metrics_aside:
@@ -270,69 +262,107 @@ class Session:
         return writer
 
     def _resume(self, step: int, state: TrainState, meta: dict) -> None:
-        """The restored state; the reference parameters are the base policy's, loaded again."""
-        self.state = state
+        """The restored state and counts; the base loads again where the policy needs it back
+        (LoRA: under the saved adapters) or the reference keeps a copy of it."""
         self.prior_wall = float(meta.get("wall_s", 0.0))
-        self.collapse.load(meta.get("collapse"))
+        if self.stepper.is_population:
+            self.frozen_at = list(meta["frozen_at"])
+            self.collapsed_at = list(meta.get("collapsed_at") or self.collapsed_at)
+            counts = meta.get("collapse") or [None] * len(self.watches)
+            for w, count in zip(self.watches, counts, strict=True):
+                w.load(count)
+        else:
+            self.watches[0].load(meta.get("collapse"))
         self.notes.append(f"resumed from step {step} in {self.workdir}")
-        self.base_eval = rundir.read_base_eval(self.workdir)
-        if self.run.step.lora_adapters:  # the checkpoint holds the adapters; the base loads again
+        self.base_eval = rundir.read_base_eval(self.members[0].workdir)
+        keeps_ref = adapters.keeps_reference_copy(self.run)
+        if self.run.step.lora_adapters or keeps_ref:  # the base loads again
             base, _ = pod.together(
                 "loading the warm start",
-                lambda: exp.base_params(self.run, exp.cache_dir_of(self.config)),
+                lambda: build.base_params(self.run, build.cache_dir_of(self.config)),
             )
-            self.lora_base = exp.base_identity(self.config, base)
-            exp.check_base_identity(meta.get("lora_base"), self.lora_base, self.ckpt_dir)
-            self.state = exp.with_base(self.run, state, base)
-        elif rl_batch.uses_reference(self.run):
-            self.ref_params, _ = pod.together(
-                "loading the warm start",
-                lambda: exp.base_params(self.run, exp.cache_dir_of(self.config)),
-            )
+            state = self.stepper.restored(state, meta, base, self.ckpt_dir)
+            self.base_meta = adapters.checkpoint_meta(self.run, base)
+            self.ref_params = base if keeps_ref else None
+        self.state = state
 
     def _start(self, *, no_checkpoint: bool) -> None:
         """Step 0: the base policy (also the reference), evaluated when config.eval.at_start."""
-        if no_checkpoint and self.writer.metrics_aside:
+        if no_checkpoint and self.writers[0].metrics_aside:
             self.notes.append(f"no checkpoint in {self.ckpt_dir}: starting from step 0")
-        params, self.warm_s = pod.together(
+        params, own, self.warm_s = pod.together(
             "loading the warm start",
-            lambda: exp.base_params(self.run, exp.cache_dir_of(self.config)),
+            lambda: self.stepper.load_base(build.cache_dir_of(self.config)),
         )
-        # LoRA: the reference stays None (the policy's base weights with the adapters off)
-        if rl_batch.uses_reference(self.run) and not self.run.step.lora_adapters:
+        if adapters.keeps_reference_copy(self.run):  # (LoRA: the policy holds the reference)
             self.ref_params = jax.tree.map(jnp.copy, params)
-        self.state = exp.initial_state(self.run, params)
-        if self.run.step.lora_adapters:
-            self.lora_base = exp.base_identity(self.config, params)
+        self.state = self.stepper.initial_state(params, own)
+        self.base_meta = adapters.checkpoint_meta(self.run, params)
         if self.config.eval.at_start and self.config.eval.num_problems > 0:
-            t0 = time.time()
-            self.base_eval = evaluate(self.run, self.state.params)
+            t0 = time.time()  # one base policy for every member
+            self.base_eval = evaluate(self.run, self.stepper.params_of(self.state, 0))
             self.base_eval["time/eval_s"] = time.time() - t0
-            self.writer.write(0, self.base_eval)
-            rundir.write_base_eval(self.workdir, self.base_eval, writer=self.writer.enabled)
+            for member, writer in zip(self.members, self.writers, strict=True):
+                writer.write(0, self.base_eval)
+                rundir.write_base_eval(member.workdir, self.base_eval, writer=writer.enabled)
             self.notes.append("base  " + _fmt_eval(self.base_eval))
 
     # ---- what the loop calls
 
-    def step(self, step: int) -> dict[str, float]:
-        """Runs RL step ``step + 1``; returns its host metrics."""
-        pod.set_phase(f"in RL step {step + 1}")
-        if self.pipeline is not None:  # the asynchronous pipeline (rl/pipeline.py)
-            self.state, m = self.pipeline.step(self.state, ref_params=self.ref_params)
-            if self.pipeline.note:
-                self.log.write(self.pipeline.note)
-                self.pipeline.note = ""
-            return m
-        self.state, m = ts.rl_step(
-            self.run,
-            self.phases,
-            self.state,
-            next(self.data_iter),
-            ref_params=self.ref_params,
-            more_batches=lambda: next(self.data_iter),  # dynamic sampling's extra draws
-            partial=self.data_iter if self.run.step.partial_rollout else None,
-        )
-        return m
+    def ended(self) -> list[bool]:
+        """Each member's run has ended (frozen, or stopped on collapse): no more steps."""
+        pairs = zip(self.frozen_at, self.collapsed_at, strict=True)
+        return [f is not None or c is not None for f, c in pairs]
+
+    def advance(self, step: int) -> bool:
+        """Runs RL step ``step + 1`` of every live member and its housekeeping (checks,
+        evaluation, metrics, the collapse watch, the checkpoint); True when every member's run
+        has ended (a population's)."""
+        done, rl = step + 1, self.config.rl
+        pod.set_phase(f"in RL step {done}")
+        ended = self.ended()
+        self.state, ms, kept = self.stepper.step(self.state, self.ref_params, ~np.asarray(ended))
+        if note := self.stepper.take_note():
+            self.log.write(note)
+        stop_run = None  # a single run's collapse with rl.stop_on_collapse
+        for i, m in enumerate(ms):
+            if ended[i]:
+                continue  # a frozen or stopped member's run ended: no more metrics
+            who = f"member {self.members[i].name} " if self.stepper.is_population else ""
+            if not self.stepper.is_population:
+                self.check(m, done)  # a single run stops on a non-finite metric
+            evaluated = False
+            if not kept[i]:  # a population member: frozen, the others go on
+                self.frozen_at[i], self.last_eval[i] = done, None  # the end evaluates it
+                m["train/frozen"] = 1.0
+                self.log.write(f"{who}diverged at step {done}: frozen")
+            elif evaluated := self.eval_due(done):
+                self.last_eval[i] = self.evaluate_into(m, done, i)
+            self.writers[i].write(done, m)
+            # before the save: the count is run state
+            warning = self.watches[i].update(done, m) if kept[i] else None
+            if warning:
+                self.log.write(f"{who.rstrip()}: {warning}" if who else warning)
+            if warning and rl.stop_on_collapse:
+                if not self.stepper.is_population:
+                    stop_run = warning
+                    continue
+                self.collapsed_at[i] = done
+                self.last_eval[i] = self.last_eval[i] if evaluated else None
+                self.log.write(f"{who}stopped at step {done} (collapse)")
+        over = all(self.ended())
+        self.save(done, force=done == rl.num_steps or over)
+        live = [m for i, m in enumerate(ms) if not ended[i] and self.frozen_at[i] is None]
+        self.log.update(live[0] if live else ms[0])
+        if stop_run:
+            reason = stop_run.removeprefix("warning: ")
+            self.stop(
+                done,
+                metrics_lib.CollapseError(
+                    f"stopped at step {done} (config.rl.stop_on_collapse): {reason}"
+                ),
+            )
+        return over
 
     def check(self, m: dict[str, float], done: int) -> None:
         """Raises on a non-finite metric or on a failed save of an earlier step."""
@@ -351,38 +381,31 @@ class Session:
         due = done == self.config.rl.num_steps or (ev.every and done % ev.every == 0)
         return bool(due and ev.num_problems > 0)
 
-    def evaluate_into(self, m: dict[str, float], done: int) -> dict[str, float]:
-        """Evaluates the current policy, adds the figures to the step's metrics, returns them."""
+    def evaluate_into(self, m: dict[str, float], done: int, i: int = 0) -> dict[str, float]:
+        """Evaluates member i's policy, adds the figures to its step's metrics, returns them."""
         te = time.time()
-        result = evaluate(self.run, self.state.params)
+        result = evaluate(self.run, self.stepper.params_of(self.state, i))
         m.update(result)
         m["time/eval_s"] = time.time() - te
-        self.log.write(f"step {done:4d} " + _fmt_eval(result))
+        who = f" member {self.members[i].name}" if self.stepper.is_population else ""
+        self.log.write(f"step {done:4d}{who} " + _fmt_eval(result))
         return result
 
     def save(self, done: int, force: bool) -> None:
-        meta = {
-            "wall_s": self.prior_wall + time.time() - self.t_start,
-            "collapse": self.collapse.state(),
-            **self.meta_config,
-        }
-        if self.run.step.lora_adapters:  # the adapters' base, checked on resume
-            meta["lora_base"] = self.lora_base
-        pod.set_phase(f"saving step {done}")
-        state = exp.saved_state(self.run, self.state)
-        self.ckpt.save(done, state, self.data_iter, meta, force=force)
-
-    def collapsed(self, done: int, warning: str) -> None:
-        """Prints the collapse warning; stops the run with config.rl.stop_on_collapse."""
-        self.log.write(warning)
-        if self.config.rl.stop_on_collapse:
-            reason = warning.removeprefix("warning: ")
-            self.stop(
-                done,
-                metrics_lib.CollapseError(
-                    f"stopped at step {done} (config.rl.stop_on_collapse): {reason}"
-                ),
+        meta = {"wall_s": self.prior_wall + time.time() - self.t_start}
+        if self.stepper.is_population:  # each member's counts and end
+            meta.update(
+                frozen_at=self.frozen_at,
+                collapsed_at=self.collapsed_at,
+                collapse=[w.state() for w in self.watches],
+                members=[m.name for m in self.members],
             )
+        else:
+            meta["collapse"] = self.watches[0].state()
+        meta.update(**self.meta_config, **self.base_meta)
+        pod.set_phase(f"saving step {done}")
+        state = adapters.saved_state(self.run, self.state)
+        self.ckpt.save(done, state, self.data_iter, meta, force=force)
 
     def stop(self, done: int, error: Exception) -> NoReturn:
         """Saves step ``done``, waits for every save in flight, and raises ``error``."""
@@ -391,38 +414,63 @@ class Session:
         raise error
 
     def steps_done(self) -> int:
-        return int(jax.device_get(self.state.step))
+        return int(np.max(jax.device_get(self.state.step)))
 
-    def finish(self, last_eval: dict[str, float] | None, t_loop: float) -> dict:
-        """The end of a completed run: the final evaluation (unless the last step had one) and
-        summary.json; returns the summary."""
-        if last_eval is None:
-            last_eval = evaluate(self.run, self.state.params)
-        summary = rundir.make_summary(
-            self.config.objective.name,
-            self.workdir,
-            self.base_eval,
-            last_eval,
-            steps=self.steps_done(),
-            wall_s=self.prior_wall + time.time() - self.t_start,
-            warmstart_s=self.warm_s,
-            rl_s=time.time() - t_loop,
-        )
-        rundir.write_summary(self.workdir, summary, writer=metrics_lib.is_writer_process())
-        return summary
+    def finish(self, t_loop: float) -> dict:
+        """The end of a completed run: each member's final evaluation (unless its last step had
+        one), its summary.json and closing block; returns the summary (a population's: {member
+        name: summary}, also WORKDIR/summary.json)."""
+        summaries = {}
+        for i, member in enumerate(self.members):
+            last = self.last_eval[i]
+            if last is None:
+                last = evaluate(self.run, self.stepper.params_of(self.state, i))
+            frozen, collapsed = self.frozen_at[i], self.collapsed_at[i]
+            summary = rundir.make_summary(
+                member.config.objective.name,
+                member.workdir,
+                self.base_eval,
+                last,
+                steps=frozen - 1 if frozen is not None else collapsed or self.steps_done(),
+                wall_s=self.prior_wall + time.time() - self.t_start,
+                warmstart_s=self.warm_s,
+                rl_s=time.time() - t_loop,
+            )
+            if self.stepper.is_population:
+                summary.update(member.summary_fields, frozen=frozen is not None)
+                summary.update(frozen_at_step=frozen, collapsed_at_step=collapsed)
+            writes = metrics_lib.is_writer_process()
+            rundir.write_summary(member.workdir, summary, writer=writes)
+            if writes and (frozen is not None or collapsed is not None):
+                why = "froze (not finite)" if frozen is not None else "stopped (collapse)"
+                print(f"member {member.name} {why} at step {frozen or collapsed}", flush=True)
+            summaries[member.name] = summary
+        if not self.stepper.is_population:
+            return summaries[""]
+        with open(os.path.join(self.workdir, "summary.json"), "w") as f:
+            json.dump(rundir.strict_json({"members": summaries}), f, indent=2, allow_nan=False)
+        return summaries
 
 
-def _checked_run(
+def make_stepper(config: ml_collections.ConfigDict, workdir: str):
+    """The stepper of ``config`` (its checks and its Run built): a population's
+    (config.population.seeds), the asynchronous pipeline's, or the synchronous step's."""
+    if population_cfg.is_population(config):
+        return steppers.PopulationStepper(population.build_population(config, workdir))
+    run = build.build_run(config, workdir)
+    return steppers.PipelineStepper(run) if run.step.pipelined else steppers.SyncStepper(run)
+
+
+def _checked_stepper(
     config: ml_collections.ConfigDict, workdir: str, *, start_fresh: bool, notes: list[str]
-) -> Run:
-    """The run, once every process agrees it runs this valid config in this shared workdir.
-
-    ``start_fresh`` then moves the earlier run's checkpoints and files aside.
-    """
+):
+    """The run's stepper, once every process agrees it runs this valid config in this shared
+    workdir. ``start_fresh`` then moves the earlier run's checkpoints and files aside."""
     pod.configure(pod.timeout_of(config))
     pod.set_phase("checking the config")
     pod.check_same_config(config)  # every host runs the same config,
-    run = pod.together("checking the config", lambda: exp.build_run(config, workdir))
+    stepper = pod.together("checking the config", lambda: make_stepper(config, workdir))
+    run = stepper.run
     pod.check_same_workdir(workdir)  # in the same shared workdir
     ckpt_dir = os.path.join(run.workdir, "checkpoints")
     checkpoint_lib.check_directory(ckpt_dir)  # a file in its place: an error before any work
@@ -431,7 +479,7 @@ def _checked_run(
         if moved:
             notes.append(f"--start_fresh: moved {ckpt_dir} aside to {moved}")
         rundir.move_run_files_aside(run.workdir, writer=metrics_lib.is_writer_process())
-    return run
+    return stepper
 
 
 def _saved_config(ckpt: checkpoint_lib.Checkpointer, step: int, workdir: str) -> dict | None:
@@ -451,9 +499,10 @@ def train(
     allow_config_change: bool = False,
     start_fresh: bool = False,
 ) -> dict | None:
-    """Runs (or resumes) the experiment ``config`` in ``workdir``; returns the summary dict.
+    """Runs (or resumes) the experiment ``config`` in ``workdir``; returns the summary dict (a
+    population's: {member name: summary}).
 
-    Every configuration check runs first (experiment.build_run), so a bad config fails in seconds; a
+    Every configuration check runs first (build.build_run), so a bad config fails in seconds; a
     resume with a config that differs from the checkpoint's in a field outside
     rundir.SAFE_TO_CHANGE is refused unless ``allow_config_change``. ``start_fresh`` moves the
     checkpoint folder aside and starts from step 0 (for a folder with no readable checkpoint).
@@ -463,34 +512,28 @@ def train(
     """
     s = Session(config, workdir, allow_config_change=allow_config_change, start_fresh=start_fresh)
     rl = s.config.rl
-    start, last_eval, t_loop = s.steps_done(), None, time.time()
+    start, t_loop = s.steps_done(), time.time()
     try:
         with StopSignals() as signals:
             for step in range(start, rl.num_steps):
                 if stop_after is not None and step - start >= stop_after:
                     break
-                m = s.step(step)
+                if s.advance(step):  # every member's run has ended
+                    break
                 done = step + 1
-                s.check(m, done)
-                if s.eval_due(done):
-                    last_eval = s.evaluate_into(m, done)
-                s.writer.write(done, m)
-                warning = s.collapse.update(done, m)  # before the save: the count is run state
-                s.save(done, force=done == rl.num_steps)
-                s.log.update(m)
-                if warning:
-                    s.collapsed(done, warning)
                 signum = signals.agreed()
                 if signum and done < rl.num_steps:
                     s.stop(done, Preempted(signum, done))
     finally:
         s.log.close()
-        s.writer.flush()
+        for w in s.writers:
+            w.flush()
     s.ckpt.close()
-    s.writer.close()
+    for w in s.writers:
+        w.close()
     if stop_after is not None and s.steps_done() < rl.num_steps:
         return None
-    return s.finish(last_eval, t_loop)
+    return s.finish(t_loop)
 
 
 def _fmt_eval(m: dict[str, float]) -> str:

@@ -158,7 +158,7 @@ def make_update_fn(
 
     lora: only the LoRA adapters (nnx.LoRAParam) train: the gradient is taken with respect to
     them alone (no gradient or accumulator of the base's size), ``tx`` and the optimizer state
-    are the adapters' (build.trainable), and the base leaves pass through unchanged.
+    are the adapters' (adapters.trainable), and the base leaves pass through unchanged.
     """
     K, U = num_minibatches, num_microbatches
     micro_loss = make_micro_loss(
@@ -209,7 +209,9 @@ def make_update_fn(
             raise ValueError(f"adv has shape {batch.adv.shape}; need {(B,)} or {(B, T)}")
         chex.assert_rank(batch.prompts, 2)
         if B % K:
-            raise ValueError(f"{B} rows do not split into {K} minibatches; see build.make_mesh")
+            raise ValueError(
+                f"{B} rows do not split into {K} minibatches; see placement.trainer_mesh"
+            )
         idx = minibatch_rows(shuffle_key, B, K, num_epochs, shuffle)
 
         def body(carry, rows):

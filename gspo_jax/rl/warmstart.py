@@ -21,7 +21,7 @@ format (arith: the worked format's sampled accuracy) passes a threshold at a few
 with ``steps`` as the cap; docs/warmstart.md says why the default experiment uses it.
 
 Runs started together train it once: the first trains under a file lock (``<entry>.lock``, see
-runtime/filelock.py) while the others wait, then load its entry. An entry is written into a
+filelock.py) while the others wait, then load its entry. An entry is written into a
 private folder and renamed into place, so it is either absent or complete; one that cannot be
 read (files deleted or truncated since) is moved aside to
 ``<entry>.corrupt-<time>`` (never deleted) and trained again.
@@ -53,9 +53,8 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from tqdm import tqdm  # the terminal bar (tqdm.auto warns in kernels without ipywidgets)
 
-from gspo_jax import data, models, sharding
+from gspo_jax import data, filelock, models, sharding
 from gspo_jax.rl import evaluation
-from gspo_jax.runtime import filelock
 from gspo_jax.tasks.task import Task
 
 # Bump when the training procedure or the saved layout changes in a way the configs do not

@@ -23,7 +23,7 @@ How it works:
   prompt's KV is held once however many of its samples decode, as the static shared-prefix
   decode shares it. A row whose first token is EOS (or with T = 1) never takes a slot.
 - Decode step: every slot feeds its row's last token at its own position and logical slot
-  (models/paged_attention.py: the step's key/value scattered into the row's page, attention over
+  (kernels/paged_attention.py: the step's key/value scattered into the row's page, attention over
   the row's pages); a slot that starts a new page takes a free one first. The step lists the
   prompts of its active slots once each (shared_prefixes), so attention reads a prompt's pages
   once for all its rows in slots, as the static engine's shared-prefix decode does. A row ends
@@ -410,7 +410,7 @@ def decode(model, inputs: _Inputs, s: EngineState, cfg: dict, width: int | None 
 
 
 def shared_prefixes(prompt_pages: jax.Array, row: jax.Array, act: jax.Array, G: int):
-    """The decode step's shared prefixes (models/paged_attention.py prefix_attention): the
+    """The decode step's shared prefixes (kernels/paged_attention.py prefix_attention): the
     prompts of the active slots, each listed once, so that a prompt's pages are read once per
     step for all its rows in slots, not once per slot.
 

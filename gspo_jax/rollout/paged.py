@@ -6,7 +6,7 @@ T = max_new_tokens, Pp = ceil(Lp / ps) prompt pages, Pg generated pages per row,
 table entries per slot.
 
 The pool itself (keys and values, [L, NP, ...]) and attention over it are the model's
-(models/paged_attention.py); here is who holds which page. A page is free iff its reference
+(kernels/paged_attention.py); here is who holds which page. A page is free iff its reference
 count is 0. A prompt's Pp pages are written by its prefill and counted once per sample of its
 group still decoding (the shared prefix: G rows, one copy of the prompt's KV), and a generated
 page is held by the one row that writes it, so a row that ends returns its generated pages and

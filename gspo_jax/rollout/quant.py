@@ -26,7 +26,7 @@ experts, not by a rounding error). One place prepares the rollout's weights: rl/
 rollout_model calls quantize_weights inside the rollout's jit, so each step's rollout quantizes
 the current parameters afresh; the asynchronous pipeline's sync (rl/pipeline.py rollout_copy)
 quantizes them once per refresh and sends the QArrays, which rollout_model reads as they are.
-QLoRA (config.lora.base_quant, rl/build.py adapted_model) holds the trainer's frozen base so;
+QLoRA (config.lora.base_quant, rl/adapters.py adapted_model) holds the trainer's frozen base so;
 state_shardings places such a state on a mesh.
 
 Dimension legend: L layers, D hidden, H query heads, K kv heads, Dh head dim, F SwiGLU hidden,

@@ -56,8 +56,33 @@ from etils import epath
 
 from gspo_jax.errors import CheckpointError
 from gspo_jax.errors import one_line as _one_line
-from gspo_jax.models.transformer import unstacked_layers_error
 from gspo_jax.runtime import agreement as pod
+
+
+def unstacked_layers_error(saved_tree: Any, where: str) -> str | None:
+    """The one-line error for a saved tree (an orbax checkpoint's metadata) that holds the
+    decoder layers one by one (layers/0/..., layers/1/...), as every checkpoint written before
+    the layers were stacked for the scan does; None for any other tree."""
+
+    def unstacked(node) -> bool:
+        if isinstance(node, dict):
+            layers = node.get("layers")
+            if isinstance(layers, dict) and any(str(k).isdigit() for k in layers):
+                return True
+            return any(unstacked(v) for v in node.values())
+        if isinstance(node, (list, tuple)):
+            return any(unstacked(v) for v in node)
+        return False
+
+    if not unstacked(saved_tree):
+        return None
+    return (
+        f"the checkpoint in {where} holds the decoder layers one by one (layers/0/...), the "
+        "layout before they were stacked on a leading axis ([L, ...]) for the scan; this "
+        "version cannot resume it. Resume it with the commit that wrote it, or export it with "
+        "that commit (experiments/export_hf.py) and start a run from the exported folder "
+        "(config.init.kind='hf', config.init.checkpoint=<folder>), or rerun with --start_fresh"
+    )
 
 
 class CheckpointSaveError(CheckpointError):

@@ -1,5 +1,5 @@
 """A Pallas GPU (Triton) kernel for one decode step of attention over the continuous engine's
-paged KV cache (models/paged_attention.py): the GPU counterpart of models/paged_kernel.py.
+paged KV cache (kernels/paged_attention.py): the GPU counterpart of kernels/paged_kernel.py.
 
 Dimension legend: N decode rows, H query heads, K kv heads, Gq = H // K (padded to Gp, a power
 of two >= 16, the smallest matmul a GPU kernel runs), Dh head dim, L layers, NP pages in the
@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from gspo_jax.models.paged_kernel import step_operands
+from gspo_jax.kernels.paged_kernel import step_operands
 
 NEG_INF = -1e30  # as paged_attention.NEG_INF: finite, so a row's first masked page gives no NaN
 MIN_DOT = 16  # the smallest matmul side a Triton dot takes

@@ -1,5 +1,5 @@
 """A Pallas kernel for one decode step of attention over a paged KV cache (the continuous rollout
-engine's, models/paged_attention.py), the kernel counterpart of paged_attention.paged_attention.
+engine's, kernels/paged_attention.py), the kernel counterpart of paged_attention.paged_attention.
 
 Dimension legend: N decode rows, H query heads, K kv heads, Gq = H // K, Dh head dim, L layers,
 NP pages in the pool, ps page size, Pt page-table entries per row.
@@ -79,7 +79,7 @@ def _kernel(table_ref, end_ref, layer_ref, q_ref, valid_ref, k_ref, v_ref, o_ref
 def step_operands(q: jax.Array, cache: dict, key_valid: jax.Array, kv_end: jax.Array):
     """What a kernel's decode step reads, its shapes checked (q [N, 1, H, Dh], key_valid
     [N, Pt * ps], kv_end [N]) -> (page_table int32, k_pages, v_pages, (N, H, Dh, K, ps, Pt,
-    Gq)). Shared by this kernel and models/paged_kernel_gpu.py."""
+    Gq)). Shared by this kernel and kernels/paged_kernel_gpu.py."""
     table = cache["page_table"].astype(jnp.int32)
     kp, vp = cache["k_pages"], cache["v_pages"]
     N, _, H, Dh = q.shape

@@ -30,7 +30,7 @@ and rows with nothing to decode write there, so a write never lands in a page so
 
 layers.Attention calls attend_pages, which runs the implementation ModelConfig.paged_attention
 selects: paged_attention (plain JAX, every platform, the default) or the Pallas kernel of
-models/paged_kernel.py (compiled on TPU) or models/paged_kernel_gpu.py (compiled on a GPU), each
+kernels/paged_kernel.py (compiled on TPU) or kernels/paged_kernel_gpu.py (compiled on a GPU), each
 runnable in interpret mode elsewhere. Each reads only the pages
 that can hold a visible key: a row's keys end at kv_end = its write slot + 1, so a step costs
 what the rows' own lengths cost, not Pt pages per row.
@@ -53,12 +53,17 @@ right-padding hole, hence our own kernel.)
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import chex
 import jax
 import jax.numpy as jnp
 
-from gspo_jax.models.config import PAGED_IMPLEMENTATIONS, ModelConfig
+if TYPE_CHECKING:  # annotations only: the model's config reads this module's names
+    from gspo_jax.models.config import ModelConfig
 
+# ModelConfig.paged_attention's values (attend_pages)
+PAGED_IMPLEMENTATIONS = ("plain", "auto", "pallas", "interpret", "interpret_gpu")
 NEG_INF = -1e30  # as attention.NEG_INF: a row with every key masked averages, never NaN
 SCRATCH_PAGE = 0  # the page unowned table entries point at (module docstring)
 
@@ -294,12 +299,12 @@ def attend_pages(
 ) -> jax.Array:
     """One decode step over the pages with the selected implementation (PAGED_IMPLEMENTATIONS,
     ModelConfig.paged_attention): "plain" paged_attention (every platform); "pallas" this
-    backend's Pallas kernel, compiled (models/paged_kernel.py on a TPU, models/paged_kernel_gpu.py
+    backend's Pallas kernel, compiled (kernels/paged_kernel.py on a TPU, kernels/paged_kernel_gpu.py
     on a GPU); "interpret" / "interpret_gpu" the TPU / GPU kernel in Pallas interpret mode (any
     platform, slow: tests); "auto" the kernel where one compiles, else plain. Arguments as
     paged_attention's."""
     # Pallas imported only when a kernel is asked for.
-    from gspo_jax.models import paged_kernel, paged_kernel_gpu
+    from gspo_jax.kernels import paged_kernel, paged_kernel_gpu
 
     # (capability check, kernel): the first whose check passes is this backend's compiled kernel
     kernels = (
