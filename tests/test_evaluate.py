@@ -20,8 +20,7 @@ from hf_fixtures import random_model
 from gspo_jax import eval_figures, models, sharding
 from gspo_jax import evaluate as ev
 from gspo_jax.errors import ConfigError
-from gspo_jax.rl import build as exp
-from gspo_jax.rl import evaluation
+from gspo_jax.rl import adapters, build, evaluation
 from gspo_jax.runtime import checkpoint as checkpoint_lib
 from gspo_jax.runtime import rundir
 from gspo_jax.tasks import ArithmeticTask, Verdict, math_problems
@@ -135,13 +134,13 @@ def tiny(tmp_path_factory):
         **{"init.kind": "random", "num_devices": 1, "eval.num_problems": 0},
         **{f"task.kwargs.{k}": v for k, v in KNOBS.items()},
     )
-    run = exp.build_run(config, workdir)
+    run = build.build_run(config, workdir)
     model = random_model(run.model_cfg, seed=1, std=0.3)
     params = nnx.split(model, nnx.Param, ...)[1]
-    state = exp.initial_state(run, params)
+    state = build.initial_state(run, params)
     rundir.write_config_json(workdir, config)
     ck = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every=1)
-    ck.save(3, exp.saved_state(run, state), _NoIterator(), force=True)
+    ck.save(3, adapters.saved_state(run, state), _NoIterator(), force=True)
     ck.close()
     export_hf = runs.load_repo_module("experiments/export_hf.py")
     hf_dir = str(root / "hf")
