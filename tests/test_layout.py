@@ -23,6 +23,7 @@ LAYERS = {
     "advantages": set(),
     "models": {"sharding"},
     "tasks": set(),
+    "claims": set(),  # the claims registry's entries and the statistics that decide them
     "config": {"objectives", "advantages", "errors"},
     "runtime": {"config", "errors", "models", "sharding"},
     "rollout": {"models", "sharding"},
