@@ -187,6 +187,7 @@ def test_a_record_keeps_the_entries_it_was_made_for_and_is_refused_once_one_chan
 
     entry = reg.current("int8_rollout_mismatch")
     made_for = {entry.name: reg.entry_hash(entry)}
+    assert made_for.items() <= claims.entry_hashes("quant").items()  # what the launcher keeps
     wd = fake_run(str(tmp_path / "runs"), "grpo_int8_none_s0")
     kept = str(tmp_path / "kept")
     path = records.write(wd, kept, made_for)
