@@ -12,6 +12,8 @@ setup(
     description=" ".join(__doc__.split()),  # one line: setuptools keeps only the first
     python_requires=">=3.11",
     packages=find_packages(include=["gspo_jax", "gspo_jax.*"]),
+    # the claims registry's entries (gspo_jax/claims/registry.py reads them beside the package)
+    package_data={"gspo_jax.claims": ["entries/*/*.json"]},
     install_requires=[
         "jax>=0.6.0",
         "jaxlib>=0.6.0",
@@ -36,6 +38,7 @@ setup(
         "jinja2>=3.1,<4",  # its chat template
         "math-verify>=0.7.0,<1",  # GSM8K / MATH answer equivalence (tasks/math_answers.py)
         "qwix>=0.1.8",  # LoRA adapters on the decoder (models/lora.py)
+        "scipy>=1.15",  # the claims' exact tests (claims/stats.py: PermutationMethod, rng=)
     ],
     extras_require={
         "test": [
@@ -44,7 +47,6 @@ setup(
             "pytest-timeout>=2.3",  # a hung test fails alone instead of holding CI (pyproject.toml)
             "hypothesis>=6.100",
             "ruff==0.17.6",
-            "scipy>=1.11",
             *NOTEBOOKS,  # tests/test_notebooks.py executes every notebook
         ],
         # Executing the claim notebooks (experiments/claims.py, tests/test_notebooks.py).

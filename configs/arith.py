@@ -170,7 +170,7 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     a = config_lib.parse_arg(arg, seeds=1, study="eps")
     if a.study == "family":
         return family_sweep(a.seeds)
-    if a.study in CLAIM_STUDIES:  # experiments/claims_registry.py's designs
+    if a.study in CLAIM_STUDIES:  # gspo_jax/claims/entries/'s designs
         return arm_sweep(CLAIM_STUDIES[a.study], a.seeds)
     if a.study in ROUND2_STUDIES:  # the registry's round 2 (issue 33)
         return round2_sweep(ROUND2_STUDIES[a.study], a.seeds)
@@ -242,7 +242,7 @@ def family_sweep(seeds: int) -> list[dict]:
     return runs
 
 
-# Arms of the claims registry's designs (experiments/claims_registry.py), as (name, overrides).
+# Arms of the claims registry's designs (gspo_jax/claims/entries/), as (name, overrides).
 NO_KL = {"objective.kl_coef": 0.0}  # comparisons against GRPO: the KL term is not the confound
 CLIP_ARMS = (  # clip_fraction_vs_eps: GSPO's clipping against GRPO with and without its KL
     ("gspo", {"objective.name": "gspo"}),

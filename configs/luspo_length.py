@@ -97,7 +97,7 @@ def _arith():
     return config_lib.sibling_config(__file__, "arith.py")
 
 
-# drgrpo_length_bias (experiments/claims_registry.py): only the aggregation differs, on this task
+# drgrpo_length_bias (gspo_jax/claims/entries/): only the aggregation differs, on this task
 # whose short and long answers are both often right: GRPO's 1/|o| (seq-mean-token-mean) without
 # std and KL, against Dr. GRPO's constant normaliser.
 DRGRPO_ARMS = (

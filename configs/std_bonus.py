@@ -7,7 +7,7 @@ base policy writes it about as often) and a bonus of 0.01 for it. A group whose 
 right (or all wrong) but differ in the marker has a reward std of about 0.005: GRPO's division by
 the std blows its advantages up to unit scale, as large as a right-against-wrong group's, so the
 policy is pushed to write the marker; without the division they stay at the bonus's scale. The
-claims registry's design (experiments/claims_registry.py, std_normalisation): the grpo objective
+claims registry's design (gspo_jax/claims/entries/, std_normalisation): the grpo objective
 without its KL term, with and without the std division (only the advantage differs), and the
 dr_grpo preset; the marker's share in the rollouts is rollout/bonus.
 

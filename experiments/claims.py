@@ -17,7 +17,7 @@ every session's runs of a design start from the same base. At laptop scale: 5 se
 of every arm has the same prompts and base), 60 RL steps (a sweep's own flags may say more: the clip
 sweep runs 150), held-out greedy accuracy on 500 problems every 10 steps (FULL_FLAGS). Several
 notebooks read the same sweep (r2_ratio serves four claims), so it runs once. Each claim's
-design and primary criterion are in experiments/claims_registry.py, committed before its runs;
+design and primary criterion are in gspo_jax/claims/entries/, committed before its runs;
 PLANNED names the registry's claims whose current entry's notebook cells are not written yet
 (``--runs_only`` makes their runs). Round 2's entries (issue 33) have their sweeps (``r2_*``) run 12
 fresh seeds (100-111, ``Sweep.seeds``) with the warm start drawn per seed (the launcher's
@@ -77,7 +77,7 @@ SWEEPS = {
         Sweep("std_bonus", "configs/std_bonus.py"),
         Sweep("old_logp", "configs/arith_offpolicy.py", "study=old_logp"),
         Sweep("moe", "configs/arith_moe.py", "gspo_token=False,doses=True"),
-        # the claims registry's designs (experiments/claims_registry.py)
+        # the claims registry's designs (gspo_jax/claims/entries/)
         Sweep("clip", "configs/arith.py", "study=clip", ("--config.rl.num_steps=150",)),
         Sweep("ratio_doses", "configs/arith.py", "study=ratio_doses"),
         Sweep("drgrpo_length", "configs/luspo_length.py", "study=drgrpo"),
@@ -314,17 +314,27 @@ def run_sweeps(
         print(f"[claims] sweep {s.name}: {len(runs)} runs in {root}", flush=True)
         # (population only when asked: a launcher without the option still runs a process per run)
         kw = {"population": True} if population else {}
+        made_for = entry_hashes(s.name)  # the entries as the runs start (kept in their records)
         try:
             codes = sw.launch(os.path.join(REPO, s.config), runs, root, parallel, flags, **kw)
         finally:
             if results_dir:  # what finished is kept, also when the sweep stopped half way
-                new = rec.record_all(root, os.path.join(results_dir, s.name))
+                new = rec.record_all(root, os.path.join(results_dir, s.name), made_for)
                 print(f"[claims] sweep {s.name}: {len(new)} runs recorded in {results_dir}")
                 for e in keep_warm_starts(entries, os.path.join(results_dir, WARM_STARTS)):
                     print(f"[claims] warm start kept: {e}")
         sw.write_tables(sw.collect(runs, root), root)
         failed += [f"{s.name}/{n}" for n, c in codes.items() if c != 0]
     return failed
+
+
+def entry_hashes(sweep: str) -> dict[str, str]:
+    """{"<key> v<version>": hash} of the registry's current entries whose design runs ``sweep``:
+    what its runs' records keep of the entries they were made for."""
+    from gspo_jax import claims as reg
+
+    current = [reg.current(k) for k in sorted({e.key for e in reg.ENTRIES})]
+    return {e.name: reg.entry_hash(e) for e in current if sweep in e.sweeps}
 
 
 def execute_notebook(name: str, runs_dir: str, *, timeout: int = 1800, out: str | None = None):
@@ -358,9 +368,8 @@ def verdict_keys(name: str) -> list[str]:
     """The registry claims whose verdicts the notebook ``name`` prints, one VERDICT line each:
     its own claim and every other claim whose current entry names it, once that claim's cells
     have come (it is not in PLANNED)."""
-    reg = sys.modules.get("gspo_claims_registry") or _load(
-        "gspo_claims_registry", os.path.join(REPO, "experiments", "claims_registry.py")
-    )
+    from gspo_jax import claims as reg
+
     keys = {e.key for e in reg.ENTRIES}
     named = [k for k in sorted(keys) if reg.current(k).notebook == name and k not in PLANNED]
     return [name] + [k for k in named if k != name]

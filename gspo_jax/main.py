@@ -11,6 +11,10 @@ a local two-process run) pass the coordinator explicitly:
     python -m gspo_jax.main ... --coordinator_address=127.0.0.1:12345 --num_processes=2 \\
         --process_id=0      # and =1 in a second shell
 
+``--list_configs`` prints every config file with its arguments; ``--print_config`` the config a
+command line resolves to (neither needs --workdir). A run prints, first, the features that differ
+from the plain default (config/features.py).
+
 Restarting the same command in the same workdir resumes from the latest checkpoint.
 ``--prepare_only`` builds the dataset and the cached warm start and exits (run it once on one host
 before a multi-host run, which loads the cached warm start but does not train it).
@@ -21,6 +25,7 @@ notebooks and tests as ``gspo_jax.rl.trainer.train(config, workdir)``.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import app, flags, logging
@@ -62,7 +67,19 @@ _DRY_RUN = flags.DEFINE_bool(
     "and the update at the real shapes, print the per-device memory plan and exit (code 2 when it "
     "does not fit).",
 )
-flags.mark_flags_as_required(["config", "workdir"])
+_LIST_CONFIGS = flags.DEFINE_bool(
+    "list_configs",
+    False,
+    "Print every config file of the configs/ folder with its arguments and their defaults, then "
+    "exit (needs neither --config nor --workdir).",
+)
+_PRINT_CONFIG = flags.DEFINE_bool(
+    "print_config",
+    False,
+    "Print the config --config and its overrides resolve to (every field), then exit (needs no "
+    "--workdir).",
+)
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
 
 def main(argv: list[str]) -> None:
@@ -71,6 +88,18 @@ def main(argv: list[str]) -> None:
         logging.set_verbosity(logging.WARNING)
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}; use --config.x.y=value overrides")
+    if _LIST_CONFIGS.value:
+        from gspo_jax.config import features
+
+        print(features.list_configs(CONFIGS_DIR), flush=True)
+        return
+    if _CONFIG.value is None:
+        raise app.UsageError("--config is required: --config=configs/arith.py (see --list_configs)")
+    if _PRINT_CONFIG.value:
+        print(_CONFIG.value, flush=True)
+        return
+    if _WORKDIR.value is None:
+        raise app.UsageError("--workdir is required: the run's folder, e.g. --workdir=runs/arith")
     if _DRY_RUN.value:
         _dry_run(_CONFIG.value)
         return
@@ -91,6 +120,10 @@ def main(argv: list[str]) -> None:
 
         build.prepare(_CONFIG.value, _WORKDIR.value)
         return
+    from gspo_jax.config import features
+
+    if _PROCESS_ID.value in (None, 0):  # what ran, said once on a pod
+        print(features.describe(_CONFIG.value), flush=True)
     # a single run, or a population (config.population.seeds: many runs as one program)
     trainer.train(
         _CONFIG.value,

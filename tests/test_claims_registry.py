@@ -1,4 +1,4 @@
-"""The claims registry (experiments/claims_registry.py) and the verdicts it decides
+"""The claims registry (gspo_jax/claims/entries/) and the verdicts it decides
 (notebooks/reporting/verdicts.py), on hand-made per-seed numbers: no training, no runs."""
 
 import dataclasses
@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -218,15 +219,23 @@ def test_each_superseded_entry_names_the_entry_that_replaced_it(capsys):
     assert f"superseded entry {v3.name} (replaced by v4 because: {v4.reason})" in out
 
 
-def test_a_changed_criterion_must_be_a_new_entry(monkeypatch):
+def test_a_changed_criterion_must_be_a_new_entry(tmp_path):
+    """The registry read from files (a copy of the package's entries): a second version that
+    does not say what it supersedes is refused, and so is a file whose name is not its entry."""
+    from gspo_jax.claims import registry, schema
+
+    folder = tmp_path / "entries"
+    shutil.copytree(registry.registry_dir(), folder)
+    assert registry.load(str(folder)) == reg.load()  # the copy reads as the package's entries
     e = reg.current("staleness_dose")  # one version
     silent = dataclasses.replace(e, version=2)  # a second version that does not say why
-    monkeypatch.setattr(reg, "ENTRIES", reg.ENTRIES + (silent,))
+    path = folder / "staleness_dose" / "v2.json"
+    path.write_text(schema.canonical_json(schema.to_dict(silent)))
     with pytest.raises(ValueError, match="supersede"):
-        reg.check()
-    monkeypatch.setattr(reg, "ENTRIES", reg.ENTRIES[:-1] + (e,))
-    with pytest.raises(ValueError, match="twice"):
-        reg.check()
+        registry.load(str(folder))
+    path.rename(folder / "staleness_dose" / "v3.json")  # holds v2
+    with pytest.raises(ValueError, match="name it staleness_dose/v2.json"):
+        registry.load(str(folder))
 
 
 def test_verdict_lines_have_one_of_three_outcomes():
@@ -581,3 +590,25 @@ def test_relative_drop_median_and_diverged_read_the_runs_records():
     assert verdicts.diverged(frozen) and math.isnan(verdicts.unless_diverged(acc)(frozen))
     nan_loss = _run(recs + [{"step": 26, "train/loss": float("nan")}])
     assert verdicts.diverged(nan_loss)
+
+
+def test_the_data_registry_holds_exactly_the_old_python_registrys_entries():
+    """The registry became data (gspo_jax/claims/entries/) in one commit: the last Python
+    registry (experiments/claims_registry.py, read from git history) has the same entries,
+    field for field, as the files do (the entries registered since come on top of it)."""
+    import subprocess
+
+    order = load_repo_module("experiments/checks/registration_order.py")
+    try:
+        gone = order.git("log", "-1", "--format=%H", "--diff-filter=D", "--", order.OLD_REGISTRY)
+        rev = f"{gone.strip()}^" if gone.strip() else "HEAD"  # HEAD: deletion not committed
+        source = order.git("show", f"{rev}:{order.OLD_REGISTRY}")
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        pytest.skip("no git history of experiments/claims_registry.py in this copy")
+    old = order.load_registry(source)
+    new = {(e.key, e.version): e for e in reg.load()}
+    assert len(old.ENTRIES) == 46
+    for e in old.ENTRIES:
+        got = new[(e.key, e.version)]
+        assert reg.schema.to_dict(e) == reg.schema.to_dict(got), e.name
+        assert dataclasses.asdict(e) == dataclasses.asdict(got), e.name

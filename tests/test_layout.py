@@ -28,6 +28,7 @@ LAYERS = {
     "tasks": set(),
     "tools": set(),  # the sandboxed tools the policy calls (run by environments)
     "envs": {"tasks", "tools"},  # environments: episodes over turns, tasks as one-turn ones
+    "claims": set(),  # the claims registry's entries and the statistics that decide them
     "config": {"objectives", "advantages", "errors"},
     "runtime": {"config", "errors", "sharding"},
     "rollout": {"models", "sharding"},

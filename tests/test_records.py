@@ -178,3 +178,59 @@ def test_registration_order_flags_a_run_that_started_before_its_entry(tmp_path, 
     committed[late] = registered + 500
     assert order.status(late, "new", registered) == "sweep no older"
     assert order.status(late, "old", registered) == "not shown"
+
+
+def test_a_record_keeps_the_entries_it_was_made_for_and_is_refused_once_one_changes(tmp_path):
+    """A record keeps {entry: hash} from its first writing on; analysis.load_runs reads it while
+    the entry is unchanged and refuses it, naming the entry, once the entry's content differs."""
+    from gspo_jax import claims as reg
+
+    entry = reg.current("int8_rollout_mismatch")
+    made_for = {entry.name: reg.entry_hash(entry)}
+    assert made_for.items() <= claims.entry_hashes("quant").items()  # what the launcher keeps
+    wd = fake_run(str(tmp_path / "runs"), "grpo_int8_none_s0")
+    kept = str(tmp_path / "kept")
+    path = records.write(wd, kept, made_for)
+    assert records.write(wd, kept, {entry.name: "0" * 64}) == path  # rewritten: first kept
+    assert records.read(path)["entries"] == made_for
+    assert "grpo_int8_none_s0" in analysis.load_runs(kept)
+    import gzip
+
+    rec = records.read(path)
+    rec["entries"] = {entry.name: "f" * 64}  # made for another content of the same entry
+    with gzip.open(path, "wt") as f:
+        json.dump(rec, f)
+    with pytest.raises(ValueError, match="int8_rollout_mismatch v1 .* has been edited since"):
+        analysis.load_runs(kept)
+
+
+def test_registration_order_catches_an_entry_edited_in_place(tmp_path, monkeypatch, capsys):
+    """An entry edited in the working tree (a copy of the registry with one criterion's
+    threshold changed, read through $GSPO_JAX_REGISTRY) after its committed runs is "EDITED
+    after it" and fails the check; the unedited registry passes for the same entry."""
+    import dataclasses
+    import shutil
+
+    from gspo_jax import claims as reg
+    from gspo_jax.claims import registry, schema
+
+    order = load_repo_module("experiments/checks/registration_order.py")
+    e = reg.current("int8_rollout_mismatch")
+    registered = {(x.key, x.version): reg.entry_hash(x) for x in reg.load()}
+    # the registry's history as one commit holding today's entries (git history is read by
+    # the check itself; here only the edit is under test)
+    monkeypatch.setattr(order, "history", lambda: (("c0ffee0", 1_700_000_000, registered),))
+    assert order.main(["quant"]) == 0
+    assert "int8_rollout_mismatch v1: registered c0ffee0" in capsys.readouterr().out
+
+    folder = tmp_path / "entries"
+    shutil.copytree(registry.registry_dir(), folder)
+    edited = dataclasses.replace(e, primary=dataclasses.replace(e.primary, threshold=0.5))
+    (folder / e.key / f"v{e.version}.json").write_text(
+        schema.canonical_json(schema.to_dict(edited))
+    )
+    monkeypatch.setenv(registry.ENV, str(folder))
+    assert order.main(["quant"]) == 1
+    out = capsys.readouterr().out
+    assert "int8_rollout_mismatch v1: registered c0ffee0 (2023-11-14 22:13 UTC); edited in " in out
+    assert "15 EDITED after it" in out

@@ -1,4 +1,4 @@
-"""The registry's gspo_token_equals_gspo v3 (experiments/claims_registry.py), decided without
+"""The registry's gspo_token_equals_gspo v3 (gspo_jax.claims), decided without
 training runs: GSPO-token with one advantage per response has GSPO's value and gradient.
 
 For each batch seed (the entry's seeds: v3 100-119, v4 120-139) a random batch is drawn: B
@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 
 import numpy as np
+
+from gspo_jax import claims
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEY = "gspo_token_equals_gspo"
@@ -47,13 +48,8 @@ DRIFT = {3: (3e-4, 3e-3), 4: (1e-3, 1e-2)}  # entry version -> the log-prob drif
 
 
 def registry():
-    spec = importlib.util.spec_from_file_location(
-        "claims_registry", os.path.join(REPO, "experiments", "claims_registry.py")
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("claims_registry", module)
-    spec.loader.exec_module(module)
-    return module
+    """The claims registry (gspo_jax.claims)."""
+    return claims
 
 
 def make_batch(seed: int, dtype, group_normalised: bool = False, drift_range=DRIFT[4]):

@@ -1,11 +1,13 @@
-"""Whether every claims-registry entry was committed before the first run it decides (issue 33).
+"""Whether every claims-registry entry was committed before the runs it decides, and never
+edited after them (issues 33 and 52).
 
-For each entry (key, version) of experiments/claims_registry.py: the commit that registered it is
-the oldest commit of that file whose registry holds (key, version) (each version of the file is
-loaded from git, so an entry later edited in place would show as registered when it first
-appeared). Its runs are the committed records of its sweeps (results/claims/<sweep>/*.json.gz)
-at the entry's seeds (round 2: its own fresh seeds; earlier entries: 0-4), restricted to the arms
-its primary criterion and preconditions name. Per run:
+The registry is data, gspo_jax/claims/entries/<key>/v<version>.json; before that it was one
+Python file, experiments/claims_registry.py. Both are read from git history: at every commit that
+changed either, each entry's canonical hash (gspo_jax.claims.entry_hash; an old Python entry is
+read into the same canonical form). An entry is registered by the oldest commit that holds it,
+with the hash it had then. Its runs are the committed records of its sweeps
+(results/claims/<sweep>/*.json.gz) at the entry's seeds (round 2: its own fresh seeds; earlier
+entries: 0-4), restricted to the arms its primary criterion and preconditions name. Per run:
 
 - started_at (notebooks/reporting/records.py): when the run first started. A run that started
   after the registering commit is the evidence the issue asks for ("after");
@@ -17,11 +19,20 @@ its primary criterion and preconditions name. Per run:
   registering one, the run cannot predate the entry ("sweep no older"); else the order is not
   contradicted but not shown ("not shown").
 
+Edits: an entry whose hash changed after its registration (in a later commit, or in the working
+tree: the registry read now, $GSPO_JAX_REGISTRY or the package's entries; the hash leaves out
+bookkeeping, claims.schema.BOOKKEEPING) is "EDITED after it" for each run that started before the
+change (started_at, else the record's first commit bounds the start from above); "edit order not
+shown" where the start cannot be placed. A record that names the hash it was made for
+("entries", records.py) must name the registering hash. Records without hashes (made before they
+were kept: "pre-hash") are judged by their start alone.
+
     PYTHONPATH=. python experiments/checks/registration_order.py            # every entry
     PYTHONPATH=. python experiments/checks/registration_order.py r2_ratio   # entries of a sweep
 
 Prints one line per entry with runs and a count per status; exits 1 when any run started before
-its entry was registered, else 0. This file holds check logic only; no library code.
+its entry was registered or an entry was edited after its runs, else 0. This file holds check
+logic only; no library code.
 """
 
 from __future__ import annotations
@@ -36,10 +47,14 @@ import os
 import re
 import subprocess
 import sys
+import time
 import types
 
+from gspo_jax import claims
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-REGISTRY = "experiments/claims_registry.py"
+OLD_REGISTRY = "experiments/claims_registry.py"  # the registry as one Python file, until data
+ENTRIES = "gspo_jax/claims/entries"
 CLAIMS = "experiments/claims.py"
 RECORDS = os.path.join("results", "claims")
 _SEED = re.compile(r"^(?P<arm>.+)_s(?P<seed>\d+)$")
@@ -52,12 +67,13 @@ def git(*args: str) -> str:
 
 
 def load_registry(source: str) -> types.ModuleType | None:
-    """A registry module from its source text, or None when that version does not load alone."""
+    """An old Python registry module from its source text, or None when that version does not
+    load alone."""
     name = "claims_registry_at_commit"
     module = types.ModuleType(name)
     sys.modules[name] = module  # dataclasses look their module up while the file runs
     try:
-        exec(compile(source, REGISTRY, "exec"), module.__dict__)  # noqa: S102 (our own file)
+        exec(compile(source, OLD_REGISTRY, "exec"), module.__dict__)  # noqa: S102 (our own file)
     except Exception:  # an old version that imported what no longer exists
         return None
     finally:
@@ -65,14 +81,49 @@ def load_registry(source: str) -> types.ModuleType | None:
     return module if hasattr(module, "ENTRIES") else None
 
 
-def registrations() -> dict[tuple[str, int], tuple[str, int]]:
-    """(key, version) -> (commit, commit time) of the oldest commit whose registry holds it."""
-    out: dict[tuple[str, int], tuple[str, int]] = {}
-    for line in git("log", "--reverse", "--format=%H %ct", "--", REGISTRY).splitlines():
-        commit, when = line.split()
-        module = load_registry(git("show", f"{commit}:{REGISTRY}"))
-        for e in module.ENTRIES if module else ():
-            out.setdefault((e.key, e.version), (commit, int(when)))
+def hashes_at(commit: str) -> dict[tuple[str, int], str]:
+    """(key, version) -> entry hash of the registry as ``commit`` holds it (data or Python)."""
+    paths = git("ls-tree", "-r", "--name-only", commit, "--", ENTRIES).split()
+    if paths:
+        out = {}
+        for path in paths:
+            e = claims.schema.from_dict(json.loads(git("show", f"{commit}:{path}")))
+            out[(e.key, e.version)] = claims.entry_hash(e)
+        return out
+    if not git("ls-tree", "--name-only", commit, "--", OLD_REGISTRY).strip():
+        return {}
+    module = load_registry(git("show", f"{commit}:{OLD_REGISTRY}"))
+    return {(e.key, e.version): claims.entry_hash(e) for e in (module.ENTRIES if module else ())}
+
+
+@functools.cache
+def history() -> tuple[tuple[str, int, dict[tuple[str, int], str]], ...]:
+    """(commit, commit time, its entry hashes) of every commit that changed the registry, oldest
+    first."""
+    log = git("log", "--reverse", "--format=%H %ct", "--", OLD_REGISTRY, ENTRIES).splitlines()
+    return tuple((c, int(t), hashes_at(c)) for c, t in (line.split() for line in log))
+
+
+def registrations() -> dict[tuple[str, int], tuple[str, int, str]]:
+    """(key, version) -> (commit, commit time, hash) of the oldest commit that holds it."""
+    out: dict[tuple[str, int], tuple[str, int, str]] = {}
+    for commit, when, hashes in history():
+        for name, h in hashes.items():
+            out.setdefault(name, (commit, when, h))
+    return out
+
+
+def edits(name: tuple[str, int], now: str) -> list[tuple[str, int]]:
+    """(commit or "working tree", time) of every change of the entry's hash after it was
+    registered; ``now``: its hash as the registry reads today (the working tree, time now)."""
+    out, last = [], None
+    for commit, when, hashes in history():
+        h = hashes.get(name)
+        if h is not None and last is not None and h != last:
+            out.append((commit, when))
+        last = h if h is not None else last
+    if last is not None and now != last:
+        out.append(("working tree", int(time.time())))
     return out
 
 
@@ -110,9 +161,34 @@ def sweep_defined_at(sweep: str) -> int | None:
     return int(lines[0]) if lines else None
 
 
-def status(path: str, sweep: str, registered: int) -> str:
+def read_record(path: str) -> dict:
     with gzip.open(path, "rt") as f:
-        record = json.load(f)
+        return json.load(f)
+
+
+def edit_status(path: str, sweep: str, name: str, registered_hash: str, changes) -> str | None:
+    """ "EDITED after it" when the record at ``path`` was made for another version of the entry
+    ``name`` than the registered one, or its run started before a change of the entry (its
+    started_at, else the record's first commit, an upper bound of the start); "edit order not
+    shown" when neither that nor the sweep's first mention (a lower bound) places the start;
+    None when the run started after every change."""
+    record = read_record(path)
+    made_for = record.get("entries", {}).get(name)
+    if made_for is not None and made_for != registered_hash:
+        return "EDITED after it"
+    start = record.get("started_at")
+    before = start if start is not None else first_commit_time(path)  # start <= this
+    after = start if start is not None else sweep_defined_at(sweep)  # start >= this
+    for _, when in changes:
+        if before is not None and before <= when:
+            return "EDITED after it"
+        if after is None or after < when:
+            return "edit order not shown"
+    return None
+
+
+def status(path: str, sweep: str, registered: int) -> str:
+    record = read_record(path)
     start = record.get("started_at")
     if start is not None:
         return "after" if start > registered else "VIOLATION"
@@ -133,24 +209,36 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("sweeps", nargs="*", help="only the entries of these sweeps")
     args = p.parse_args(argv)
-    with open(os.path.join(REPO, REGISTRY)) as f:
-        registry = load_registry(f.read())
     registered = registrations()
     violations = 0
-    for e in registry.ENTRIES:
+    for e in claims.load():
         if args.sweeps and not set(e.sweeps) & set(args.sweeps):
             continue
         runs = entry_runs(e)
         if not runs:
+            if e == claims.current(e.key):  # every current entry is listed, decided or not
+                how = f"decided by the check {e.check}" if e.check else "undecided"
+                print(f"{e.name}: no committed runs ({how})")
             continue
-        commit, when = registered[(e.key, e.version)]
+        if (e.key, e.version) not in registered:
+            print(f"{e.name}: VIOLATION, never committed but {len(runs)} runs decide it")
+            violations += 1
+            continue
+        commit, when, registered_hash = registered[(e.key, e.version)]
+        changes = edits((e.key, e.version), claims.entry_hash(e))
         counts: dict[str, int] = {}
         for sweep, path in runs:
-            s = status(path, sweep, when)
+            s = edit_status(path, sweep, e.name, registered_hash, changes) or status(
+                path, sweep, when
+            )
             counts[s] = counts.get(s, 0) + 1
-        violations += counts.get("VIOLATION", 0)
+        violations += counts.get("VIOLATION", 0) + counts.get("EDITED after it", 0)
         summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        print(f"{e.name}: registered {commit[:7]} ({utc(when)} UTC); {len(runs)} runs: {summary}")
+        edited = "; edited in " + ", ".join(c[:7] for c, _ in changes) if changes else ""
+        print(
+            f"{e.name}: registered {commit[:7]} ({utc(when)} UTC){edited}; {len(runs)} runs: "
+            f"{summary}"
+        )
     return 1 if violations else 0
 
 

@@ -100,6 +100,8 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
         k: (v.get() if isinstance(v, config_dict.FieldReference) else v)
         for k, v in defaults.items()
     }
+    if _recording:  # arguments_of: the config's arguments are all it wanted
+        raise _Recorded(values)
     for item in _split_top_level(arg or ""):
         key, sep, text = item.partition("=")
         key = key.strip()
@@ -122,6 +124,30 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
             out[k] = v
     out.lock()
     return out
+
+
+_recording: list[bool] = []  # non-empty while arguments_of runs a get_config
+
+
+class _Recorded(Exception):
+    """Stops a get_config at its parse_arg call once its arguments are known."""
+
+    def __init__(self, defaults: dict[str, Any]):
+        super().__init__("arguments recorded")
+        self.defaults = defaults
+
+
+def arguments_of(get_config) -> dict[str, Any]:
+    """{argument: default} that a config's ``get_config`` accepts: the keyword arguments of the
+    first parse_arg call it makes ({} for a config that takes no arguments)."""
+    _recording.append(True)
+    try:
+        get_config(None)
+    except _Recorded as r:
+        return r.defaults
+    finally:
+        _recording.pop()
+    return {}
 
 
 def check_workdir_writable(workdir: str) -> None:

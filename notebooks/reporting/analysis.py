@@ -13,7 +13,7 @@ here the same way. Here:
     analysis.plot_arms(ax, {"GSPO": arms["gspo"]}, "rollout/reward")
 
 The verdicts are not made here: notebooks/reporting/verdicts.py decides them from the claims
-registry (experiments/claims_registry.py), on per-seed numbers read with these functions.
+registry (gspo_jax.claims), on per-seed numbers read with these functions.
 
 The spread of an arm is its mean over seeds with the min and max over seeds (not a confidence
 interval: three seeds do not support one). Nothing here trains; it only reads files.
@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from gspo_jax import claims
 from gspo_jax.runtime import metrics as metrics_lib
 
 from . import records as records_lib
@@ -62,6 +63,7 @@ def load_runs(root: str, pattern: str = "*", *, finished: bool = True) -> dict[s
     out = {}
     for path in sorted(glob.glob(os.path.join(root, pattern + records_lib.SUFFIX))):
         rec = records_lib.read(path)
+        check_entries(path, rec)
         m = _SEED_SUFFIX.match(rec["name"])
         out[rec["name"]] = RunData(
             name=rec["name"],
@@ -105,6 +107,23 @@ def load_runs(root: str, pattern: str = "*", *, finished: bool = True) -> dict[s
             f"`python experiments/claims.py <notebook>` (see the notebook's first cell)"
         )
     return out
+
+
+def check_entries(path: str, record: Mapping[str, Any]) -> None:
+    """ValueError naming the record and the entry when a record was made for a registry entry
+    whose content has changed since (its hash differs from the entry's hash now): an entry is
+    never edited after its runs, a changed criterion is a new version. A record without entry
+    hashes ("pre-hash", made before they were kept) is accepted: registration_order checks its
+    entries against git history instead."""
+    for name, made_for in record.get("entries", {}).items():
+        key, _, version = name.rpartition(" v")
+        now = next((e for e in claims.entries(key) if e.version == int(version)), None)
+        if now is None or claims.entry_hash(now) != made_for:
+            raise ValueError(
+                f"{path} was made for registry entry {name} (hash {made_for[:12]}), which "
+                f"{'no longer exists' if now is None else 'has been edited since'}: restore the "
+                "entry as it was and register the change as a new version (supersedes)"
+            )
 
 
 def by_arm(runs: Mapping[str, RunData] | Iterable[RunData]) -> dict[str, list[RunData]]:

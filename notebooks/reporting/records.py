@@ -7,11 +7,16 @@ start again from none. experiments/claims.py therefore writes every finished run
 as a record,
 
     results/claims/<sweep>/<run>.json.gz      {"format", "name", "config", "summary", "metrics",
-                                               "started_at"}
+                                               "started_at", "entries"}
 
 (metrics: metrics.jsonl's text, line for line; no checkpoints; started_at: when the run first
 started, so that anyone can check it started after the registry entry it decides:
-experiments/checks/registration_order.py), skips a run whose record exists, and executes the
+experiments/checks/registration_order.py; entries: {"<key> v<version>": the entry's hash} of the
+registry entries its sweep was launched for, gspo_jax.claims.entry_hash, kept from the record's
+first writing on, so that analysis.load_runs refuses it once its entry has been edited. Records
+made before the hashes were kept have no "entries": "pre-hash", accepted, and covered by
+registration_order, which compares each entry's hash at its registering commit with every later
+version from git history), skips a run whose record exists, and executes the
 notebooks on the records; analysis.load_runs reads a folder of records as it reads a folder of
 workdirs. A record is a few tens of kB, written with fixed gzip metadata so the
 same run gives the same bytes (git sees no change when it is written again).
@@ -55,8 +60,10 @@ def started_at(workdir: str) -> int | None:
     return min(times) if times else None
 
 
-def write(workdir: str, records_dir: str) -> str:
+def write(workdir: str, records_dir: str, entries: dict[str, str] | None = None) -> str:
     """The record of the finished run at ``workdir`` written to ``records_dir``; returns its path.
+    ``entries``: {entry name: hash} of the registry entries the run was made for; a record that
+    exists keeps the entries it was first written with (the run was made for those).
 
     Raises FileNotFoundError, naming the run, when the run has not finished (no summary.json)."""
     name = os.path.basename(os.path.normpath(workdir))
@@ -71,6 +78,9 @@ def write(workdir: str, records_dir: str) -> str:
         summary = json.load(f)
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         metrics = f.read()
+    path = path_of(records_dir, name)
+    if os.path.exists(path):
+        entries = read(path).get("entries", entries)
     record = {
         "format": FORMAT,
         "name": name,
@@ -79,9 +89,10 @@ def write(workdir: str, records_dir: str) -> str:
         "metrics": metrics,
         "started_at": started_at(workdir),
     }
+    if entries:
+        record["entries"] = dict(entries)
     data = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
     os.makedirs(records_dir, exist_ok=True)
-    path = path_of(records_dir, name)
     tmp = path + ".tmp"
     # mtime=0 and no file name in the header: the same run gives the same bytes
     with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:
@@ -102,10 +113,12 @@ def read(path: str) -> dict[str, Any]:
     return record
 
 
-def record_all(runs_root: str, records_dir: str) -> list[str]:
+def record_all(
+    runs_root: str, records_dir: str, entries: dict[str, str] | None = None
+) -> list[str]:
     """Records every finished run under ``runs_root`` (a sweep's folder: <run>/summary.json,
     population members through their links) into ``records_dir``; returns the new or rewritten
-    records' paths (an unchanged record is left as it is)."""
+    records' paths (an unchanged record is left as it is); ``entries`` as for write."""
     written = []
     for wd in sorted(glob.glob(os.path.join(runs_root, "*"))):
         if not (os.path.isdir(wd) and finished(wd)):
@@ -114,7 +127,7 @@ def record_all(runs_root: str, records_dir: str) -> list[str]:
             continue
         path = path_of(records_dir, os.path.basename(wd))
         before = open(path, "rb").read() if os.path.exists(path) else None
-        write(wd, records_dir)
+        write(wd, records_dir, entries)
         with open(path, "rb") as f:
             if f.read() != before:
                 written.append(path)

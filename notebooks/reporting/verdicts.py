@@ -1,7 +1,7 @@
-"""A claim notebook's verdict, decided by its entry in the claims registry
-(experiments/claims_registry.py), from per-seed numbers; and the per-seed statistics the entries
-name. Replaces analysis.outcome, which called a claim "partly reproduced" as soon as any check
-held.
+"""A claim notebook's verdict, decided by its entry in the claims registry (gspo_jax.claims,
+gspo_jax/claims/entries/<key>/v<version>.json), from per-seed numbers; and the per-seed
+statistics the entries name. Replaces analysis.outcome, which called a claim "partly
+reproduced" as soon as any check held.
 
     from reporting import analysis as an
 
@@ -22,40 +22,25 @@ the outcome), and exactly one line ``VERDICT: <outcome>: <numbers>``. Outcomes: 
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import re
-import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from gspo_jax import claims
 from reporting import analysis
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-REGISTRY_PATH = os.path.join(REPO, "experiments", "claims_registry.py")
 # "reproduced", "not reproduced" or "inconclusive: <precondition> absent", then ": <numbers>"
 VERDICT_LINE = re.compile(r"^VERDICT: (reproduced|not reproduced|inconclusive: .+? absent): .+")
-_MODULE = "gspo_claims_registry"
 
 
 def registry():
-    """experiments/claims_registry.py as a module (loaded by path once: experiments/ is not a
-    package; registered in sys.modules, which its dataclasses need)."""
-    if _MODULE not in sys.modules:
-        if not os.path.exists(REGISTRY_PATH):
-            raise FileNotFoundError(
-                f"{REGISTRY_PATH} is missing: the verdicts need the repository's claims registry "
-                "(run from a checkout, not an installed wheel)"
-            )
-        spec = importlib.util.spec_from_file_location(_MODULE, REGISTRY_PATH)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[_MODULE] = module
-        spec.loader.exec_module(module)
-        module.check()
-    return sys.modules[_MODULE]
+    """The claims registry (the gspo_jax.claims package: its entries, evaluate, describe and
+    the statistics), checked once for its own consistency."""
+    claims.check()
+    return claims
 
 
 def entry(key: str):
