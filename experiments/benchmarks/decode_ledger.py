@@ -24,9 +24,11 @@ geometric with mean T / 8 (the EOS coin of sampler_bench --eos-prob), capped at 
   static      R rows; step t reads the generated chunks filled so far (compiled at 1 and 2
               chunks: bytes are affine in the chunk count), whatever rows have ended.
   continuous  N = R slots fed from a queue of 4 R rows (group-contiguous), refilled before every
-              step (rollout/continuous.py); its attention's ragged loop runs
-              ceil(items / N) trips (items: the live slots' generated pages, one at least per
-              slot), so bytes and ops are affine in the trips (counted at 1 and 2); once the
+              step (rollout/continuous.py); its attention's ragged loops run the trips
+              trips_of gives for the step's items (the live slots' generated pages, one at least
+              per slot), so bytes and ops are affine in each loop's trips (hlo_cost with each
+              loop at 0 and 1 trips; the ledger models the trip rule of the code it ships with:
+              the before table's single loop ran ceil(items / N) trips); once the
               queue is empty and at most half the slots are live, the drain decodes
               ceil(live / w) sub-batches of w = N / 8 slots (its own compiled step). A prompt's
               prefill (once per group, a [1, Lp] forward) is not a decode step and not counted.
@@ -163,7 +165,6 @@ def continuous_schedule(ell: np.ndarray, N: int, ps: int, shrink: int = 3) -> li
         items = int(np.sum(np.maximum(1, -(-(fed + 1) // ps))))
         parts = -(-live // w) if narrow else 1
         idle = parts * width - live  # slots that decode nothing (one item each)
-        trips = -(-(items + idle) // width)  # per sub-batch, spread evenly
         out.append(
             {
                 "live": live,
@@ -171,35 +172,60 @@ def continuous_schedule(ell: np.ndarray, N: int, ps: int, shrink: int = 3) -> li
                 "gen": int(np.sum(fed + 1)),
                 "narrow": narrow,
                 "parts": parts,
-                "trips": max(1, -(-trips // parts)),
+                "items": items + idle,  # over all its sub-batches
             }
         )
         slots = [[r, f + 1] for r, f in slots if f + 2 < ell[r]]
     return out
 
 
-def compiled_cost(fn, args) -> dict:
+def _width_trips(wide: int, narrow: int, width: int):
+    """unknown_trips for hlo_cost: a data-dependent loop whose body has arrays of 4 x width
+    leading rows (the ragged attention's wide trips) runs `wide` trips, one of width rows
+    (its narrow trips) `narrow`, any other loop once."""
+
+    def trips(body) -> int:
+        lead = {tuple(hlo_cost._dims(i.shape)[:1]) for i in body}
+        return wide if (4 * width,) in lead else narrow if (width,) in lead else 1
+
+    return trips
+
+
+def compiled_cost(fn, args, width: int | None = None) -> dict:
     """Lowers and compiles fn at args (abstract), for this backend: XLA's cost_analysis and
-    hlo_cost's trip-counted figures with the data-dependent loops at 1 and at 2 trips."""
+    hlo_cost's trip-counted figures; with width (the continuous engine's step) the ragged
+    attention's wide and narrow trips apart (rollout schedule: trips_of): the cost with none of
+    either ("base") and what one more trip of each adds."""
     t0 = time.perf_counter()
     traced = fn.trace(*args)
     compiled = traced.lower().compile()
     seconds = time.perf_counter() - t0
     xla = compiled.cost_analysis()
     xla = xla[0] if isinstance(xla, list) else xla
-    one = hlo_cost.program_cost(compiled, 1, traced.jaxpr)
-    two = hlo_cost.program_cost(compiled, 2, traced.jaxpr)
-    return {
+    out = {
         "compile_s": seconds,
         "xla_bytes": float(xla.get("bytes accessed", 0.0)),
         "xla_flops": float(xla.get("flops", 0.0)),
-        "base": one,
-        "per_trip": two + one * -1.0,  # what one more trip of the data-dependent loops adds
     }
+    if width is None:
+        out["base"] = hlo_cost.program_cost(compiled, 1, traced.jaxpr)
+        return out
+    cost = lambda w, n: hlo_cost.program_cost(compiled, _width_trips(w, n, width), traced.jaxpr)  # noqa: E731
+    base = cost(0, 0)
+    out.update(base=base, per_wide=cost(1, 0) + base * -1.0, per_narrow=cost(0, 1) + base * -1.0)
+    return out
 
 
-def _at(c: dict, trips: float) -> hlo_cost.Cost:
-    return c["base"] + c["per_trip"] * (trips - 1)
+def trips_of(items: int, width: int) -> tuple[int, int]:
+    """(wide, narrow) trips of models/paged_attention._ragged_pages over `items` items with
+    C = width: wide trips of 4 C while that many remain, then C-wide ones."""
+    wide = items // (4 * width)
+    return wide, -(-(items - wide * 4 * width) // width)
+
+
+def _at(c: dict, items: int, width: int) -> hlo_cost.Cost:
+    wide, narrow = trips_of(items, width)
+    return c["base"] + c["per_wide"] * wide + c["per_narrow"] * narrow
 
 
 def ledger_case(model, R: int, mix: str, Lp: int, T: int, compiled: dict) -> list[dict]:
@@ -220,8 +246,11 @@ def ledger_case(model, R: int, mix: str, Lp: int, T: int, compiled: dict) -> lis
     ps = continuous.DEFAULT_PAGE_SIZE if Lp >= 64 else 16
     steps = continuous_schedule(ell, R, ps)
     full, narrow = compiled["continuous_N"], compiled["continuous_w"]
+    w = continuous.drain_width(R, 3)
     costs = [
-        _at(narrow, s["trips"]) * s["parts"] if s["narrow"] else _at(full, s["trips"])
+        _at(narrow, s["items"] // s["parts"], w) * s["parts"]
+        if s["narrow"]
+        else _at(full, s["items"], R)
         for s in steps
     ]
     rows.append(_row("continuous", cfg, sizes, steps, costs, Lp, full))
@@ -284,7 +313,7 @@ def compile_steps(model, R: int, Lp: int, T: int) -> dict:
             page_size=ps,
             num_pages=paged.pages_needed(R, Lp, T, ps),
         )
-        out[key] = compiled_cost(fn, args)
+        out[key] = compiled_cost(fn, args, width)
     del cfg
     return out
 

@@ -219,7 +219,7 @@ def _trip_count(attrs: str) -> int | None:
 
 
 class _Walker:
-    def __init__(self, text: str, unknown_trips: int):
+    def __init__(self, text: str, unknown_trips):
         self.comps, self.entry = _computations(text)
         self.unknown_trips = unknown_trips
         self.shapes = {i.name: i.shape for c in self.comps.values() for i in c}
@@ -316,7 +316,11 @@ class _Walker:
         for ins in self.comps.get(comp, []):
             op = ins.opcode
             if op == "while":
-                trips = _trip_count(ins.attrs) or self.unknown_trips
+                trips = _trip_count(ins.attrs)
+                if trips is None:
+                    u = self.unknown_trips
+                    body = _attr(ins.attrs, "body") or ""
+                    trips = u(self.comps.get(body, [])) if callable(u) else u
                 for key in ("body", "condition"):
                     add(self.cost(_attr(ins.attrs, key) or ""), trips)
                 continue
@@ -358,8 +362,10 @@ def hlo_text_cost(text: str, unknown_trips: int = 1) -> tuple[float, float]:
     return hlo_text_costs(text, unknown_trips)[:2]
 
 
-def hlo_text_costs(text: str, unknown_trips: int = 1) -> tuple[float, float, float]:
-    """(dot FLOPs, bytes, ops executed) of the HLO module `text` (_Walker.cost)."""
+def hlo_text_costs(text: str, unknown_trips=1) -> tuple[float, float, float]:
+    """(dot FLOPs, bytes, ops executed) of the HLO module `text` (_Walker.cost). unknown_trips:
+    the trips of a loop whose count is data-dependent, or a function of its body's instructions
+    (a list with .shape strings) giving them, for a program with several such loops."""
     w = _Walker(text, unknown_trips)
     return w.cost(w.entry)
 
@@ -408,5 +414,6 @@ def program_cost(compiled, unknown_trips: int = 1, jaxpr: Any = None, devices: i
     flops, nbytes, ops = hlo_text_costs(compiled.as_text(), unknown_trips)
     if jaxpr is None:
         return Cost(flops, nbytes, ops=ops)
-    true, dense = ragged_dot_flops(jaxpr, unknown_trips)
+    # (a function of the loop body counts the jaxpr's data-dependent loops once)
+    true, dense = ragged_dot_flops(jaxpr, 1 if callable(unknown_trips) else unknown_trips)
     return Cost(max(flops - dense / devices, 0.0), nbytes, true / devices, ops)
