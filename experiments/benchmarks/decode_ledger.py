@@ -29,8 +29,9 @@ geometric with mean T / 8 (the EOS coin of sampler_bench --eos-prob), capped at 
               per slot), so bytes and ops are affine in each loop's trips (hlo_cost with each
               loop at 0 and 1 trips; the ledger models the trip rule of the code it ships with:
               the before table's single loop ran ceil(items / N) trips); once the
-              queue is empty and at most half the slots are live, the drain decodes
-              ceil(live / w) sub-batches of w = N / 8 slots (its own compiled step). A prompt's
+              queue is empty and at most half the slots are live, the drain decodes in one step
+              of the narrowest of N / 2, N / 4, N / 8 slots that holds the live rows (each its
+              own compiled step). A prompt's
               prefill (once per group, a [1, Lp] forward) is not a decode step and not counted.
 
     PYTHONPATH=. python experiments/benchmarks/decode_ledger.py [--models qwen3_0_6b] \
@@ -145,10 +146,9 @@ def static_schedule(ell: np.ndarray) -> list[dict]:
 def continuous_schedule(ell: np.ndarray, N: int, ps: int, shrink: int = 3) -> list[dict]:
     """The continuous engine's decode steps: N slots refilled in queue order before each step;
     a row of length l decodes l - 1 steps (its token 0 is the prefill's). Per step: live slots,
-    their groups, generated keys, the ragged attention's items and whether the drain runs it as
-    sub-batches of w = N >> shrink (rollout/continuous.py decode_draining)."""
+    their groups, generated keys, the width it decodes (the drain's narrower ones once the queue
+    is empty: rollout/continuous.py decode_draining) and the ragged attention's items."""
     B = len(ell)
-    w = continuous.drain_width(N, shrink)
     nxt, slots, out = 0, [], []  # slots: [row, fed] of live rows
     while nxt < B or slots:
         while len(slots) < N and nxt < B:
@@ -160,19 +160,15 @@ def continuous_schedule(ell: np.ndarray, N: int, ps: int, shrink: int = 3) -> li
         rows = np.array([r for r, _ in slots])
         fed = np.array([f for _, f in slots])
         live = len(slots)
-        narrow = w < N and nxt >= B and 2 * live <= N
-        width = w if narrow else N
+        width = continuous.drain_width_for(N, shrink, live) if nxt >= B else N
         items = int(np.sum(np.maximum(1, -(-(fed + 1) // ps))))
-        parts = -(-live // w) if narrow else 1
-        idle = parts * width - live  # slots that decode nothing (one item each)
         out.append(
             {
                 "live": live,
                 "groups": len(np.unique(rows // G)),
                 "gen": int(np.sum(fed + 1)),
-                "narrow": narrow,
-                "parts": parts,
-                "items": items + idle,  # over all its sub-batches
+                "width": width,
+                "items": items + width - live,  # slots that decode nothing: one item each
             }
         )
         slots = [[r, f + 1] for r, f in slots if f + 2 < ell[r]]
@@ -245,15 +241,8 @@ def ledger_case(model, R: int, mix: str, Lp: int, T: int, compiled: dict) -> lis
     ell = lengths(mix, QUEUE * R, T)
     ps = continuous.DEFAULT_PAGE_SIZE if Lp >= 64 else 16
     steps = continuous_schedule(ell, R, ps)
-    full, narrow = compiled["continuous_N"], compiled["continuous_w"]
-    w = continuous.drain_width(R, 3)
-    costs = [
-        _at(narrow, s["items"] // s["parts"], w) * s["parts"]
-        if s["narrow"]
-        else _at(full, s["items"], R)
-        for s in steps
-    ]
-    rows.append(_row("continuous", cfg, sizes, steps, costs, Lp, full))
+    costs = [_at(compiled[f"continuous_{s['width']}"], s["items"], s["width"]) for s in steps]
+    rows.append(_row("continuous", cfg, sizes, steps, costs, Lp, compiled[f"continuous_{R}"]))
     return rows
 
 
@@ -298,7 +287,7 @@ def compile_steps(model, R: int, Lp: int, T: int) -> dict:
         )
         out[f"static_{chunks}"] = compiled_cost(fn, args)
     ps = continuous.DEFAULT_PAGE_SIZE if Lp >= 64 else 16
-    for key, width in (("continuous_N", R), ("continuous_w", continuous.drain_width(R, 3))):
+    for width in (R, *continuous.drain_widths(R, 3)):
         fn, args = continuous.decode_step_for_plan(
             model,
             num_prompts=max(1, QUEUE * R // G),
@@ -313,7 +302,7 @@ def compile_steps(model, R: int, Lp: int, T: int) -> dict:
             page_size=ps,
             num_pages=paged.pages_needed(R, Lp, T, ps),
         )
-        out[key] = compiled_cost(fn, args, width)
+        out[f"continuous_{width}"] = compiled_cost(fn, args, width)
     del cfg
     return out
 
