@@ -132,18 +132,20 @@ def lengths(mix: str, rows: int, T: int, seed: int = 0) -> np.ndarray:
     return np.minimum(rng.geometric(8.0 / T, rows), T).astype(np.int64)
 
 
-def static_schedule(ell: np.ndarray) -> list[dict]:
+def static_schedule(ell: np.ndarray, group: int = G) -> list[dict]:
     """The static engine's decode steps t = 1 .. max(ell) - 1 over all B rows: per step the live
     rows (ell > t), their groups, their generated keys (t each)."""
     out = []
     for t in range(1, int(ell.max())):
         live = ell > t
-        groups = len(np.unique(np.nonzero(live)[0] // G))
+        groups = len(np.unique(np.nonzero(live)[0] // group))
         out.append({"t": t, "live": int(live.sum()), "groups": groups, "gen": int(live.sum()) * t})
     return out
 
 
-def continuous_schedule(ell: np.ndarray, N: int, ps: int, shrink: int = 3) -> list[dict]:
+def continuous_schedule(
+    ell: np.ndarray, N: int, ps: int, shrink: int = 3, group: int = G
+) -> list[dict]:
     """The continuous engine's decode steps: N slots refilled in queue order before each step;
     a row of length l decodes l - 1 steps (its token 0 is the prefill's). Per step: live slots,
     their groups, generated keys, the width it decodes (the drain's narrower ones once the queue
@@ -165,7 +167,7 @@ def continuous_schedule(ell: np.ndarray, N: int, ps: int, shrink: int = 3) -> li
         out.append(
             {
                 "live": live,
-                "groups": len(np.unique(rows // G)),
+                "groups": len(np.unique(rows // group)),
                 "gen": int(np.sum(fed + 1)),
                 "width": width,
                 "items": items + width - live,  # slots that decode nothing: one item each

@@ -210,10 +210,10 @@ def decode(quick: bool, bandwidth: float, repeats: int) -> dict:
                 else ell
             )
             if name == "static":
-                steps = dl.static_schedule(ell)
+                steps = dl.static_schedule(ell, group=G)
             else:
                 ps = continuous.DEFAULT_PAGE_SIZE
-                steps = dl.continuous_schedule(ell, slots, ps)
+                steps = dl.continuous_schedule(ell, slots, ps, group=G)
             ideal = sum(
                 dl.ideal_step(model.cfg, sizes, x["live"], x["groups"], x["gen"], Lp)["bytes"]
                 for x in steps
