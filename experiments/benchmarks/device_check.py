@@ -190,25 +190,10 @@ def decode(quick: bool, bandwidth: float, repeats: int) -> dict:
         r = sb.bench_engines(
             model, prompts, lengths, G, T_mix, eos_id, slots, 16, repeats, ("device",), atol
         )
-        ell = None
         sizes = dl.model_sizes(model)
         out = {"lengths": r.pop("lengths")}
+        ell = np.asarray(out["lengths"].pop("rows"))
         for name, v in r.items():
-            ell = (
-                np.asarray(
-                    sb.sampler.generate(
-                        model,
-                        prompts,
-                        lengths,
-                        num_samples=G,
-                        max_new_tokens=T_mix,
-                        rng=jax.random.key(0),
-                        eos_id=eos_id,
-                    ).lengths
-                )
-                if ell is None
-                else ell
-            )
             if name == "static":
                 steps = dl.static_schedule(ell, group=G)
             else:
