@@ -235,3 +235,66 @@ def shard_batch(batch, mesh: jax.sharding.Mesh):
 def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
     """A NamedSharding that puts a whole copy of an array on every device of ``mesh``."""
     return NamedSharding(mesh, PartitionSpec())
+
+
+def _spread(sharding: NamedSharding, devices, copies: int) -> NamedSharding:
+    """``sharding``'s layout (its mesh shape and spec) on ``devices``, a multiple ``copies`` of
+    its device count, each of its shards held by ``copies`` of them (a leading replicated axis)."""
+    mesh = sharding.mesh
+    shape = (copies, *mesh.devices.shape)
+    grid = np.asarray(devices, dtype=object).reshape(shape)
+    spread = jax.sharding.Mesh(grid, ("_copies", *mesh.axis_names))
+    return NamedSharding(spread, sharding.spec)
+
+
+def transfer(tree, shardings, dtype=None):
+    """Every leaf of ``tree`` (committed jax.Arrays, NamedShardings) moved to ``shardings`` (a
+    tree of NamedShardings of the same structure), whatever the two layouts and device sets,
+    device to device: no leaf passes through host memory, and nothing blocks (each part is
+    dispatched asynchronously). dtype: the floating leaves cast first, on the source devices
+    (fewer bytes to move), e.g. the rollout's compute dtype.
+
+    Why: jax.device_put between shardings on different device sets copies shard to shard only
+    where every target shard is a source shard; otherwise (fsdp=4 -> data=4, fsdp=4 ->
+    data=2 x fsdp=2) it fetches the whole array to the host and uploads it again. Here the
+    layout change is a collective on one side and the move a shard-to-shard copy: with at least
+    as many source as target devices, the source reshards to the target's layout (each target
+    shard held by n_src / n_dst source devices) and each target device copies its shard; with
+    more target devices, each source shard is copied to n_dst / n_src target devices first, and
+    the target devices reshard. The larger device count must be a multiple of the smaller."""
+    leaves, treedef = jax.tree.flatten(tree)
+    targets = treedef.flatten_up_to(shardings)
+    if not leaves:
+        return tree
+    src = leaves[0].sharding
+    for x in leaves:
+        if not isinstance(x.sharding, NamedSharding) or x.sharding.device_set != src.device_set:
+            raise ValueError(
+                "transfer: every leaf must be a jax.Array with a NamedSharding on one mesh; got "
+                f"{x.sharding} beside {src} (device_put the tree onto one mesh first)."
+            )
+    n_src, n_dst = len(src.device_set), len(targets[0].device_set)
+    if max(n_src, n_dst) % min(n_src, n_dst):
+        raise ValueError(
+            f"transfer: {n_src} source and {n_dst} target devices; one count must divide the "
+            "other (split the devices so that it does, e.g. 4 + 4 or 4 + 2)."
+        )
+
+    def cast(x):
+        floating = dtype is not None and jax.numpy.issubdtype(x.dtype, jax.numpy.floating)
+        return x.astype(dtype) if floating else x
+
+    src_devices = list(src.mesh.devices.flat)
+    dst_devices = list(targets[0].mesh.devices.flat)
+    if n_src >= n_dst:  # reshard on the source devices, then copy shard to shard
+        mids = [_spread(t, src_devices, n_src // n_dst) for t in targets]
+        staged = jax.jit(lambda xs: [cast(x) for x in xs], out_shardings=mids)(leaves)
+        moved = [jax.device_put(x, t) for x, t in zip(staged, targets, strict=True)]
+    else:  # copy each source shard to n_dst / n_src target devices, then reshard there
+        cast_leaves = jax.jit(
+            lambda xs: [cast(x) for x in xs], out_shardings=[x.sharding for x in leaves]
+        )(leaves)
+        mids = [_spread(x.sharding, dst_devices, n_dst // n_src) for x in cast_leaves]
+        copied = [jax.device_put(x, m) for x, m in zip(cast_leaves, mids, strict=True)]
+        moved = jax.jit(lambda xs: xs, out_shardings=targets)(copied)
+    return treedef.unflatten(moved)

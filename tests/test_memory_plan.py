@@ -286,3 +286,21 @@ def test_the_dry_run_plans_a_rollout_device_group():
     assert p["step_s"]["pipelined"] >= max(ro["time"], tr["time"])
     text = pipeline_plan.format_plan(p)
     assert "trainer 4 + rollout 4 devices" in text and "pipelined step" in text
+
+
+def test_pipeline_sync_is_charged_to_each_group_on_its_own_path():
+    """sync_sides: a rollout device pays receiving its shard; a trainer device pays gathering
+    one rollout shard (the reshard) and sending its R / (D - R) share; the suggested split
+    adds each side to its own group's time."""
+    from gspo_jax.planning import pipeline_plan
+
+    v5p = memory_plan.CHIPS["v5p"]  # 600 GB/s one way
+    trainer, rollout = pipeline_plan.sync_sides(6e9, 2, 2, v5p)
+    assert rollout == pytest.approx(0.01) and trainer == pytest.approx(0.02)
+    assert pipeline_plan.sync_sides(6e9, 6, 2, v5p) == pytest.approx((0.04, 0.01))
+    # an update-bound split: the trainer's side of the sync lengthens the step, not the rollout's
+    rollout_prog = (1.0, 4, 1, 6e9, 1)  # 4 device-seconds, a 6 GB copy per rollout device
+    update_prog = (3.0, 4, 1)  # 12 device-seconds
+    _, steps = pipeline_plan.suggest_split(8, v5p, 100 * 2**30, rollout_prog, update_prog, 48, 1)
+    send, _ = pipeline_plan.sync_sides(6e9, 2, 6, v5p)
+    assert steps[2] == pytest.approx(12 / 6 + send)

@@ -240,7 +240,13 @@ def prefix_attention(qg: jax.Array, cache: dict, key_valid: jax.Array, layer):
 def _ragged_pages(qg, cache, table, key_valid, kv_end, layer, stats, block_pages, C):
     """The ragged items' loop (module docstring) over table [N, Pt'] (its entries the first
     Pt' * ps logical slots of key_valid [N, Pt' * ps] and kv_end [N]), folded into stats
-    (m, den, acc) [N + 1, K, Gq](, Dh) -> the folded stats."""
+    (m, den, acc) [N + 1, K, Gq](, Dh) -> the folded stats.
+
+    The items' rows, pages and masks are listed once, before the trips (they do not depend on
+    the layer: XLA hoists them out of the layer scan), so a trip only slices its part of the
+    list. Trips are WIDE = 4 C items wide while at least that many items remain, then C wide:
+    a long step runs a quarter of the trips (fewer, larger ops), and the last trip pads at most
+    C - 1 items, as before."""
     N, K, Gq, Dh = qg.shape
     Pt = table.shape[1]
     ps, cdt = cache["k_pages"].shape[-1], qg.dtype
@@ -252,46 +258,51 @@ def _ragged_pages(qg, cache, table, key_valid, kv_end, layer, stats, block_pages
     per_row = jnp.clip((kv_end + bp * ps - 1) // (bp * ps), 1, nb).astype(jnp.int32)  # [N]
     first = jnp.cumsum(per_row) - per_row  # [N]: each row's first item
     total = jnp.sum(per_row)
-    trips = (total + C - 1) // C
+    wide = 4 * C
+    # The list of items: N * nb at most, padded by a wide trip's worth (padding items: row N).
+    n_items = N * nb + wide
+    item = jnp.arange(n_items, dtype=jnp.int32)
+    row = jnp.repeat(jnp.arange(N, dtype=jnp.int32), per_row, total_repeat_length=n_items)
+    row = jnp.where(item < total, row, N)  # [n_items]
+    rr = jnp.minimum(row, N - 1)
+    blk = jnp.clip(item - first[rr], 0, nb - 1)
+    pages = table[rr, blk]  # [n_items, bp]
+    # Row N (the padding items' row) sees nothing.
+    valid = jnp.concatenate([key_valid, jnp.zeros((1, nb, bp * ps), bool)])[row, blk]
 
-    # Row N (the padding items' row) sees nothing: one gather gives each item its mask.
-    key_valid = jnp.concatenate([key_valid, jnp.zeros((1, nb, bp * ps), bool)])
-
-    def body(c, carry):
+    def trip(start, width, carry):
         m, den, acc = carry  # [N + 1, K, Gq](, Dh): row N collects the padding items
-        item = c * C + jnp.arange(C, dtype=jnp.int32)  # [C]
-        # compare_all: one [C, N] comparison, not a loop of log2(N) steps in every layer's trip
-        row = jnp.searchsorted(first, item, side="right", method="compare_all")
-        row = row.astype(jnp.int32) - 1
-        blk = jnp.clip(item - first[row], 0, nb - 1)
-        row = jnp.where(item < total, row, N)
-        rr = jnp.minimum(row, N - 1)
-        pages = table[rr, blk]  # [C, bp]
-        valid = key_valid[row, blk]  # [C, bp * ps]
+        take = lambda x: jax.lax.dynamic_slice_in_dim(x, start, width)  # noqa: E731
+        r, p, ok = take(row), take(pages), take(valid)  # [w], [w, bp], [w, bp * ps]
         # One gather each, the layer index part of it (a slice of the layer first would copy
         # the layer's whole pool).
-        k = cache["k_pages"][layer, pages].astype(cdt)  # [C, bp, K, Dh, ps]
-        v = cache["v_pages"][layer, pages].astype(cdt)  # [C, bp, K, ps, Dh]
-        s = jnp.einsum("ckgd,cpkdx->ckgpx", qg[rr], k, preferred_element_type=jnp.float32)
-        s = jnp.where(valid[:, None, None, :], s.reshape(C, K, Gq, bp * ps) * Dh**-0.5, NEG_INF)
+        k = cache["k_pages"][layer, p].astype(cdt)  # [w, bp, K, Dh, ps]
+        v = cache["v_pages"][layer, p].astype(cdt)  # [w, bp, K, ps, Dh]
+        q = qg[jnp.minimum(r, N - 1)]
+        s = jnp.einsum("ckgd,cpkdx->ckgpx", q, k, preferred_element_type=jnp.float32)
+        s = jnp.where(ok[:, None, None, :], s.reshape(width, K, Gq, bp * ps) * Dh**-0.5, NEG_INF)
         # The item's own softmax (max m_i, normaliser l_i, output pv), then folded into its
-        # row's: the [C, K, Gq, bp * ps] exp reads no row statistics.
-        m_i = jnp.max(s, axis=-1)  # [C, K, Gq]
+        # row's: the [w, K, Gq, bp * ps] exp reads no row statistics.
+        m_i = jnp.max(s, axis=-1)  # [w, K, Gq]
         e = jnp.exp(s - m_i[..., None])
         pv = jnp.einsum(
             "ckgpx,cpkxd->ckgd",
-            e.astype(cdt).reshape(C, K, Gq, bp, ps),
+            e.astype(cdt).reshape(width, K, Gq, bp, ps),
             v,
             preferred_element_type=jnp.float32,
         )
-        m_new = m.at[row].max(m_i)
+        m_new = m.at[r].max(m_i)
         corr = jnp.exp(m - m_new)  # [N + 1, K, Gq]: the rows' old statistics rescaled
-        w = jnp.exp(m_i - m_new[row])  # [C, K, Gq]: the items' rescaled
-        den = (den * corr).at[row].add(jnp.sum(e, axis=-1) * w)
-        acc = (acc * corr[..., None]).at[row].add(pv * w[..., None])
+        w = jnp.exp(m_i - m_new[r])  # [w, K, Gq]: the items' rescaled
+        den = (den * corr).at[r].add(jnp.sum(e, axis=-1) * w)
+        acc = (acc * corr[..., None]).at[r].add(pv * w[..., None])
         return m_new, den, acc
 
-    return jax.lax.fori_loop(0, trips, body, stats)
+    n_wide = total // wide
+    stats = jax.lax.fori_loop(0, n_wide, lambda c, x: trip(c * wide, wide, x), stats)
+    rest = (total - n_wide * wide + C - 1) // C
+    done = n_wide * wide
+    return jax.lax.fori_loop(0, rest, lambda c, x: trip(done + c * C, C, x), stats)
 
 
 def attend_pages(

@@ -21,6 +21,9 @@ HLO text instead and counts, the way XLA's cost analysis does:
             counts nothing (its consumer's read counts): XLA:CPU wraps bf16 slices and updates
             in f32 converts, which a TPU does not do. Reads of such f32 copies still count
             at f32 width, so bf16 programs read high.
+    ops     top-level instructions executed (a fusion, dot, gather, scatter, copy ...: each a
+            kernel launch or a pass over memory; views, tuples and control flow are free): the
+            fixed work of a step, which fewer, larger fused ops cut
 
 each multiplied by the trip counts of the loops around it (XLA's ``known_trip_count``; a loop
 whose count is data-dependent, such as the sampler's stop-at-EOS decode loop, counts
@@ -93,6 +96,7 @@ class Cost:
     flops: float  # dot FLOPs per device (ragged_dot excluded, see ragged_flops)
     bytes: float  # HBM bytes read + written per device
     ragged_flops: float = 0.0  # ragged_dot FLOPs per device, from the jaxpr's shapes
+    ops: float = 0.0  # top-level instructions executed (kernels launched), trips counted
 
     @property
     def total_flops(self) -> float:
@@ -103,10 +107,11 @@ class Cost:
             self.flops + other.flops,
             self.bytes + other.bytes,
             self.ragged_flops + other.ragged_flops,
+            self.ops + other.ops,
         )
 
     def __mul__(self, n: float) -> Cost:
-        return Cost(self.flops * n, self.bytes * n, self.ragged_flops * n)
+        return Cost(self.flops * n, self.bytes * n, self.ragged_flops * n, self.ops * n)
 
 
 def _shape_bytes(shape: str) -> int:
@@ -214,11 +219,11 @@ def _trip_count(attrs: str) -> int | None:
 
 
 class _Walker:
-    def __init__(self, text: str, unknown_trips: int):
+    def __init__(self, text: str, unknown_trips):
         self.comps, self.entry = _computations(text)
         self.unknown_trips = unknown_trips
         self.shapes = {i.name: i.shape for c in self.comps.values() for i in c}
-        self.memo: dict[str, tuple[float, float]] = {}
+        self.memo: dict[str, tuple[float, float, float]] = {}
 
     def dot_flops(self, ins: _Instr) -> float:
         lhs = _dims(self.shapes.get(ins.operands[0], ""))
@@ -292,30 +297,45 @@ class _Walker:
             total += _shape_bytes(ins.shape)
         return total
 
-    def cost(self, comp: str) -> tuple[float, float]:
-        """(flops, bytes) of one execution of computation `comp`."""
+    def cost(self, comp: str) -> tuple[float, float, float]:
+        """(flops, bytes, ops) of one execution of computation `comp`; ops counts the
+        instructions that run as a kernel of their own (a fusion, a dot, a scatter, ...; not
+        views, tuples or control flow), each time it runs."""
         if comp in self.memo:
             return self.memo[comp]
-        flops = nbytes = 0.0
+        flops = nbytes = ops = 0.0
+
+        def add(cost, times=1):
+            nonlocal flops, nbytes, ops
+            flops, nbytes, ops = (
+                flops + times * cost[0],
+                nbytes + times * cost[1],
+                ops + times * cost[2],
+            )
+
         for ins in self.comps.get(comp, []):
             op = ins.opcode
             if op == "while":
-                trips = _trip_count(ins.attrs) or self.unknown_trips
+                trips = _trip_count(ins.attrs)
+                if trips is None:
+                    u = self.unknown_trips
+                    body = _attr(ins.attrs, "body") or ""
+                    trips = u(self.comps.get(body, [])) if callable(u) else u
                 for key in ("body", "condition"):
-                    f, b = self.cost(_attr(ins.attrs, key) or "")
-                    flops, nbytes = flops + trips * f, nbytes + trips * b
-            elif op in ("call", "async-start"):
-                f, b = self.cost(_attr(ins.attrs, "to_apply") or _attr(ins.attrs, "calls") or "")
-                flops, nbytes = flops + f, nbytes + b
-            elif op == "conditional":
+                    add(self.cost(_attr(ins.attrs, key) or ""), trips)
+                continue
+            if op in ("call", "async-start"):
+                add(self.cost(_attr(ins.attrs, "to_apply") or _attr(ins.attrs, "calls") or ""))
+                continue
+            if op == "conditional":
                 m = re.search(r"branch_computations=\{([^}]*)\}", ins.attrs)
                 branches = [c.strip().lstrip("%") for c in m.group(1).split(",")] if m else []
-                costs = [self.cost(c) for c in branches] or [(0.0, 0.0)]
-                f, b = max(costs)
-                flops, nbytes = flops + f, nbytes + b
-            elif op in _FREE:
+                add(max([self.cost(c) for c in branches] or [(0.0, 0.0, 0.0)]))
                 continue
-            elif op == "dynamic-slice":
+            if op in _FREE:
+                continue
+            ops += 1
+            if op == "dynamic-slice":
                 nbytes += 2 * _shape_bytes(ins.shape)
             elif op == "dynamic-update-slice":
                 nbytes += 2 * _shape_bytes(self.shapes.get(ins.operands[1], ""))
@@ -333,12 +353,19 @@ class _Walker:
                     flops += self.dot_flops(ins)
                 operands = sum(_shape_bytes(self.shapes.get(o, "")) for o in ins.operands)
                 nbytes += operands + _shape_bytes(ins.shape)
-        self.memo[comp] = (flops, nbytes)
-        return flops, nbytes
+        self.memo[comp] = (flops, nbytes, ops)
+        return self.memo[comp]
 
 
 def hlo_text_cost(text: str, unknown_trips: int = 1) -> tuple[float, float]:
     """(dot FLOPs, bytes) of the HLO module `text` (see the module docstring)."""
+    return hlo_text_costs(text, unknown_trips)[:2]
+
+
+def hlo_text_costs(text: str, unknown_trips=1) -> tuple[float, float, float]:
+    """(dot FLOPs, bytes, ops executed) of the HLO module `text` (_Walker.cost). unknown_trips:
+    the trips of a loop whose count is data-dependent, or a function of its body's instructions
+    (a list with .shape strings) giving them, for a program with several such loops."""
     w = _Walker(text, unknown_trips)
     return w.cost(w.entry)
 
@@ -384,8 +411,9 @@ def program_cost(compiled, unknown_trips: int = 1, jaxpr: Any = None, devices: i
     """Cost per device of a jax.stages.Compiled: HLO dots and bytes (module docstring), with the
     ragged_dots of `jaxpr` (the traced program) counted from their shapes, split over `devices`,
     in place of the dense matmuls XLA:CPU lowers them to."""
-    flops, nbytes = hlo_text_cost(compiled.as_text(), unknown_trips)
+    flops, nbytes, ops = hlo_text_costs(compiled.as_text(), unknown_trips)
     if jaxpr is None:
-        return Cost(flops, nbytes)
-    true, dense = ragged_dot_flops(jaxpr, unknown_trips)
-    return Cost(max(flops - dense / devices, 0.0), nbytes, true / devices)
+        return Cost(flops, nbytes, ops=ops)
+    # (a function of the loop body counts the jaxpr's data-dependent loops once)
+    true, dense = ragged_dot_flops(jaxpr, 1 if callable(unknown_trips) else unknown_trips)
+    return Cost(max(flops - dense / devices, 0.0), nbytes, true / devices, ops)

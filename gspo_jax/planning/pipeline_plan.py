@@ -30,14 +30,16 @@ to the baseline's need.
 
 Step time (roofline seconds, an estimate):
   synchronous                 t_rollout(D) + t_update(D)
-  pipelined on its own group  max(t_rollout(R) + t_sync / s, t_update(D − R))
+  pipelined on its own group  max(t_rollout(R) + t_receive / s, t_update(D − R) + t_send / s)
   pipelined on a shared mesh  t_rollout(D) + t_update(D): the same devices do both; pipelining
                               hides the host's work (scoring, dispatch), which a roofline does
                               not count
-The sync sends each rollout device its shard of the parameters (jax.device_put to the rollout
-shardings): t_sync = max(bytes received per rollout device, bytes sent per trainer device) over
-one direction of the chip's ICI bandwidth (half its published bidirectional figure). An estimate:
-no contention, one slice (no DCN).
+The sync sends each rollout device its shard of the parameters, device to device
+(sharding.transfer): t_sync = max(bytes received per rollout device, bytes sent per trainer
+device) over one direction of the chip's ICI bandwidth (half its published bidirectional
+figure), and each group is charged its own side (sync_sides): the trainer's reshard and send
+before its next update, the rollout's receive before its next rollout. An estimate: no
+contention, one slice (no DCN).
 
 The suggested split (an estimate, printed as such): the compiled groups' per-device work, spread
 perfectly over a group of any size: a rollout group of R keeps its mesh's model layout (R a
@@ -104,6 +106,26 @@ def sync_seconds(
     return max(param_bytes_per_rollout_device, sent_per_trainer_device) / one_way
 
 
+def sync_sides(
+    param_bytes_per_rollout_device: float,
+    rollout_devices: int,
+    trainer_devices: int,
+    chip: memory_plan.Chip,
+) -> tuple[float, float]:
+    """Roofline seconds of one sync on each side, (trainer, rollout), as sharding.transfer moves
+    it: the trainer devices first reshard the copy to the rollout's layout among themselves
+    (each gathers at most one rollout device's shard) and then send each rollout device its
+    shard (R / (D - R) shards each); a rollout device receives its shard. Each side pays its
+    part on its own path: the trainer's before its next update, the rollout's before its next
+    rollout. (0, 0) when the chip has no ICI figure."""
+    if chip.ici_gbps is None:
+        return 0.0, 0.0
+    one_way = chip.ici_gbps * 1e9 / 2
+    b = param_bytes_per_rollout_device
+    trainer = (b + b * rollout_devices / trainer_devices) / one_way
+    return trainer, b / one_way
+
+
 def suggest_split(
     D: int,
     chip: memory_plan.Chip,
@@ -129,8 +151,10 @@ def suggest_split(
         fits = max(rollout_peak, trainer_peak) <= HEADROOM * hbm
         if not fits or prompts % (R // m):
             continue
-        t_sync = sync_seconds(copy, R, D - R, chip) or 0.0
-        steps[R] = max(t_r * n_r / R + t_sync / sync_every, t_u * n_u / (D - R))
+        send, receive = sync_sides(copy, R, D - R, chip)
+        steps[R] = max(
+            t_r * n_r / R + receive / sync_every, t_u * n_u / (D - R) + send / sync_every
+        )
     best = min(steps, key=steps.get) if steps else None
     return best, steps
 
@@ -227,10 +251,12 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
             decode_steps=roll["decode_steps"],
         )
         t_sync = sync_seconds(copy_bytes, R, D - R, slc.chip)
-        pipelined = max(rollout_group["time"] + (t_sync or 0.0) / s, trainer["time"])
+        send, receive = sync_sides(copy_bytes, R, D - R, slc.chip)
+        pipelined = max(rollout_group["time"] + receive / s, trainer["time"] + send / s)
         out.update(
             sync_bytes=copy_bytes * R,
             sync_s=t_sync,
+            sync_sides_s={"trainer": send, "rollout": receive},
             step_s={"synchronous": t_sync_step, "pipelined": pipelined},
         )
     out["groups"] = {"trainer": trainer, "rollout": rollout_group}
@@ -298,6 +324,12 @@ def format_plan(p: dict[str, Any]) -> str:
             f"({p['sync_bytes'] / 1e9:.2f} GB to the rollout group, {ro['copy'] / 1e9:.2f} GB "
             "per rollout device, over ICI)"
         )
+        sides = p.get("sync_sides_s")
+        if sides:
+            lines.append(
+                f"      paid by the trainer group {sec(sides['trainer']):>10}  (reshard + send, "
+                f"before its next update); by the rollout group {sec(sides['rollout'])}"
+            )
     st = p["step_s"]
     lines += [
         f"    synchronous step          {sec(st['synchronous']):>10}  (rollout + update on all "

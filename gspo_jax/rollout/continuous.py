@@ -33,8 +33,9 @@ How it works:
 - Drain: once the queue is empty, no slot can be refilled, and the last rows (the long tail)
   would keep all N slots decoding for a few rows. So the live rows are compacted into the first
   slots (a row moves by its page-table row; its KV stays in its pages) and each step decodes
-  them in ceil(live / w) sub-batches of w = N / 2^shrink slots (one more decode of width w in
-  the program), so the drain's slot-steps follow the live rows, w at a time.
+  them in one decode of the narrowest width N / 2, N / 4, ... N / 2^shrink that holds them
+  (drain_widths), so the drain's slot-steps follow the live rows and a step is one pass over
+  the layers whatever its width.
 - Randomness per sequence, not per slot: row b draws its t-th token with the uniform
   uniform(fold_in(rng, t), (B,))[b], the static engine's, computed for that row alone
   (sampling.row_uniforms). So the tokens do not depend on the schedule (slots, page size,
@@ -48,8 +49,9 @@ How it works:
   loops until every row has ended), so a slot freed inside a chunk idles until the chunk ends.
   docs/benchmarks.md has the measured comparison.
 - One compile per (graphdef, shapes, G, T, slots, page_size, sampling settings, refill,
-  chunk, shrink): the program holds one refill loop, one N-slot decode step and one w-slot
-  decode step (the drain's) whatever T, so compile time does not grow with max_new_tokens.
+  chunk, shrink): the program holds one refill loop, one N-slot decode step and one decode
+  step per drain width (shrink of them) whatever T, so compile time does not grow with
+  max_new_tokens.
   Parameters, prompts, lengths, rng, eos_id and pad_id are traced.
 - Memory: the pool holds paged.pages_needed(slots, Lp, T, ps) pages by default (enough that
   allocation never fails: models.paged_cache_bytes gives its bytes), against the static
@@ -435,8 +437,21 @@ def shared_prefixes(prompt_pages: jax.Array, row: jax.Array, act: jax.Array, G: 
 
 
 def drain_width(slots: int, shrink: int) -> int:
-    """The width of the drain's sub-batches: slots / 2^shrink, at least 1."""
+    """The narrowest width the drain decodes: slots / 2^shrink, at least 1."""
     return max(1, slots >> shrink)
+
+
+def drain_widths(slots: int, shrink: int) -> tuple[int, ...]:
+    """The drain's decode widths, widest first: slots / 2, slots / 4, ... down to
+    drain_width(slots, shrink) (none with shrink = 0)."""
+    return tuple(sorted({max(1, slots >> i) for i in range(1, shrink + 1)} - {slots}, reverse=True))
+
+
+def drain_width_for(slots: int, shrink: int, live: int) -> int:
+    """The width a drain step of `live` rows decodes (the narrowest of drain_widths holding
+    them), or slots when none does."""
+    fit = [w for w in drain_widths(slots, shrink) if live <= w]
+    return fit[-1] if fit else slots
 
 
 def compact(s: EngineState) -> EngineState:
@@ -455,24 +470,25 @@ def compact(s: EngineState) -> EngineState:
 def decode_draining(model, inputs: _Inputs, s: EngineState, cfg: dict) -> EngineState:
     """One decode step, narrowed once the queue is empty and at most half the slots are live.
     Until then every slot decodes at once (N wide); after, the live rows are moved to the first
-    slots (compact) and decoded ceil(live / w) sub-batches of w = drain_width slots at a time (a
-    loop over one decode of width w), so the drain runs w-slot steps, not N. Above half the
-    slots, sub-batches would save few slot-steps and cut one wide matmul into many narrow ones
-    (with slots = B the queue is empty from the first step: every row has a slot)."""
-    N = s.active.shape[0]
-    w = drain_width(N, cfg["shrink"])
+    slots (compact) and decoded in one step of the narrowest width of drain_widths (N / 2, N / 4,
+    ... N / 2^shrink) that holds them all (one decode of each width in the program), so the
+    drain's slot-steps follow the live rows and each step is still one pass over the layers
+    (sub-batches of a fixed width would repeat every layer's ops once per sub-batch)."""
+    widths = drain_widths(s.active.shape[0], cfg["shrink"])
     full = lambda s: decode(model, inputs, s, cfg)  # noqa: E731
     stepped = s.decode_steps + jnp.any(s.active)
-    if w == N:
+    if not widths:
         s = full(s)
     else:
         live = jnp.sum(s.active)
-        narrow = (s.next_row >= s.tokens.shape[0]) & (2 * live <= N)
+        drain = s.next_row >= s.tokens.shape[0]
+        # fits: how many widths hold every live row (they are sorted widest first): 0 = none
+        fits = sum((drain & (live <= w)).astype(jnp.int32) for w in widths)
         s = compact(s)  # the identity while the queue has rows: refill has filled every slot
-        s = _when(~narrow, full, s)
-        parts = jnp.where(narrow, (live + w - 1) // w, 0)
-        sub = lambda i, s: decode(model, inputs, s, cfg, w, i * w)  # noqa: E731
-        s = jax.lax.fori_loop(0, parts, sub, s)
+        s = _when(fits == 0, full, s)
+        for j, w in enumerate(widths):
+            narrow = lambda s, w=w: decode(model, inputs, s, cfg, w, 0)  # noqa: E731
+            s = _when(fits == j + 1, narrow, s)
     return s.replace(decode_steps=stepped)
 
 
@@ -585,7 +601,8 @@ def engine_config(
     slots: decode slots N (default: B, one per row; more than B is clamped to B). page_size: KV
     slots per page. num_pages: the pool (default and minimum: paged.pages_needed, so allocation
     never fails). refill / chunk: REFILL_STRATEGIES (module docstring). shrink: the drain decodes
-    sub-batches of N / 2^shrink slots (drain_width; 0 = always decode all N slots at once).
+    N / 2, N / 4, ... N / 2^shrink slots, the narrowest holding the live rows (drain_widths;
+    0 = always decode all N slots at once).
     complete_groups (partial rollouts): stop once that many groups are complete (None: when
     every row has ended)."""
     P, Lp = prompts_shape
@@ -711,7 +728,8 @@ def generate_continuous(
     slots: decode slots (default B); page_size: KV slots per page; num_pages: the pool (default
     the minimum that never runs out); refill: "device" (one on-device loop) or "chunked"
     (`chunk` decode steps per jitted call, refilled between calls); shrink: the last rows
-    drain in sub-batches of slots / 2^shrink (0: always all slots at once). Module docstring."""
+    drain in steps of slots / 2, / 4, ... / 2^shrink (0: always all slots at once). Module
+    docstring."""
     out, _ = run(
         model,
         prompts,

@@ -155,6 +155,31 @@ def decode_step(model, cache, prev, n_b, t, prompt_len: int, response_len: int, 
     return model.logits(o["hidden"][:, 0]), o
 
 
+def _body(model, s: _LoopState, rng, n_b, eos_id, pad_id, Lp: int, T: int, settings, routes):
+    """One trip of the decode loop: feeds each row's token t - 1, samples token t of every row
+    (rows that ended get pad_id and mask 0) and writes it into the [B, T] buffers."""
+    t = s.step
+    q_slot = Lp + t - 1  # slot of the token being fed (sampled at step t - 1)
+    prev = jax.lax.dynamic_slice_in_dim(s.tokens, t - 1, 1, axis=1)  # [B, 1]
+    logits, o = decode_step(model, s.cache, prev[:, 0], n_b, t, Lp, T, routes)
+    new_tok, new_lp, new_slp = sample_token(logits, jax.random.fold_in(rng, t), **settings)
+    alive = ~s.done
+    new_tok = jnp.where(alive, new_tok, pad_id)
+    put = lambda buf, v: jax.lax.dynamic_update_slice_in_dim(buf, v[:, None], t, axis=1)  # noqa: E731
+    return _LoopState(
+        step=t + 1,
+        tokens=put(s.tokens, new_tok),
+        mask=put(s.mask, alive.astype(jnp.float32)),
+        logp=put(s.logp, jnp.where(alive, new_lp, 0.0)),
+        sample_logp=put(s.sample_logp, jnp.where(alive, new_slp, 0.0)),
+        done=s.done | (new_tok == eos_id),
+        cache=o["cache"],
+        routes=jax.lax.dynamic_update_slice_in_dim(s.routes, o["routes"], q_slot, axis=2)
+        if routes
+        else None,
+    )
+
+
 def _generate(
     graphdef,
     state,
@@ -202,27 +227,8 @@ def _generate(
         routes=pre[3] if return_routes else None,
     )
 
-    def body(s: _LoopState):
-        t = s.step
-        q_slot = Lp + t - 1  # slot of the token being fed (sampled at step t - 1)
-        prev = jax.lax.dynamic_slice_in_dim(s.tokens, t - 1, 1, axis=1)  # [B, 1]
-        logits, o = decode_step(model, s.cache, prev[:, 0], n_b, t, Lp, T, return_routes)
-        new_tok, new_lp, new_slp = sample_token(logits, jax.random.fold_in(rng, t), **settings)
-        alive = ~s.done
-        new_tok = jnp.where(alive, new_tok, pad_id)
-        put = lambda buf, v: jax.lax.dynamic_update_slice_in_dim(buf, v[:, None], t, axis=1)
-        return _LoopState(
-            step=t + 1,
-            tokens=put(s.tokens, new_tok),
-            mask=put(s.mask, alive.astype(jnp.float32)),
-            logp=put(s.logp, jnp.where(alive, new_lp, 0.0)),
-            sample_logp=put(s.sample_logp, jnp.where(alive, new_slp, 0.0)),
-            done=s.done | (new_tok == eos_id),
-            cache=o["cache"],
-            routes=jax.lax.dynamic_update_slice_in_dim(s.routes, o["routes"], q_slot, axis=2)
-            if return_routes
-            else None,
-        )
+    def body(s: _LoopState) -> _LoopState:
+        return _body(model, s, rng, n_b, eos_id, pad_id, Lp, T, settings, return_routes)
 
     def run(state: _LoopState, stop: int) -> _LoopState:  # steps until `stop` or all done
         return jax.lax.while_loop(lambda s: (s.step < stop) & ~jnp.all(s.done), body, state)
@@ -315,3 +321,52 @@ def generate_static(
         return_routes=bool(return_routes),
         decode=decode,
     )
+
+
+def loop_step_for_plan(
+    model,
+    *,
+    num_prompts: int,
+    prompt_len: int,
+    num_samples: int,
+    max_new_tokens: int,
+    chunks: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+):
+    """(jitted function, abstract arguments): one trip of the shared-prefix decode loop (_body:
+    the decode step, sampling and the buffers' writes) with `chunks` generated chunks of
+    cfg.decode_block slots in the cache, for the ledger and the plan to lower and cost:
+    fn.lower(*args).compile(). Nothing is allocated (the model may be abstract,
+    nnx.eval_shape)."""
+    graphdef, params = nnx.split(model)
+    P, Lp, G, T = num_prompts, prompt_len, num_samples, max_new_tokens
+    B = P * G
+    settings = dict(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+
+    def cache_of(params):
+        m = nnx.merge(graphdef, params)
+        cache = shared_prefix_cache(m.init_cache(P, Lp), G, m.cfg.decode_block)
+        for _ in range(chunks - 1):
+            cache = add_chunk(cache)
+        return cache
+
+    i32, f32 = jnp.int32, jnp.float32
+    state = _LoopState(
+        step=jax.ShapeDtypeStruct((), i32),
+        tokens=jax.ShapeDtypeStruct((B, T), i32),
+        mask=jax.ShapeDtypeStruct((B, T), f32),
+        logp=jax.ShapeDtypeStruct((B, T), f32),
+        sample_logp=jax.ShapeDtypeStruct((B, T), f32),
+        done=jax.ShapeDtypeStruct((B,), bool),
+        cache=jax.eval_shape(cache_of, params),
+        routes=None,
+    )
+
+    def one_step(params, s, rng, n_b):
+        m = nnx.merge(graphdef, params)
+        return _body(m, s, rng, n_b, -1, 0, Lp, T, settings, False)
+
+    args = (params, state, jax.random.key(0), jax.ShapeDtypeStruct((B,), i32))
+    return jax.jit(one_step, donate_argnums=1), args
