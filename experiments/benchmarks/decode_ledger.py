@@ -215,7 +215,7 @@ def compiled_cost(fn, args, width: int | None = None) -> dict:
 
 
 def trips_of(items: int, width: int) -> tuple[int, int]:
-    """(wide, narrow) trips of models/paged_attention._ragged_pages over `items` items with
+    """(wide, narrow) trips of kernels/paged_attention._ragged_pages over `items` items with
     C = width: wide trips of 4 C while that many remain, then C-wide ones."""
     wide = items // (4 * width)
     return wide, -(-(items - wide * 4 * width) // width)

@@ -10,7 +10,7 @@ adds the compiled-kernel tests). Parts (--skip names any to leave out), in order
              median of 5 after a warm-up: the memory roofline
   matmul     matmul peak: a jitted [n, n] x [n, n] bfloat16 matmul (n = 8,192; --quick 512 in
              float32), 2 n^3 FLOPs, median of 5: the compute roofline
-  kernels    the compiled paged-attention kernel ("pallas": models/paged_kernel_gpu.py on a GPU,
+  kernels    the compiled paged-attention kernel ("pallas": kernels/paged_kernel_gpu.py on a GPU,
              paged_kernel.py on a TPU) against the plain reference at a real head shape (max
              abs difference), and, with pytest installed, the compiled-kernel tests
              (tests/test_paged_attention.py, tests/test_attention.py on this backend)
@@ -88,8 +88,8 @@ def matmul_peak(n: int, dtype) -> dict:
 
 def kernels(quick: bool, run_tests: bool = True) -> dict:
     """The compiled paged-attention kernel against the plain pages, and the kernel tests."""
-    from gspo_jax.models import paged_attention as pa
-    from gspo_jax.models import paged_kernel, paged_kernel_gpu
+    from gspo_jax.kernels import paged_attention as pa
+    from gspo_jax.kernels import paged_kernel, paged_kernel_gpu
 
     out = {}
     compiled = paged_kernel.paged_attention_kernel_supported() or (
@@ -157,7 +157,7 @@ def decode(quick: bool, bandwidth: float, repeats: int) -> dict:
     from flax import nnx
 
     from gspo_jax import models
-    from gspo_jax.models import paged_kernel, paged_kernel_gpu
+    from gspo_jax.kernels import paged_kernel, paged_kernel_gpu
     from gspo_jax.rollout import continuous
 
     s = _decode_shapes(quick)
