@@ -220,13 +220,16 @@ def _children(pid: int) -> list[str]:
 def contained(monkeypatch):
     """The trainer's side of every attack: a secret in its environment before, and after the
     run: itself alive with the secret intact, no process of the sandbox left (none running as
-    a sandbox uid, none with the marker, no child of this process)."""
+    a sandbox uid, none with the marker, no new child of this process: children that earlier
+    tests in this worker left, such as a data loader's helpers, are not the sandbox's)."""
     monkeypatch.setenv("TOKEN", SECRET)
+    before = set(_children(os.getpid()))
     yield
     assert os.environ["TOKEN"] == SECRET
     assert not _marked_processes(), "a process the program started is still running"
     assert not _sandbox_processes(), "a process of the sandbox's uid is still running"
-    assert not _children(os.getpid()), "a child of the trainer is still running"
+    left = set(_children(os.getpid())) - before
+    assert not left, f"a child of the trainer is still running: {sorted(left)}"
 
 
 def test_the_leftover_checks_find_a_leftover():
