@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from typing import Any
 
 import ml_collections
@@ -89,7 +90,8 @@ def list_configs(folder: str) -> str:
         first = " ".join((module.__doc__ or "").strip().split("\n\n")[0].split())
         arguments = args_lib.arguments_of(module.get_config)
         listed = ", ".join(f"{k}={v!r}" for k, v in arguments.items()) or "none"
-        sentence = first.split(". ")[0].rstrip(".")
+        # the first sentence: a period then a space ends it, except after an abbreviation ("Dr.")
+        sentence = re.split(r"(?<!\bDr)\.\s", first)[0].rstrip(".")
         name = os.path.join(os.path.basename(os.path.normpath(folder)), os.path.basename(path))
         blocks.append(f"{name}: {sentence}\n    arguments: {listed}")
     return "\n".join(blocks)
