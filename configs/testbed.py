@@ -118,12 +118,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
-    """The pilot's runs for experiments/sweep.py: GRPO's defaults from each of ``draws`` pilot
-    warm starts (PILOT_DRAWS), RL seed = the draw, draw by draw."""
-    a = config_lib.parse_arg(arg, draws=len(PILOT_DRAWS))
+    """The pilot's runs for experiments/testbed_pilot.py: GRPO from each of ``draws`` pilot warm
+    starts (PILOT_DRAWS), RL seed = the draw, draw by draw; ``lr`` (default: the config's) names
+    a calibration arm ``grpo_d<draw>_lr<lr>``."""
+    a = config_lib.parse_arg(arg, draws=len(PILOT_DRAWS), lr=config_dict.placeholder(float))
     if not 1 <= a.draws <= len(PILOT_DRAWS):
         raise ValueError(f"draws must lie in [1, {len(PILOT_DRAWS)}], got {a.draws}.")
-    return [
-        dict(name=f"grpo_d{d}", overrides={"seed": d, "init.warmstart.seed": d})
-        for d in PILOT_DRAWS[: a.draws]
-    ]
+    runs = []
+    for d in PILOT_DRAWS[: a.draws]:
+        overrides, name = {"seed": d, "init.warmstart.seed": d}, f"grpo_d{d}"
+        if a.lr is not None:
+            overrides["optimizer.learning_rate"], name = a.lr, f"{name}_lr{a.lr:g}"
+        runs.append(dict(name=name, overrides=overrides))
+    return runs

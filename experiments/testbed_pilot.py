@@ -3,6 +3,7 @@ own warm-start draws (configs/testbed.py PILOT_DRAWS, never a claim's), and the 
 whether the testbed has headroom.
 
     python experiments/testbed_pilot.py run --root runs/testbed_pilot [--draws 3] [--parallel 2]
+        [--lr 5e-4] [--only grpo_d901_lr0.0005]
     python experiments/testbed_pilot.py collect --root runs/testbed_pilot \\
         [--out results/pilots/testbed]
 
@@ -109,7 +110,8 @@ def _merge_cpu(root: str, name: str, part: str, wall_s: float) -> None:
 
 def run(args) -> None:
     os.makedirs(args.root, exist_ok=True)
-    runs = _testbed().get_sweep(f"draws={args.draws}")
+    arms = f"draws={args.draws}" + (f",lr={args.lr}" if args.lr else "")
+    runs = [r for r in _testbed().get_sweep(arms) if not args.only or r["name"] in args.only]
     extra = [f"--config.rl.num_steps={args.steps}"] if args.steps else []
     with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
         for name, rc in pool.map(lambda r: _run_one(args.root, r, extra), runs):
@@ -304,6 +306,8 @@ def main() -> None:
     p.add_argument("--draws", type=int, default=3)
     p.add_argument("--parallel", type=int, default=2)
     p.add_argument("--steps", type=int, default=0, help="0 = the config's")
+    p.add_argument("--lr", type=float, default=0.0, help="0 = the config's learning rate")
+    p.add_argument("--only", nargs="*", default=[], help="run names (default: every draw's)")
     p.set_defaults(fn=run)
     p = sub.add_parser("collect")
     p.add_argument("--root", required=True)
