@@ -26,7 +26,7 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from gspo_jax import models, sharding
-from gspo_jax.models import hf
+from gspo_jax.models import hf, hf_layout
 
 B, S = 2, 7
 COMMON = dict(
@@ -534,9 +534,9 @@ def test_read_block_handles_non_contiguous_slices():
     H, Dh, D = 3, 4, 5
     stored = np.arange(H * Dh * D, dtype=np.float32).reshape(H * Dh, D)  # q_proj [H*Dh, D]
     ours = stored.T.reshape(D, H, Dh)
-    spec = hf._Spec(("q",), (1, 2, 0), (2, 1))
+    spec = hf_layout.Spec(("q",), (1, 2, 0), (2, 1))
     for ranges in ([(1, 4), (1, 3), (0, 4)], [(0, 5), (0, 3), (1, 3)], [(2, 3), (1, 2), (3, 4)]):
-        got = hf._read_block(stored, spec, ours.shape, ranges)
+        got = hf_layout.read_block(stored, spec, ours.shape, ranges)
         np.testing.assert_array_equal(got, ours[tuple(slice(a, b) for a, b in ranges)])
 
 

@@ -1,4 +1,4 @@
-"""config.json as transformers 4.x and 5.x write it (models/hf.py config_from_hf): 5.x's names
+"""config.json as transformers 4.x and 5.x write it (hf_config.py config_from_hf): 5.x's names
 (num_local_experts, dtype, rope_parameters, layer_types) load the same model as 4.x's, and what the
 decoder does not compute (dense layers in an MoE stack, other rope types, sliding windows,
 contradicting names) is refused in one line naming the field."""

@@ -16,7 +16,8 @@ attention_bias), not copies of it.
 See config.py (presets, flags), layers.py (blocks, MoE router), moe_dispatch.py (how the
 experts run: dense reference, sparse grouped matmuls, expert parallelism), transformer.py
 (layout, masks, model, create_model), logprobs.py (chunked log-prob / entropy), interface.py
-(the seam), hf.py (Hugging Face checkpoints) and lora.py (LoRA adapters through qwix: only the
+(the seam), hf.py (Hugging Face checkpoints: hf_config.py their config.json, hf_layout.py where
+each parameter is stored) and lora.py (LoRA adapters through qwix: only the
 adapters, nnx.LoRAParam, train; docs/lora.md). The continuous rollout engine's paged KV cache
 and the attention over its pages are gspo_jax/kernels/ (its names re-exported here).
 """

@@ -8,10 +8,11 @@ theta 1e6, grouped-query attention with per-head q/k RMSNorm, SwiGLU, no biases.
 shapes (qwen3_0_6b, qwen3_1_7b, qwen3_30b_a3b) are for abstract construction (nnx.eval_shape) in
 sharding and memory planning.
 
-Other families are flags on the same decoder, not copies of it (models/hf.py maps Hugging Face
-checkpoints onto them): Qwen2.5 is qk_norm=False, attention_bias=True; Llama (rope type "default")
-is qk_norm=False, attention_bias=False; Qwen3-MoE is num_experts > 0. The defaults are Qwen3's, so
-every preset builds the same parameters and computes the same function as before the flags.
+Other families are flags on the same decoder, not copies of it (models/hf_config.py maps Hugging
+Face checkpoints onto them): Qwen2.5 is qk_norm=False, attention_bias=True; Llama (rope type
+"default") is qk_norm=False, attention_bias=False; Qwen3-MoE is num_experts > 0. The defaults
+are Qwen3's, so every preset builds the same parameters and computes the same function as before
+the flags.
 """
 
 from __future__ import annotations

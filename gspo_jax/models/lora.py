@@ -51,7 +51,7 @@ from gspo_jax.models.transformer import Transformer, create_model, slot_mask
 DEFAULT_TARGETS = ("layers/attn", "layers/mlp")
 PEFT_WEIGHTS = "adapter_model.safetensors"
 PEFT_CONFIG = "adapter_config.json"
-# our weight -> the Hugging Face module that holds it (models/hf.py's names)
+# our weight -> the Hugging Face module that holds it (models/hf_layout.py's names)
 _HF_MODULE = {
     ("attn", "q_proj"): "self_attn.q_proj",
     ("attn", "k_proj"): "self_attn.k_proj",
@@ -286,9 +286,9 @@ def create_plain_like(model: Transformer) -> Transformer:
 def save_peft(model: Transformer, spec: LoraSpec, path: str, *, base_model: str = "") -> list[str]:
     """The adapters in PEFT's layout: ``adapter_model.safetensors`` with tensors
     ``base_model.model.model.layers.{i}.<module>.lora_A.weight`` [r, in] and ``lora_B.weight``
-    [out, r] (torch's Linear layout, in and out flattened as models/hf.py flattens the weights)
-    and ``adapter_config.json`` (r, lora_alpha, target_modules). Returns the tensor names.
-    Only the weights Hugging Face holds as one Linear per layer (attention, dense MLP)."""
+    [out, r] (torch's Linear layout, in and out flattened as models/hf_layout.py flattens
+    the weights) and ``adapter_config.json`` (r, lora_alpha, target_modules). Returns the tensor
+    names. Only the weights Hugging Face holds as one Linear per layer (attention, dense MLP)."""
     from safetensors.numpy import save_file
 
     tensors, targets = {}, set()
