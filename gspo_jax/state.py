@@ -94,8 +94,7 @@ class StepSpec:
     num_microbatches: int  # U per minibatch
     shuffle_minibatches: bool
     aux_loss_coef: float  # MoE load balancing
-    # LoRA (config.lora.rank > 0): only the adapters train; the reference is the policy's own
-    # parameters with the adapters off (models.lora.without_adapters)
+    # LoRA (config.lora.rank > 0): the questions it raises are answered by rl/adapters.py
     lora_adapters: bool = False
     # The asynchronous pipeline (rl/pipeline.py): how many policy versions a batch may lag the
     # update that uses it (0 = synchronous) and how often the rollout's parameters are refreshed

@@ -136,7 +136,7 @@ def test_an_rl_update_trains_only_the_adapters(adapted):
     adapters = params.filter(nnx.LoRAParam)
     update = make_update_fn(graphdef, rest, objectives.get_objective("grpo"), tx,
                             temperature=1.0, num_epochs=2, num_minibatches=2,
-                            num_microbatches=2, lora=True)  # fmt: skip
+                            num_microbatches=2, trained=nnx.LoRAParam)  # fmt: skip
     state = TrainState(step=jnp.int32(0), params=params, opt_state=tx.init(adapters),
                        rng=jax.random.key_data(jax.random.key(0)))  # fmt: skip
     new, metrics = jax.jit(update)(state, batch, jax.random.key_data(jax.random.key(1)))

@@ -163,7 +163,6 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     params = shard_bytes(abs_state.params)  # QLoRA: the quantized base as it is held
     base_quant = adapters.base_quant(run)
     opt = shard_bytes(abs_state.opt_state)
-    # LoRA: the reference is the policy's own base weights with the adapters off (no copy)
     ref = params if adapters.keeps_reference_copy(run) else 0
     update_peak = upd["peak"]
     needed = max(update_peak, rollout_peak + opt) + ref
@@ -172,8 +171,7 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
         "slice": config.slice,
         "devices": slc.devices,
         "mesh": dict(mesh.shape),
-        "model": run.model_cfg.name
-        + (f" + LoRA rank {config.lora.rank}" if spec.lora_adapters else ""),
+        "model": run.model_cfg.name + adapters.summary(run),
         "shapes": f"P={P} G={spec.group_size} Lp={Lp} T={T} K={spec.num_minibatches}",
         "params": params,
         "base_quant": base_quant,
@@ -520,10 +518,9 @@ def rollout_weight_bytes(run) -> dict[str, Any]:
 def float_abstract(run):
     """(graphdef, abstract params) of the run's model with its base in float32: the run's own
     unless QLoRA (config.lora.base_quant) holds the base quantized (shapes only)."""
-    spec = adapters.lora_spec(run.config)
-    if not (run.step.lora_adapters and spec.base_quant):
+    if not adapters.base_quant(run):
         return run.rollout_graphdef, run.abs_params
-    spec = dataclasses.replace(spec, base_quant="")
+    spec = dataclasses.replace(adapters.lora_spec(run.config), base_quant="")
     graphdef, abs_params, _, _ = build.abstract_params(
         run.model_cfg, run.mesh, run.config.seed, spec
     )

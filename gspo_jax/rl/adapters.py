@@ -26,6 +26,7 @@ Dimension legend: none (parameter pytrees).
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -89,9 +90,38 @@ def adapted_model(model, spec: models.lora.LoraSpec, seed: int):
 # ------------------------------------------------------------------- which parameters train
 
 
+def has_adapters(config: ml_collections.ConfigDict) -> bool:
+    """Whether the policy carries LoRA adapters (config.lora.rank > 0; StepSpec.lora_adapters)."""
+    return lora_spec(config).rank > 0
+
+
+def trained_filter(spec: StepSpec):
+    """The nnx filter of the parameters that train, for an update that takes the gradient with
+    respect to them alone: None (all of them train), or with LoRA the adapters (nnx.LoRAParam)."""
+    return nnx.LoRAParam if spec.lora_adapters else None
+
+
 def trainable(run: Run, params):
     """The parameters the optimizer updates: all of them, or with LoRA the adapters alone."""
-    return params.filter(nnx.LoRAParam) if run.step.lora_adapters else params
+    only = trained_filter(run.step)
+    return params if only is None else params.filter(only)
+
+
+def draws_own_adapters(run: Run) -> bool:
+    """Whether a policy's initial parameters depend on its seed beyond the base's: with LoRA its
+    adapters are drawn from it, so each population member has its own; else all share the base."""
+    return run.step.lora_adapters
+
+
+def rollout_cast_allowed(run: Run) -> bool:
+    """Whether the rollout's copy of the parameters may be cast to the rollout's compute dtype:
+    not with LoRA adapters, which qwix computes from the parameters' stored dtype."""
+    return not run.step.lora_adapters
+
+
+def summary(run: Run) -> str:
+    """What the policy carries beside its model, for a plan's title: " + LoRA rank r", or ""."""
+    return f" + LoRA rank {lora_spec(run.config).rank}" if run.step.lora_adapters else ""
 
 
 # ------------------------------------------------------------------- the reference policy
@@ -129,6 +159,18 @@ def base_quant(run: Run) -> str:
 # ------------------------------------------------------------------- what a checkpoint holds
 
 
+def checkpoint_has_base(run: Run) -> bool:
+    """Whether a checkpoint holds the base's parameters: not with LoRA (saved_state), so a resume
+    or an export loads the base again from its source (restored)."""
+    return not run.step.lora_adapters
+
+
+def resume_loads_base(run: Run) -> bool:
+    """Whether a resume loads the base again: the checkpoint lacks it (checkpoint_has_base) or the
+    reference keeps a copy of it (keeps_reference_copy)."""
+    return not checkpoint_has_base(run) or keeps_reference_copy(run)
+
+
 def saved_state(run: Run, state: TrainState) -> TrainState:
     """What a checkpoint holds of ``state``: all of it, or with LoRA the adapters' parameters."""
     return state.replace(params=trainable(run, state.params))
@@ -137,7 +179,7 @@ def saved_state(run: Run, state: TrainState) -> TrainState:
 def with_base(run: Run, restored: TrainState, base: Any) -> TrainState:
     """A restored (saved_state) state with the base's parameters put back: the base policy's
     non-adapter leaves of ``base`` (base_params) and the checkpoint's adapters."""
-    if not run.step.lora_adapters:
+    if checkpoint_has_base(run):
         return restored
     frozen = base.filter(nnx.Not(nnx.LoRAParam))
     return restored.replace(params=nnx.merge_state(frozen, restored.params))
@@ -171,16 +213,19 @@ def check_base_identity(saved: dict | None, now: dict, where: str) -> None:
 def checkpoint_meta(run: Run, base: Any) -> dict:
     """What a checkpoint's metadata holds of the policy beside the state: with LoRA the base's
     identity (checked when the adapters are loaded again), else nothing."""
-    return {"lora_base": base_identity(run.config, base)} if run.step.lora_adapters else {}
+    return {} if checkpoint_has_base(run) else {"lora_base": base_identity(run.config, base)}
 
 
-def restored(run: Run, state: TrainState, meta: dict, base: Any, where: str) -> TrainState:
+def restored(
+    run: Run, state: TrainState, meta: dict, base: Any, where: str, put_back=None
+) -> TrainState:
     """A checkpoint's state (saved_state) made whole: with LoRA the base loaded again (``base``,
-    its parameters), checked against the identity in ``meta``, under the saved adapters."""
-    if not run.step.lora_adapters:
+    its parameters), checked against the identity in ``meta``, under the saved adapters
+    (``put_back(state, base)``: with_base, or a population's for its stacked members)."""
+    if checkpoint_has_base(run):
         return state
     check_base_identity(meta.get("lora_base"), base_identity(run.config, base), where)
-    return with_base(run, state, base)
+    return (put_back or functools.partial(with_base, run))(state, base)
 
 
 def exported(run: Run, model, peft: str | None = None):

@@ -525,7 +525,7 @@ def step_spec(config, task, objective: objectives.Objective) -> StepSpec:
         num_microbatches=rl.num_microbatches,
         shuffle_minibatches=rl.shuffle_minibatches,
         aux_loss_coef=rl.aux_loss_coef,
-        lora_adapters=adapters.lora_spec(config).rank > 0,
+        lora_adapters=adapters.has_adapters(config),
     )
 
 

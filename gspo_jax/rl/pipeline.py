@@ -62,7 +62,7 @@ import numpy as np
 from flax import nnx
 
 from gspo_jax import models, rollout, sharding
-from gspo_jax.rl import partial
+from gspo_jax.rl import adapters, partial
 from gspo_jax.rl import step as ts
 from gspo_jax.runtime import distributed
 from gspo_jax.state import Run, TrainState
@@ -312,7 +312,7 @@ def rollout_copy(run: Run):
     the decoder's projection weights already quantized (rollout/quant.py, from the parameters'
     own dtype, as the synchronous rollout quantizes them: int8 / fp8 qvalues + float32 scales,
     about a quarter of float32's bytes), which rl/step.py rollout_model then reads as they are."""
-    cast = run.config.rollout.sync_dtype == "rollout" and not run.step.lora_adapters
+    cast = run.config.rollout.sync_dtype == "rollout" and adapters.rollout_cast_allowed(run)
     dtype = jnp.dtype(run.config.rl.rollout_dtype or run.model_cfg.dtype)
     quant = run.step.rollout_quant
 

@@ -85,7 +85,7 @@ def run_policy(workdir: str, step: int | None = None, config=None):
         state, meta = ckpt.restore(step, build.saved_abstract_state(run), _NoData())
     finally:
         ckpt.close()
-    if run.step.lora_adapters:  # the adapters on their base, loaded again and checked
+    if not adapters.checkpoint_has_base(run):  # the adapters on their base, loaded and checked
         base, _ = build.base_params(run)
         state = adapters.restored(run, state, meta, base, workdir)
     return run, nnx.merge(run.graphdef, state.params, run.rest), step

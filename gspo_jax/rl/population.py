@@ -214,16 +214,14 @@ def initial_params(pop: Population, cache_dir: str | None = None) -> tuple:
     model = build.base_model(pop.run, cache_dir)
     params = build.policy_params(pop.run, model, pop.members[0].seed)
     own = None
-    if pop.run.step.lora_adapters:
+    if adapters.draws_own_adapters(pop.run):
         own = [params] + [build.policy_params(pop.run, model, m.seed) for m in pop.members[1:]]
     return params, own, time.time() - t0
 
 
 def with_base(pop: Population, restored: TrainState, base) -> TrainState:
     """A restored stacked state (saved_abstract_state) with the base's frozen weights put back in
-    every member (LoRA; without it the checkpoint holds everything and this is ``restored``)."""
-    if not pop.run.step.lora_adapters:
-        return restored
+    every member (adapters.with_base for each member; adapters.restored calls it with LoRA)."""
     shardings = jax.tree.map(lambda a: a.sharding, abstract_state(pop).params)
     stacked = jax.tree.map(lambda x: jnp.broadcast_to(x, (pop.size, *x.shape)), base)
     return adapters.with_base(pop.run, restored, jax.device_put(stacked, shardings))
@@ -355,7 +353,7 @@ def make_population_update(
             shuffle=spec.shuffle_minibatches,
             aux_loss_coef=spec.aux_loss_coef,
             mesh=run.mesh,
-            lora=spec.lora_adapters,
+            trained=adapters.trained_filter(spec),
         )
         return update(state, batch, shuffle_key)
 

@@ -248,7 +248,7 @@ def make_phases(run: Run, state: TrainState, with_ref: bool) -> Phases:
             shuffle=spec.shuffle_minibatches,
             aux_loss_coef=spec.aux_loss_coef,
             mesh=run.mesh,
-            lora=spec.lora_adapters,
+            trained=adapters.trained_filter(spec),
         ),
         out_shardings=(jax.tree.map(lambda x: x.sharding, state), None),
         donate_argnums=(0,),

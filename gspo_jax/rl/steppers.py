@@ -18,6 +18,7 @@ Dimension legend: M members (1 for a single run).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any, Protocol
 
@@ -210,11 +211,8 @@ class PopulationStepper:
 
     def restored(self, state: TrainState, meta: dict, base, where: str) -> TrainState:
         """With LoRA the saved adapters on every member's base, checked as a single run's."""
-        if not self.run.step.lora_adapters:
-            return state
-        now = adapters.base_identity(self.run.config, base)
-        adapters.check_base_identity(meta.get("lora_base"), now, where)
-        return population.with_base(self.pop, state, base)
+        put_back = functools.partial(population.with_base, self.pop)
+        return adapters.restored(self.run, state, meta, base, where, put_back)
 
     def start(self, state: TrainState, with_ref: bool) -> None:
         self.phases = population.make_phases(self.pop, with_ref=with_ref)

@@ -276,7 +276,7 @@ class Session:
         self.notes.append(f"resumed from step {step} in {self.workdir}")
         self.base_eval = rundir.read_base_eval(self.members[0].workdir)
         keeps_ref = adapters.keeps_reference_copy(self.run)
-        if self.run.step.lora_adapters or keeps_ref:  # the base loads again
+        if adapters.resume_loads_base(self.run):
             base, _ = pod.together(
                 "loading the warm start",
                 lambda: build.base_params(self.run, build.cache_dir_of(self.config)),

@@ -146,7 +146,7 @@ def make_update_fn(
     shuffle: bool = True,
     aux_loss_coef: float = 0.0,
     mesh=None,
-    lora: bool = False,
+    trained=None,
 ) -> Callable:
     """(state, batch: RLBatch, shuffle_key) -> (state, metrics): μ epochs × K minibatches of
     optax steps; rows stay sharded over ``mesh`` (None: one device).
@@ -156,9 +156,10 @@ def make_update_fn(
     aux_loss, and logp_diff_mean / logp_diff_absmax of the very first minibatch (pre-update
     parameters: the rollout-vs-trainer log-prob difference).
 
-    lora: only the LoRA adapters (nnx.LoRAParam) train: the gradient is taken with respect to
-    them alone (no gradient or accumulator of the base's size), ``tx`` and the optimizer state
-    are the adapters' (adapters.trainable), and the base leaves pass through unchanged.
+    trained: the nnx filter of the parameters that train (adapters.trained_filter; None: all).
+    With one (LoRA: the adapters) the gradient is taken with respect to them alone (no gradient or
+    accumulator of the frozen parameters' size), ``tx`` and the optimizer state are theirs
+    (adapters.trainable), and the frozen leaves pass through unchanged.
     """
     K, U = num_minibatches, num_microbatches
     micro_loss = make_micro_loss(
@@ -170,14 +171,13 @@ def make_update_fn(
         params, opt_state = carry
         mb = jax.tree.map(lambda x: sharding.constrain_rows(x, mesh), mb)
         den = objective.denominator(mb.loss_mask)  # whole-minibatch normaliser, mask only
-        if lora:
-            frozen = params.filter(nnx.Not(nnx.LoRAParam))
-            adapter_grad_fn = jax.value_and_grad(
+        if trained is not None:
+            frozen = params.filter(nnx.Not(trained))
+            subset_grad_fn = jax.value_and_grad(
                 lambda a, m, d: micro_loss(nnx.merge_state(frozen, a), m, d), has_aux=True
             )
-            adapters = params.filter(nnx.LoRAParam)
-            grads, sums, extra = minibatch_gradient(adapter_grad_fn, adapters, mb, den, U, mesh)
-            params = adapters  # what tx updates; the frozen base is put back below
+            params = params.filter(trained)  # what tx updates; the frozen ones are put back below
+            grads, sums, extra = minibatch_gradient(subset_grad_fn, params, mb, den, U, mesh)
         else:
             grads, sums, extra = minibatch_gradient(grad_fn, params, mb, den, U, mesh)
         loss, m = sums.finalize()
@@ -186,7 +186,7 @@ def make_update_fn(
             m["abs_log_w_tokens"] = sums.metrics["tokens"]
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        if lora:
+        if trained is not None:
             params = nnx.merge_state(frozen, params)
         tokens = jnp.maximum(extra["tokens"], 1.0)
         m = dict(m)
