@@ -10,10 +10,10 @@
 Runs go to <runs_dir>/<sweep>/<run> (default runs/claims; a run that finished is skipped, an
 interrupted one resumes); each finished run is kept as a committed record,
 <results_dir>/<sweep>/<run>.json.gz (default results/claims; notebooks/reporting/records.py), so a
-run recorded by an earlier session on another machine is not run again, and the notebooks are
+run recorded earlier on another machine is not run again, and the notebooks are
 executed on the records. The warm starts the runs start from are kept beside the records
 (<results_dir>/warmstart/<entry>, copied into the cache where it lacks them before a sweep), so
-every session's runs of a design start from the same base. At laptop scale: 5 seeds (paired: seed s
+every machine's runs of a design start from the same base. At laptop scale: 5 seeds (paired: seed s
 of every arm has the same prompts and base), 60 RL steps (a sweep's own flags may say more: the clip
 sweep runs 150), held-out greedy accuracy on 500 problems every 10 steps (FULL_FLAGS). Several
 notebooks read the same sweep (r2_ratio serves four claims), so it runs once. Each claim's

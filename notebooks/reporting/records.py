@@ -2,7 +2,7 @@
 them.
 
 A run's workdir (config.json, metrics.jsonl, summary.json, checkpoints) lives under runs/, which
-git ignores: a new machine starts without it, and a claim whose runs took several sessions would
+git ignores: a new machine starts without it, and a claim whose runs took several machines would
 start again from none. experiments/claims.py therefore writes every finished run of a claim sweep
 as a record,
 
