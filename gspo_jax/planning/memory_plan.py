@@ -15,7 +15,7 @@ cache slots; the update: μ·K minibatches of B/K rows), and reads per-device si
                        QLoRA (config.lora.base_quant) the base's projections as qvalues + scales
     optimizer          Adam moments and count, this device's shard (with LoRA: the adapters')
     reference          a second copy of the parameters when kl_coef > 0 or rl.log_kl_ref (none
-                       with LoRA: the reference is the base inside the policy, adapters off)
+                       with LoRA: the policy holds it, adapters.keeps_reference_copy)
     update peak        XLA's peak for the update program (arguments: state and batch; temporaries:
                        activations, gradients, the chunked log-softmax)
     rollout peak       XLA's peak for the rollout program (parameters, KV cache in the rollout

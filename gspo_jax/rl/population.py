@@ -22,8 +22,9 @@ its own prompt stream (data.seed = its seed), its own step keys (fold_in of key(
 shared warm start (keyed by init.warmstart.seed, not the run's seed). The checkpoint
 (WORKDIR/checkpoints) holds the whole stacked state, every member's iterator position and which
 members are frozen, so a resume is exact. With LoRA each member's adapters are drawn from its own
-seed (initial_params), its reference is its base with the adapters off, and the checkpoint holds
-the adapters alone with the base's identity, as a single LoRA run's (the base loads again).
+seed (initial_params), its reference is read from its own parameters (adapters.reference_view),
+and the checkpoint holds the adapters alone with the base's identity, as a single LoRA run's (the
+base loads again).
 A member whose loss, gradient norm or new parameters are not finite keeps its last finite
 parameters and optimizer state from then on (frozen, marked
 ``train/frozen`` in its metrics and ``frozen_at_step`` in its summary); the others go on. Each
@@ -387,7 +388,7 @@ class PopulationPhases:
     logprob: object  # None unless config.rl.recompute_old_logp
     recompute_metrics: object
     ref: object  # None without a reference pass; the reference parameters are shared (in_axes
-    # None), with LoRA each member's own parameters with the adapters off (in_axes 0)
+    # None), with LoRA each member's own (in_axes 0; adapters.reference_params)
     kl_reward: object
     update: object
     routes: object  # None unless config.rl.log_route_change: the updated members' routes
