@@ -187,3 +187,36 @@ def test_draft_entries_are_not_registered(tmp_path):
     with pytest.raises(ValueError, match="status"):
         dataclasses.replace(few, status="planned")
     assert math.isfinite(claims.stats.tost_power(n=8, margin=1.0, simulations=10))
+
+
+def test_round3_drafts_are_complete_designs():
+    """Each round-3 draft (<key>/draft.json): at least MIN_DRAWS draws, the family
+    testbed_round3, a mechanism precondition, a harm where the claim is about avoiding one, and
+    the power its registration fixes, as stats.sign_flip_power computes it."""
+    from gspo_jax.claims import stats
+
+    drafts = claims.drafts()
+    assert len(drafts) >= 10
+    harms = {"gspo_minibatch_stability", "moe_routing_replay", "gspo_length_normalisation"}
+    harms |= {"gmpo_entropy", "dapo_clip_higher_entropy", "staleness_dose", "luspo_length"}
+    family = len(drafts)
+    for d in drafts:
+        assert len(d.draws) >= claims.MIN_DRAWS and d.primary.min_seeds == len(d.draws), d.name
+        assert d.family == "testbed_round3" and d.preconditions, d.name
+        assert (d.harm is not None) == (d.key in harms), d.name
+        assert d.power.alpha == pytest.approx(d.primary.alpha / family), d.name
+    p = drafts[0].power
+    assert p.power == stats.sign_flip_power(
+        len(drafts[0].draws), p.effect, p.sd, p.alpha, p.simulations
+    )
+
+
+def test_retired_entries_were_never_run():
+    """A retirement (<key>/retired.json) is for a newest entry none of whose runs were made."""
+    from trainer_runs import load_repo_module
+
+    order = load_repo_module("experiments/checks/registration_order.py")
+    gone = [k for k in {e.key for e in claims.load()} if claims.retired(k)]
+    assert len(gone) >= 7
+    for key in gone:
+        assert order.entry_runs(claims.current(key)) == [], key
