@@ -256,7 +256,8 @@ def test_registration_order_catches_an_in_place_edit_committed_after_the_runs(
     (entries / "made_up").mkdir(parents=True)
 
     def commit(message, when):
-        env = {**os.environ, "GIT_COMMITTER_DATE": f"{when} +0000", "GIT_AUTHOR_DATE": f"{when}"}
+        stamp = f"@{when} +0000"
+        env = {**os.environ, "GIT_COMMITTER_DATE": stamp, "GIT_AUTHOR_DATE": stamp}
         for args in (["add", "-A"], ["commit", "-q", "-m", message]):
             subprocess.run(["git", "-C", str(repo), *args], check=True, env=env)
 
