@@ -611,4 +611,6 @@ def test_the_data_registry_holds_exactly_the_old_python_registrys_entries():
     for e in old.ENTRIES:
         got = new[(e.key, e.version)]
         assert reg.schema.to_dict(e) == reg.schema.to_dict(got), e.name
-        assert dataclasses.asdict(e) == dataclasses.asdict(got), e.name
+        # the fields added since (round 3: draws, harm, power, family, status, margin) are at
+        # their defaults, left out of the canonical form: the hash a run recorded is unchanged
+        assert reg.entry_hash(e) == reg.entry_hash(got), e.name

@@ -75,3 +75,36 @@ def test_bootstrap_interval_of_two_values_and_of_one():
     assert stats.bootstrap_interval([0.0, 1.0]) == (0.0, 1.0)
     assert stats.bootstrap_interval([0.25]) == (0.25, 0.25)
     assert all(math.isnan(v) for v in stats.bootstrap_interval([]))
+
+
+def test_draw_level_sign_flip_over_three_draws_of_two_seeds_by_hand():
+    # draws of two seeds each: (0.5, 0.1) -> 0.3, (-0.4, 0.0) -> -0.2, (0.2, 0.0) -> 0.1.
+    # The 8 sign patterns of (0.3, 0.2, 0.1) and their sums: +++ 0.6, ++- 0.4, +-+ 0.2 (the
+    # observed 0.3 - 0.2 + 0.1), +-- 0.0, -++ 0.0, -+- -0.2, --+ -0.4, --- -0.6.
+    # ">": sums >= 0.2: +++, ++-, +-+ -> 3/8; "<": sums <= 0.2: +-+, +--, -++, -+-, --+,
+    # --- -> 6/8
+    per_draw = {7: [0.5, 0.1], 8: [-0.4, 0.0], 9: [0.2, 0.0]}
+    assert stats.draw_sign_flip_p(per_draw, ">") == pytest.approx(3 / 8)
+    assert stats.draw_sign_flip_p(per_draw, "<") == pytest.approx(6 / 8)
+    # the same numbers with the seeds as units (6 of them) would be another test entirely
+    assert stats.sign_flip_p([0.5, 0.1, -0.4, 0.0, 0.2, 0.0], ">") != pytest.approx(3 / 8)
+
+
+def test_holm_textbook_example():
+    # Holm (1979) as Wikipedia's "Holm-Bonferroni method" works it: four hypotheses with p
+    # 0.01, 0.04, 0.03, 0.005 at alpha 0.05: the smallest, 0.005 < 0.05/4, is rejected; 0.01 <
+    # 0.05/3 rejected; 0.03 > 0.05/2 stops: H1 and H4 rejected, H2 and H3 not. Adjusted:
+    # 0.005 x 4 = 0.02, 0.01 x 3 = 0.03, 0.03 x 2 = 0.06, max(0.04 x 1, 0.06) = 0.06
+    adjusted = stats.holm([0.01, 0.04, 0.03, 0.005])
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert [p < 0.05 for p in adjusted] == [True, False, False, True]
+
+
+def test_tost_power_by_hand():
+    # with 5 units TOST reaches p = 1/32 < 0.05 only when every unit lies inside +-margin (both
+    # one-sided tests need all five on their side): power = P(|d| < margin)^5; at margin 1 sd
+    # and a true difference of 0 that is 0.6827^5 = 0.148
+    inside = math.erf(1 / math.sqrt(2))
+    assert stats.tost_power(n=5, margin=1.0, simulations=3000) == pytest.approx(inside**5, abs=0.03)
+    assert stats.tost_power(n=4, margin=10.0) == 0.0  # 1/16 > 0.05: never
+    assert stats.tost_power(n=5, margin=1.0, sd=1e-9, simulations=50) == 1.0

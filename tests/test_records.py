@@ -234,3 +234,83 @@ def test_registration_order_catches_an_entry_edited_in_place(tmp_path, monkeypat
     out = capsys.readouterr().out
     assert "int8_rollout_mismatch v1: registered c0ffee0 (2023-11-14 22:13 UTC); edited in " in out
     assert "15 EDITED after it" in out
+
+
+def test_registration_order_catches_an_in_place_edit_committed_after_the_runs(
+    tmp_path, monkeypatch, capsys
+):
+    """A repository of its own (git init in tmp_path): an entry committed, its runs recorded
+    (started after the registration) and committed, then the entry's threshold edited in place
+    and committed. The check passes before the edit and fails after it, naming the edit's
+    commit; the records, which name the registered hash, are "EDITED after it"."""
+    import dataclasses
+    import gzip
+    import subprocess
+
+    from gspo_jax import claims as reg
+    from gspo_jax.claims import registry, schema
+
+    order = load_repo_module("experiments/checks/registration_order.py")
+    repo = tmp_path / "repo"
+    entries = repo / order.ENTRIES
+    (entries / "made_up").mkdir(parents=True)
+
+    def commit(message, when):
+        stamp = f"@{when} +0000"
+        env = {**os.environ, "GIT_COMMITTER_DATE": stamp, "GIT_AUTHOR_DATE": stamp}
+        for args in (["add", "-A"], ["commit", "-q", "-m", message]):
+            subprocess.run(["git", "-C", str(repo), *args], check=True, env=env)
+
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    for k, v in (("user.name", "t"), ("user.email", "t@t"), ("commit.gpgsign", "false")):
+        subprocess.run(["git", "-C", str(repo), "config", k, v], check=True)
+    entry = reg.Claim(
+        key="made_up",
+        version=1,
+        claim="a beats b",
+        paper="none",
+        notebook="none",
+        sweeps=("sw",),
+        arms=("a", "b"),
+        primary=reg.Criterion(
+            statistic="s",
+            arms=("a", "b"),
+            direction=">",
+            threshold=0.0,
+            test="every_seed",
+            min_seeds=5,
+        ),
+    )
+    path = entries / "made_up" / "v1.json"
+    path.write_text(schema.canonical_json(schema.to_dict(entry)))
+    commit("register made_up v1", 1_000_000)
+    kept = repo / order.RECORDS / "sw"
+    kept.mkdir(parents=True)
+    for arm in ("a", "b"):
+        for seed in range(5):
+            record = {
+                "format": records.FORMAT,
+                "summary": {"wall_s": 10.0},
+                "started_at": 1_000_100 + seed,
+                "entries": {entry.name: reg.entry_hash(entry)},
+            }
+            with gzip.open(kept / f"{arm}_s{seed}.json.gz", "wt") as f:
+                json.dump(record, f)
+    commit("made_up's runs", 1_000_500)
+
+    monkeypatch.setattr(order, "REPO", str(repo))
+    monkeypatch.setenv(registry.ENV, str(entries))
+    order.history.cache_clear()
+    assert order.main([]) == 0
+    assert "made_up v1: registered" in capsys.readouterr().out
+
+    edited = dataclasses.replace(entry, primary=dataclasses.replace(entry.primary, threshold=0.1))
+    path.write_text(schema.canonical_json(schema.to_dict(edited)))
+    commit("tighten made_up's threshold in place", 1_000_900)
+    edit = order.git("rev-parse", "--short=7", "HEAD").strip()
+    order.history.cache_clear()
+    assert order.main([]) == 1
+    out = capsys.readouterr().out
+    assert "made_up v1: registered" in out and f"edited in {edit}" in out
+    assert "10 runs: 10 EDITED after it" in out
+    order.history.cache_clear()  # the other tests read the project's own history

@@ -84,6 +84,8 @@ def load_registry(source: str) -> types.ModuleType | None:
 def hashes_at(commit: str) -> dict[tuple[str, int], str]:
     """(key, version) -> entry hash of the registry as ``commit`` holds it (data or Python)."""
     paths = git("ls-tree", "-r", "--name-only", commit, "--", ENTRIES).split()
+    # registered versions only: a draft (draft.json) and a retirement (retired.json) are not
+    paths = [p for p in paths if re.fullmatch(r"v\d+\.json", os.path.basename(p))]
     if paths:
         out = {}
         for path in paths:
@@ -217,7 +219,9 @@ def main(argv=None) -> int:
         runs = entry_runs(e)
         if not runs:
             if e == claims.current(e.key):  # every current entry is listed, decided or not
+                gone = claims.retired(e.key)
                 how = f"decided by the check {e.check}" if e.check else "undecided"
+                how = f"retired in favour of {gone.in_favour_of}" if gone else how
                 print(f"{e.name}: no committed runs ({how})")
             continue
         if (e.key, e.version) not in registered:

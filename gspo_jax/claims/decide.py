@@ -3,8 +3,14 @@ the primary criterion's test (stats.py) and the outcome with the numbers behind 
 as the printed lines a notebook shows above its verdict.
 
 Per-seed numbers come in as ``{arm: {seed: value}}``; the preconditions are checked in the
-entry's order, then the seed count; the first that fails gives the outcome. Pure functions over
-numbers: nothing here reads runs (notebooks/reporting/ does).
+entry's order, then the harm, then the seed (or draw) count; the first that fails gives the
+outcome. Pure functions over numbers: nothing here reads runs (notebooks/reporting/ does).
+
+An entry with ``draws`` (round 3) is decided over draws: ``draw_of`` {seed: draw} places each
+seed (default: a seed is its own draw), paired differences are averaged within their draw
+(stats.by_draw, stats.draw_means), and the test, the preconditions and the harm see one number
+per draw. An entry with a ``family`` is decided by evaluate_family, which applies Holm's
+correction over every entry of the family and decides each on its adjusted p.
 """
 
 from __future__ import annotations
@@ -15,8 +21,20 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from gspo_jax.claims.schema import OUTCOMES, Claim, Criterion, Precondition
-from gspo_jax.claims.stats import bootstrap_interval, on_side, sign_flip_p, wilcoxon_p
+from gspo_jax.claims.registry import load
+from gspo_jax.claims.schema import OUTCOMES, Claim, Criterion, Harm, Precondition
+from gspo_jax.claims.stats import (
+    bootstrap_interval,
+    by_draw,
+    draw_means,
+    holm,
+    on_side,
+    sign_flip_p,
+    tost_p,
+    wilcoxon_p,
+)
+
+HARM_ABSENT = "inconclusive: harm absent"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +46,8 @@ class Result:
     seeds: tuple[int, ...] = ()
     values: tuple[float, ...] = ()  # per paired seed: the value or the difference
     interval: tuple[float, float] | None = None
+    p: float | None = None  # the exact test's raw p (sign_flip, wilcoxon, tost)
+    p_adjusted: float | None = None  # Holm-adjusted over the entry's family (evaluate_family)
 
 
 # --- pure functions over per-seed numbers -------------------------------------------------------
@@ -79,23 +99,28 @@ def paired_values(
 
 
 def p_value(c: Criterion, x: Sequence[float]) -> float:
-    """The one-sided p-value of an exact test (sign_flip or wilcoxon) of ``x`` against ``c``."""
+    """The p-value of an exact test of ``x`` against ``c``: one-sided (sign_flip, wilcoxon), or
+    TOST's larger one-sided p of the equivalence within +-margin of the threshold (tost)."""
     if c.test == "sign_flip":
         return sign_flip_p(x, c.direction, c.threshold)
     if c.test == "wilcoxon":
         return wilcoxon_p(x, c.direction, c.threshold)
-    raise ValueError(f"{c.test!r} has no p-value: sign_flip or wilcoxon")
+    if c.test == "tost":
+        return tost_p(np.asarray(x, dtype=np.float64) - c.threshold, c.margin)
+    raise ValueError(f"{c.test!r} has no p-value: sign_flip, wilcoxon or tost")
 
 
-def holds(c: Criterion, x: np.ndarray) -> tuple[bool, tuple[float, float] | None]:
-    """(the criterion holds on the per-seed values ``x``, the bootstrap interval or None)."""
+def holds(
+    c: Criterion, x: np.ndarray, p: float | None = None
+) -> tuple[bool, tuple[float, float] | None]:
+    """(the criterion holds on the per-seed (per-draw) values ``x``, the bootstrap interval or
+    None); ``p``: the p-value to decide on in place of the raw one (Holm-adjusted)."""
     if c.test == "every_seed":
         return bool(x.size and np.all(on_side(x, c.direction, c.threshold))), None
-    if c.test == "sign_flip":
-        p = sign_flip_p(x, c.direction, c.threshold)
-        return bool(x.size and on_side(x.mean(), c.direction, c.threshold) and p < c.alpha), None
-    if c.test == "wilcoxon":
-        return bool(x.size and wilcoxon_p(x, c.direction, c.threshold) < c.alpha), None
+    if c.test in ("sign_flip", "wilcoxon", "tost"):
+        p = p_value(c, x) if p is None else p
+        side = c.test != "sign_flip" or on_side(x.mean(), c.direction, c.threshold)
+        return bool(x.size and side and p < c.alpha), None
     lo, hi = bootstrap_interval(x, c.confidence, c.resamples)
     return bool(on_side(lo if c.direction == ">" else hi, c.direction, c.threshold)), (lo, hi)
 
@@ -112,6 +137,25 @@ def precondition_holds(p: Precondition, per_seed: Mapping[int, float]) -> tuple[
     return bool(on_side(m, p.direction, p.threshold)), m
 
 
+def harm_present(h: Harm, per_draw: Mapping[int, float], draws: int) -> tuple[bool, int]:
+    """(the harm shows in at least ``h.share`` of ``draws`` draws, how many it shows in): a
+    draw's value on the harm's side of the threshold, or not finite (diverged), is the harm."""
+    shown = sum(
+        1
+        for v in per_draw.values()
+        if v is not None and (not math.isfinite(float(v)) or on_side(v, h.direction, h.threshold))
+    )
+    return bool(draws and shown >= h.share * draws), shown
+
+
+def _per_draw(per_seed: Mapping[int, float], draw_of: Mapping[int, int]) -> dict[int, float]:
+    """{draw: mean of its seeds' values}, a draw with a non-finite seed non-finite (diverged)."""
+    out = {}
+    for draw, vs in by_draw({s: v for s, v in per_seed.items() if v is not None}, draw_of).items():
+        out[draw] = float(np.mean(vs)) if all(map(math.isfinite, vs)) else math.nan
+    return out
+
+
 def _g(x: float) -> str:
     return f"{x:.3g}"
 
@@ -120,20 +164,47 @@ def evaluate(
     claim: Claim,
     values: Mapping[str, Mapping[int, float]],
     preconditions: Mapping[str, Mapping[int, float]] | None = None,
+    draw_of: Mapping[int, int] | None = None,
+    p_adjusted: float | None = None,
 ) -> Result:
     """The outcome of ``claim`` on per-seed numbers: ``values`` {arm: {seed: statistic}} for the
-    primary criterion, ``preconditions`` {precondition name: {seed: statistic}}."""
+    primary criterion, ``preconditions`` {precondition or harm name: {seed: statistic}};
+    ``draw_of`` {seed: warm-start draw} for an entry with draws (default: the seed is the draw);
+    ``p_adjusted``: the Holm-adjusted p the outcome is decided on (evaluate_family gives it; an
+    entry of a family is refused without it)."""
+    if claim.family and p_adjusted is None:
+        raise ValueError(
+            f"{claim.name} is in the family {claim.family!r}: decide it with "
+            "claims.evaluate_family over the family's entries (Holm's correction)"
+        )
+    return _evaluate(claim, values, preconditions, draw_of, p_adjusted)
+
+
+def _evaluate(claim, values, preconditions, draw_of, p_adjusted) -> Result:
     c = claim.primary
+    preconditions = preconditions or {}
     if claim.seeds:  # an entry registered for its own (fresh) seeds counts no other seed
         values = {a: {s: v for s, v in d.items() if s in claim.seeds} for a, d in values.items()}
         preconditions = {
-            n: {s: v for s, v in d.items() if s in claim.seeds}
-            for n, d in (preconditions or {}).items()
+            n: {s: v for s, v in d.items() if s in claim.seeds} for n, d in preconditions.items()
         }
+    unit = "seed"
+    if claim.draws:  # the draw is the unit: seeds of other draws are not counted
+        draw_of = draw_of or {s: s for d in values.values() for s in d}
+        draw_of = {s: d for s, d in draw_of.items() if d in claim.draws}
+        values = {a: {s: v for s, v in d.items() if s in draw_of} for a, d in values.items()}
+        preconditions = {
+            n: _per_draw({s: v for s, v in d.items() if s in draw_of}, draw_of)
+            for n, d in preconditions.items()
+        }
+        unit = "draw"
     seeds, x = paired_values(values, c.arms, c.diverged)
+    if claim.draws:
+        means = draw_means(by_draw(dict(zip(seeds, x.tolist(), strict=True)), draw_of))
+        seeds, x = tuple(means), np.asarray(list(means.values()), dtype=np.float64)
     what = " - ".join(c.arms)
-    per_seed = ", ".join(f"s{s} {_g(v)}" for s, v in zip(seeds, x, strict=True)) or "none"
-    numbers = f"{what} per paired seed: {per_seed}"
+    per_seed = ", ".join(f"{unit[0]}{s} {_g(v)}" for s, v in zip(seeds, x, strict=True)) or "none"
+    numbers = f"{what} per paired {unit}: {per_seed}"
     if c.diverged is not None:
         bad = diverged_seeds(values, c.arms)
         numbers += "; diverged (counted as {}): {}".format(
@@ -141,9 +212,9 @@ def evaluate(
             "; ".join(f"{a} s{', s'.join(map(str, v))}" for a, v in bad.items()) or "none",
         )
     for p in claim.preconditions:
-        ok, m = precondition_holds(p, (preconditions or {}).get(p.name, {}))
+        ok, m = precondition_holds(p, preconditions.get(p.name, {}))
         if not ok:
-            how = "worst seed" if p.over == "every_seed" else "mean over seeds"
+            how = f"worst {unit}" if p.over == "every_seed" else f"mean over {unit}s"
             return Result(
                 f"inconclusive: {p.name} absent",
                 f"{p.statistic} ({p.arm}, {how}) {_g(m)}, needs {p.direction} "
@@ -151,29 +222,92 @@ def evaluate(
                 seeds,
                 tuple(x.tolist()),
             )
+    if claim.harm is not None:
+        h = claim.harm
+        ok, shown = harm_present(h, preconditions.get(h.name, {}), len(claim.draws or seeds))
+        if not ok:
+            return Result(
+                HARM_ABSENT,
+                f"{h.name}: {h.statistic} ({h.arm}) {h.direction} {_g(h.threshold)} or diverged "
+                f"in {shown} of {len(claim.draws or seeds)} {unit}s, needs {h.share:.0%}; "
+                f"{numbers}",
+                seeds,
+                tuple(x.tolist()),
+            )
     if len(seeds) < c.min_seeds:
         return Result(
-            f"inconclusive: {c.min_seeds} paired seeds absent",
-            f"{len(seeds)} paired seed(s); {numbers}",
+            f"inconclusive: {c.min_seeds} paired {unit}s absent",
+            f"{len(seeds)} paired {unit}(s); {numbers}",
             seeds,
             tuple(x.tolist()),
         )
-    ok, interval = holds(c, x)
+    raw_p = p_value(c, x) if c.test in ("sign_flip", "wilcoxon", "tost") else None
+    ok, interval = holds(c, x, p_adjusted)
     if interval is not None:
         numbers += (
             f"; mean {_g(float(x.mean()))}, {c.confidence:.0%} bootstrap interval "
             f"[{_g(interval[0])}, {_g(interval[1])}] against {c.direction} {_g(c.threshold)}"
         )
-    elif c.test in ("sign_flip", "wilcoxon"):
-        p = p_value(c, x)
-        name = "sign-flip" if c.test == "sign_flip" else "Wilcoxon signed-rank"
-        numbers += (
-            f"; mean {_g(float(x.mean()))}, median {_g(float(np.median(x)))}, exact {name} "
-            f"p = {_g(p)} (one-sided, {c.direction} {_g(c.threshold)}) against alpha {_g(c.alpha)}"
-        )
+    elif raw_p is not None:
+        if c.test == "tost":
+            how = f"exact TOST p = {_g(raw_p)} (within +-{_g(c.margin)} of {_g(c.threshold)})"
+        else:
+            name = "sign-flip" if c.test == "sign_flip" else "Wilcoxon signed-rank"
+            how = f"exact {name} p = {_g(raw_p)} (one-sided, {c.direction} {_g(c.threshold)})"
+        numbers += f"; mean {_g(float(x.mean()))}, median {_g(float(np.median(x)))}, {how}"
+        if p_adjusted is not None:
+            numbers += f", Holm-adjusted over the family {claim.family} p = {_g(p_adjusted)}"
+        numbers += f" against alpha {_g(c.alpha)}"
     else:
-        numbers += f"; every seed {c.direction} {_g(c.threshold)}: {ok}"
-    return Result(OUTCOMES[0] if ok else OUTCOMES[1], numbers, seeds, tuple(x.tolist()), interval)
+        numbers += f"; every {unit} {c.direction} {_g(c.threshold)}: {ok}"
+    return Result(
+        OUTCOMES[0] if ok else OUTCOMES[1],
+        numbers,
+        seeds,
+        tuple(x.tolist()),
+        interval,
+        raw_p,
+        p_adjusted,
+    )
+
+
+def family_entries(family: str, folder: str | None = None) -> list[Claim]:
+    """The registered entries of ``family`` (each key's newest version that names it)."""
+    newest = {e.key: e for e in load(folder)}
+    return [e for e in newest.values() if e.family == family]
+
+
+def evaluate_family(
+    family: str,
+    inputs: Mapping[str, tuple],
+    entries: Sequence[Claim] | None = None,
+) -> dict[str, Result]:
+    """Every entry of ``family`` decided with Holm's correction over the whole family:
+    ``inputs`` {key: (values, preconditions, draw_of)} as for evaluate; ``entries`` the
+    family's entries (default: the registry's, family_entries). An entry without inputs, or
+    without a p (inconclusive, or a test with no p), counts in the family with p = 1, so the
+    correction's size is fixed by the registration, not by which entries came out decided.
+    Returns {key: Result} carrying each entry's raw and adjusted p."""
+    entries = list(family_entries(family) if entries is None else entries)
+    unknown = sorted(set(inputs) - {e.key for e in entries})
+    if unknown or any(e.family != family for e in entries):
+        raise ValueError(
+            f"family {family!r} holds {sorted(e.key for e in entries)}; {unknown} are not in it: "
+            "give numbers for its own entries only"
+        )
+
+    def given(key: str) -> tuple:  # (values, preconditions, draw_of), the missing ones empty
+        return (*inputs.get(key, ()), {}, None, None)[:3]
+
+    raw = {e.key: _evaluate(e, *given(e.key), None) for e in entries}
+    tested = {k for k, r in raw.items() if r.p is not None and r.outcome in OUTCOMES[:2]}
+    adjusted = holm([raw[k].p if k in tested else 1.0 for k in raw])
+    return {
+        e.key: _evaluate(e, *given(e.key), p_adj)
+        if e.key in tested
+        else dataclasses.replace(raw[e.key], p_adjusted=p_adj)
+        for e, p_adj in zip(entries, adjusted, strict=True)
+    }
 
 
 def describe(claim: Claim) -> list[str]:

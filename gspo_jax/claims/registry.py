@@ -4,6 +4,8 @@
     registry.load()                  # every entry, (key, version) order
     registry.entries("gmpo_entropy") # every version of a claim, oldest first
     registry.current("gmpo_entropy") # the newest: the one that decides the verdict
+    registry.drafts()                # designs not yet registered (<key>/draft.json)
+    registry.retired("seq_ratio_eps02")  # why a claim's newest entry will not be run, or None
 
 Where: the folder named by the environment variable GSPO_JAX_REGISTRY (a copy to try an edit on),
 else this package's entries/ folder (installed with the package), holding
@@ -11,16 +13,22 @@ else this package's entries/ folder (installed with the package), holding
 decides (experiments/checks/registration_order.py shows the order from git history); a criterion
 changed after a run is a new version (``supersedes`` the old one, with its ``reason``), never an
 edit of the old file.
+
+Beside the versions, a claim's folder may hold ``draft.json`` (the next version's design, status
+"draft": not registered, decides nothing; registered by renaming it v<N>.json without its
+status) and ``retired.json`` (``{"version", "reason", "in_favour_of"}``: the newest version will
+not be run, and why; its file, hash and records stay as they were).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import glob
 import json
 import os
 
-from gspo_jax.claims.schema import Claim, from_dict
+from gspo_jax.claims.schema import MIN_DRAWS, Claim, from_dict
 
 ENV = "GSPO_JAX_REGISTRY"
 DEFAULT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "entries")
@@ -88,11 +96,65 @@ def current(key: str, folder: str | None = None) -> Claim:
     return entries(key, folder)[-1]
 
 
+@dataclasses.dataclass(frozen=True)
+class Retirement:
+    """A claim whose newest entry will never be run: which version, why, and what replaces it."""
+
+    version: int
+    reason: str
+    in_favour_of: str  # the entry (or draft) that tests the claim instead
+
+
+def retired(key: str, folder: str | None = None) -> Retirement | None:
+    """The claim's retirement (<key>/retired.json), or None; ValueError naming the file when it
+    names another version than the newest or gives no reason."""
+    path = os.path.join(folder or registry_dir(), key, "retired.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        r = Retirement(**json.load(f))
+    if r.version != current(key, folder).version or not r.reason or not r.in_favour_of:
+        raise ValueError(
+            f"{path}: retires v{r.version}; name the newest version "
+            f"(v{current(key, folder).version}), the reason and the entry in favour of which"
+        )
+    return r
+
+
+def drafts(folder: str | None = None) -> tuple[Claim, ...]:
+    """Every draft (<key>/draft.json: status "draft", supersedes the key's newest version if it
+    has one), key order; ValueError naming the file when it is not one."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(folder or registry_dir(), "*", "draft.json"))):
+        with open(path) as f:
+            d = from_dict(json.load(f))
+        key = os.path.basename(os.path.dirname(path))
+        newest = [e for e in load(folder) if e.key == key]
+        if (
+            d.status != "draft"
+            or d.key != key
+            or d.supersedes != (newest[-1].version if newest else None)
+        ):
+            raise ValueError(
+                f"{path}: a draft has status 'draft', key {key!r} and supersedes the newest "
+                f"version ({newest[-1].version if newest else None})"
+            )
+        if len(d.draws) < MIN_DRAWS:
+            raise ValueError(f"{path}: {len(d.draws)} draws, a round-3 design needs {MIN_DRAWS}")
+        out.append(d)
+    return tuple(out)
+
+
 def check(all_entries) -> None:
     """The registry's own consistency: unique (key, version), supersedes point at the previous
-    version with a reason, and every version but the newest is superseded."""
+    version with a reason, every version but the newest is superseded, no draft among the
+    registered versions, and an entry with draws has at least MIN_DRAWS of them."""
     seen = set()
     for e in all_entries:
+        if e.status == "draft":
+            raise ValueError(f"{e.name}: a draft is <key>/draft.json; registered, it has no status")
+        if e.draws and len(e.draws) < MIN_DRAWS:
+            raise ValueError(f"{e.name}: {len(e.draws)} draws, at least {MIN_DRAWS} needed")
         if (e.key, e.version) in seen:
             raise ValueError(f"registry entry {e.name} twice: a changed criterion is a new version")
         seen.add((e.key, e.version))

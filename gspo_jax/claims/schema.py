@@ -38,6 +38,23 @@ Round 2 (issue 33): entries whose ``seeds`` are set were registered for fresh se
 an earlier version of their claim; the earlier entries ran seeds 0-4), at least MIN_SEEDS_ROUND2
 paired, tested exactly. An entry with ``check`` set is decided by that deterministic check, not by
 runs.
+
+Round 3 (issue 52): the unit is the warm-start draw. An entry with ``draws`` set runs every arm on
+each of those draws (init.warmstart.seed), at least MIN_DRAWS; seeds nested in a draw are paired
+by seed and averaged within the draw, and the criterion's test runs over draws (``min_seeds``
+then counts draws). Beside the mechanism preconditions it may register
+
+    harm     the harm the claim is about avoiding, on the arm that should suffer it, in at least
+             ``share`` of the draws (a non-finite value, a diverged run, counts as the harm);
+             absent: "inconclusive: harm absent", never "not reproduced"
+    tost     (a test) equivalence, for "matches" claims: both one-sided sign-flip tests of the
+             mean within +-``margin``; direction "="
+    power    the design's power, computed at registration (stats.sign_flip_power / tost_power)
+    family   Holm's correction over the entries of that family (decide.evaluate_family): the
+             verdict uses the adjusted p, and the outcome line prints raw and adjusted p
+
+A draft (``status`` "draft", the file entries/<key>/draft.json) is a design not yet registered:
+it decides nothing until it is moved to v<N>.json without its status (registry.drafts reads it).
 """
 
 from __future__ import annotations
@@ -50,13 +67,19 @@ from collections.abc import Mapping
 from typing import Any
 
 OUTCOMES = ("reproduced", "not reproduced", "inconclusive")
-TESTS = ("every_seed", "bootstrap", "sign_flip", "wilcoxon")
+TESTS = ("every_seed", "bootstrap", "sign_flip", "wilcoxon", "tost")
 DIRECTIONS = (">", "<")
+EQUIVALENT = "="  # the direction of a tost criterion: within +-margin of the threshold
 MIN_SEEDS_DIFFERENCE = 5  # issue 20: at least 5 seeds where the criterion compares two arms
 MIN_SEEDS_LEVEL = 3
 EARLIER_SEEDS = tuple(range(5))  # the seeds every entry before round 2 ran (its sweeps' 0-4)
 ROUND2_SEEDS = tuple(range(100, 112))  # fresh seeds for round 2 (issue 33): 12, 4 per warm start
 MIN_SEEDS_ROUND2 = 10  # issue 33: at least 10 paired fresh seeds
+MIN_DRAWS = 8  # issue 52: at least 8 warm-start draws (the smallest one-sided p is then 1/256)
+STATUSES = (
+    "",
+    "draft",
+)  # "": registered (entries/<key>/v<N>.json); "draft": entries/<key>/draft.json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,18 +98,22 @@ class Criterion:
     # the value a diverged (non-finite) seed takes, the worst the statistic can be: set where the
     # claim is about stability; None: a non-finite seed is dropped as missing
     diverged: float | None = None
+    margin: float = 0.0  # tost only: equivalent when the mean is within +-margin of threshold
 
     def __post_init__(self):
+        equivalence = self.test == "tost"
         if (
-            self.direction not in DIRECTIONS
+            self.direction not in ((EQUIVALENT,) if equivalence else DIRECTIONS)
             or self.test not in TESTS
             or len(self.arms) not in (1, 2)
             or (self.diverged is not None and not math.isfinite(self.diverged))
+            or (equivalence and not self.margin > 0)
         ):
             raise ValueError(
-                f"criterion {self.statistic!r}: direction in {DIRECTIONS}, test in {TESTS}, "
-                f"one or two arms and a finite diverged value, got {self.direction!r}, "
-                f"{self.test!r}, {self.arms}, {self.diverged!r}"
+                f"criterion {self.statistic!r}: direction in {DIRECTIONS} (tost: "
+                f"{EQUIVALENT!r} with a margin > 0), test in {TESTS}, one or two arms and a finite "
+                f"diverged value, got {self.direction!r}, {self.test!r}, margin {self.margin!r}, "
+                f"{self.arms}, {self.diverged!r}"
             )
 
 
@@ -100,6 +127,40 @@ class Precondition:
     direction: str
     threshold: float
     over: str = "mean"  # "mean": the mean over seeds; "every_seed": each seed's value
+
+
+@dataclasses.dataclass(frozen=True)
+class Harm:
+    """The harm a claim is about avoiding, measured per draw on the arm that should suffer it
+    (e.g. GRPO diverges or loses >= 0.05 accuracy): absent, the verdict is "inconclusive: harm
+    absent" (the comparison could not have shown that the other arm avoids it)."""
+
+    name: str
+    statistic: str  # per draw; a non-finite value (a diverged run) counts as the harm
+    arm: str
+    direction: str
+    threshold: float  # the registered amount
+    share: float = 0.5  # the harm must show in at least this share of the draws
+
+    def __post_init__(self):
+        if self.direction not in DIRECTIONS or not 0 < self.share <= 1:
+            raise ValueError(
+                f"harm {self.name!r}: direction in {DIRECTIONS} and 0 < share <= 1, got "
+                f"{self.direction!r}, {self.share!r}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Power:
+    """The design's power, fixed at registration: the chance that the primary test over the
+    entry's draws decides "reproduced" when each draw's value (or paired difference) is
+    Normal(effect, sd) (stats.sign_flip_power; tost: stats.tost_power)."""
+
+    effect: float  # the true mean assumed (tost: the true difference, usually 0)
+    sd: float  # the draw-to-draw standard deviation assumed (the pilot's, once it is measured)
+    power: float  # the computed chance, at the criterion's alpha (Holm-adjusted where a family)
+    alpha: float  # the level it was computed at: the criterion's alpha / the family's size
+    simulations: int = 2000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +186,16 @@ class Claim:
     check: str = ""
     # what must be built before its runs can be made ("" = nothing: its sweeps make them)
     needs: str = ""
+    # round 3 (issue 52): the warm-start draws every arm runs on (init.warmstart.seed); the unit
+    draws: tuple[int, ...] = ()
+    harm: Harm | None = None
+    power: Power | None = None
+    family: str = ""  # Holm's correction over the entries with this family ("" = none)
+    status: str = ""  # one of STATUSES
+
+    def __post_init__(self):
+        if self.status not in STATUSES:
+            raise ValueError(f"{self.key} v{self.version}: status {self.status!r}, not {STATUSES}")
 
     @property
     def name(self) -> str:
@@ -163,7 +234,11 @@ def from_dict(data: Mapping[str, Any]) -> Claim:
     d = dict(data)
     d["primary"] = Criterion(**{**d["primary"], "arms": tuple(d["primary"]["arms"])})
     d["preconditions"] = tuple(Precondition(**p) for p in d.get("preconditions", ()))
-    for name in ("sweeps", "arms", "secondary", "seeds"):
+    if d.get("harm") is not None:
+        d["harm"] = Harm(**d["harm"])
+    if d.get("power") is not None:
+        d["power"] = Power(**d["power"])
+    for name in ("sweeps", "arms", "secondary", "seeds", "draws"):
         if name in d:
             d[name] = tuple(d[name])
     return Claim(**d)

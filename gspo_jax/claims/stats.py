@@ -8,6 +8,7 @@ scipy.stats where it has the test; Holm's correction and a power calculation bes
     tost_p(d, margin=0.02)            # equivalence: both one-sided sign-flip tests, the larger p
     holm([0.01, 0.04, 0.03])          # Holm-adjusted p-values, in the input's order
     sign_flip_power(n=8, effect=0.5)  # the chance the sign-flip test rejects at that effect
+    tost_power(n=8, margin=0.5)       # the chance TOST shows equivalence at a true difference 0
 
 A one-sided p is the share of the null distribution at least as far on the claimed side as the
 observed statistic: for ``direction`` ">" large values, for "<" small ones. The sign-flip and
@@ -167,6 +168,18 @@ def holm(p_values: Sequence[float]) -> list[float]:
     return out.tolist()
 
 
+def _simulated_power(n, effect, sd, alpha, simulations, seed, rejects) -> float:
+    """The share of ``simulations`` designs of ``n`` Normal(effect, sd) units (generator
+    ``seed``) for which ``rejects(units)`` holds; 0 where 1/2^n >= alpha (no exact sign-flip p
+    over n units reaches alpha)."""
+    if n < 1 or simulations < 1:
+        raise ValueError(f"n={n} units and simulations={simulations} must be >= 1")
+    if 0.5**n >= alpha:
+        return 0.0
+    d = np.random.default_rng(seed).normal(effect, sd, size=(simulations, n))
+    return float(np.mean([rejects(row) for row in d]))
+
+
 def sign_flip_power(
     n: int,
     effect: float,
@@ -180,10 +193,29 @@ def sign_flip_power(
     simulated designs it rejects (generator ``seed``). Fixed at registration, it says whether
     the design could show the effect: with n units the smallest p is 1/2^n, so n = 4 never
     rejects at 0.05 whatever the effect."""
-    if n < 1 or simulations < 1:
-        raise ValueError(f"n={n} units and simulations={simulations} must be >= 1")
-    if 0.5**n >= alpha:
-        return 0.0  # not even the most extreme assignment reaches alpha
-    d = np.random.default_rng(seed).normal(effect, sd, size=(simulations, n))
-    rejects = [sign_flip_p(row, ">") < alpha and row.mean() > 0 for row in d]
-    return float(np.mean(rejects))
+    return _simulated_power(
+        n,
+        effect,
+        sd,
+        alpha,
+        simulations,
+        seed,
+        lambda d: sign_flip_p(d, ">") < alpha and d.mean() > 0,
+    )
+
+
+def tost_power(
+    n: int,
+    margin: float,
+    effect: float = 0.0,
+    sd: float = 1.0,
+    alpha: float = 0.05,
+    simulations: int = 2000,
+    seed: int = 0,
+) -> float:
+    """The chance that TOST (tost_p) over ``n`` units shows equivalence within +-``margin`` at
+    ``alpha`` when each unit's difference is Normal(effect, sd), by simulation as for
+    sign_flip_power; 0 where 1/2^n >= alpha (neither one-sided test can reach it)."""
+    return _simulated_power(
+        n, effect, sd, alpha, simulations, seed, lambda d: tost_p(d, margin) < alpha
+    )
