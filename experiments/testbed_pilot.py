@@ -113,6 +113,9 @@ def run(args) -> None:
     arms = f"draws={args.draws}" + (f",lr={args.lr}" if args.lr else "")
     runs = [r for r in _testbed().get_sweep(arms) if not args.only or r["name"] in args.only]
     extra = [f"--config.rl.num_steps={args.steps}"] if args.steps else []
+    extra += [f"--config.{kv}" for kv in args.set]
+    if args.tag:  # an arm that differs by --set: its own run folder
+        runs = [dict(r, name=f"{r['name']}_{args.tag}") for r in runs]
     with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
         for name, rc in pool.map(lambda r: _run_one(args.root, r, extra), runs):
             print(f"{name}: exit {rc}", flush=True)
@@ -308,6 +311,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=0, help="0 = the config's")
     p.add_argument("--lr", type=float, default=0.0, help="0 = the config's learning rate")
     p.add_argument("--only", nargs="*", default=[], help="run names (default: every draw's)")
+    p.add_argument("--set", nargs="*", default=[], help="config overrides key=value (with --tag)")
+    p.add_argument("--tag", default="", help="suffix of the run names of a --set arm")
     p.set_defaults(fn=run)
     p = sub.add_parser("collect")
     p.add_argument("--root", required=True)
