@@ -73,6 +73,6 @@ class ProductsEnvironment(TaskToolEnvironment):
     def demonstration(self, record: Mapping[str, Any], *, with_tool: bool = True) -> list[str]:
         """The policy's turns of a worked example: the call, then the answer (the tool's
         response comes between them when played); or the answer alone."""
-        a, b = int(record["a"]), int(record["b"])
-        answer = products.answer_text(a, b)
-        return [products.call_text(a, b), answer] if with_tool else [answer]
+        if with_tool:
+            return self.task.tool_demonstration(record)
+        return [products.answer_text(int(record["a"]), int(record["b"]))]

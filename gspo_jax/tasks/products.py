@@ -134,6 +134,12 @@ class ProductsTask(Task):
         del rng
         return answer_text(int(record["a"]), int(record["b"]))
 
+    def tool_demonstration(self, record: Mapping[str, Any]) -> list[str]:
+        """The policy's turns of a worked example with the Python tool: the call, then the
+        answer (the tool's response comes between them when an environment plays them)."""
+        a, b = int(record["a"]), int(record["b"])
+        return [call_text(a, b), answer_text(a, b)]
+
     # ---- verifier -----------------------------------------------------------------------------
     def verify(self, record: Mapping[str, Any], text: str, terminated: bool) -> Verdict:
         answers = _ANSWER.findall(text)
