@@ -1,0 +1,198 @@
+"""Tests for multi-turn rollouts (gspo_jax/rollout/multi_turn.py): the continuous engine's
+episodes equal the static re-prefill's (tokens, log-probs in float32) over random tool
+schedules, dense and MoE, with every page returned; the action mask marks exactly the policy's
+tokens; the trainer's recomputation equals the sampler's log-probs on them; a one-turn episode
+samples what rollout.generate samples; bad input.
+
+A fake environment (_DiceEnv) answers each turn after a random delay with a random number of
+observation tokens and ends after a random number of turns, all drawn from the episode's seed
+and the turn's tokens (never from the timing), so any schedule gives the same episodes.
+
+Dimension legend: P problems, G episodes per problem, B = P * G rows, T = max_new_tokens.
+"""
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from gspo_jax import envs, models, rollout
+from gspo_jax.errors import ConfigError
+from gspo_jax.rollout import multi_turn
+
+G, T = 3, 40
+EOS, PAD = 1, 0
+SETTINGS = dict(temperature=0.8, top_k=0, top_p=1.0)
+logprobs = nnx.jit(models.response_logprobs, static_argnames=("temperature",))
+
+
+class _DiceEpisode(envs.Episode):
+    """Turn k's answer: after a random delay, 0-5 observation tokens (0 while the episode goes
+    on is allowed: the next turn follows the eos at once); the episode ends after its random
+    number of turns, reward = turns + the last turn's length / 100."""
+
+    def __init__(self, env, record):
+        self.env, self.seed = env, record["seed"]
+        self.prompt_ids = list(record["prompt"])
+        self.length = len(self.prompt_ids)
+        self.turns = 0
+        self.max_turns = 1 + record["seed"] % 4
+
+    def _rng(self, ids):
+        return np.random.default_rng([self.seed, self.turns, int(np.sum(ids)) % 997])
+
+    def begin(self, ids):
+        ids = list(ids)
+        self.turns += 1
+        self.length += len(ids)
+        r = self._rng(ids)
+        obs = [int(x) for x in r.integers(2, self.env.vocab, r.integers(0, 6))]
+        delay = float(r.uniform(0, self.env.max_delay_s))
+
+        def job():
+            time.sleep(delay)
+            return " ".join(map(str, obs))
+
+        return envs.PendingTurn(str(len(ids)), ids[-1:] == [EOS], (), (job,))
+
+    def finish(self, pending, responses):
+        if self.turns >= self.max_turns:
+            info = {"turns": float(self.turns)}
+            return envs.Transition(
+                (), True, self.turns + int(pending.text) / 100, 0.0, info, "answer"
+            )
+        obs = tuple(int(x) for x in responses[0].split())
+        self.length += len(obs)
+        return envs.Transition(obs, False)
+
+
+@dataclasses.dataclass
+class _DiceEnv(envs.Environment):
+    vocab: int
+    max_delay_s: float = 0.0
+    limits: envs.EpisodeLimits = envs.EpisodeLimits(max_turns=8, max_total_tokens=10_000)
+    chat = None
+
+    def start(self, record):
+        return _DiceEpisode(self, record)
+
+
+def _records(V, P=4, seed=0):
+    r = np.random.default_rng(seed)
+    return [
+        {"seed": int(r.integers(1 << 20)), "prompt": [int(x) for x in r.integers(2, V, n)]}
+        for n in r.integers(2, 7, P)
+    ]
+
+
+def _peaked(name):
+    """A tiny untied model with a scaled-up output projection (as tests/test_continuous_engine):
+    far-from-uniform next-token distributions, so EOS comes and turns end."""
+    cfg = models.get_model_config(name, tie_embeddings=False)
+    m = models.Transformer(cfg, rngs=nnx.Rngs(0))
+    m.lm_head.value = m.lm_head[...] * 15.0
+    return m
+
+
+def _play(model, env, records, engine="static", **kw):
+    args = dict(num_samples=G, max_new_tokens=T, rng=jax.random.key(3), eos_id=EOS, pad_id=PAD)
+    args.update(SETTINGS)
+    args.update(kw)
+    return multi_turn.run_episodes(model, env, records, engine=engine, **args)
+
+
+@pytest.fixture(scope="module")
+def dense():
+    model = _peaked("tiny")
+    env = _DiceEnv(model.cfg.vocab_size)
+    records = _records(model.cfg.vocab_size)
+    batch, stats = _play(model, env, records)
+    return model, env, records, batch, stats
+
+
+def _turns(batch, b):
+    """Row b's turns as (start, end) pairs of its action mask's runs."""
+    a = np.asarray(batch.action_mask[b])
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], a, [0]])))
+    return list(zip(edges[::2], edges[1::2], strict=True))
+
+
+def test_static_episodes_follow_the_environment(dense):
+    """Every row played its episode to the end: as many policy turns as the episode's turns,
+    each ending with eos or cut at the region's end; observations between them (mask 1,
+    action 0, log-probs 0); rewards and infos from the final transition."""
+    model, env, records, batch, stats = dense
+    B = len(records) * G
+    assert batch.sample.tokens.shape == (B, T) and batch.rewards.shape == (B,)
+    mask, action = np.asarray(batch.sample.mask), np.asarray(batch.action_mask)
+    tokens, logp = np.asarray(batch.sample.tokens), np.asarray(batch.sample.logp)
+    assert np.all(action <= mask)
+    np.testing.assert_array_equal(logp[action == 0], 0.0)
+    assert np.all(logp[action == 1] < 0)
+    several = 0
+    for b in range(B):
+        info = batch.infos[b]
+        turns = _turns(batch, b)
+        n = int(mask[b].sum())
+        np.testing.assert_array_equal(mask[b], np.arange(T) < n)  # contiguous real tokens
+        assert np.all(tokens[b, n:] == PAD)
+        if info["end"] == "length":  # an observation that did not fit in the region
+            continue
+        assert len(turns) == info["turns"] == 1 + records[b // G]["seed"] % 4
+        assert all(tokens[b, e - 1] == EOS for _, e in turns[:-1])
+        s, e = turns[-1]
+        assert batch.rewards[b] == pytest.approx(len(turns) + (e - s) / 100)
+        several += len(turns) > 1
+    assert several > 0 and stats["turns"] > 1
+
+
+def test_recomputed_logprobs_equal_the_samplers_on_policy_tokens(dense):
+    """The trainer's teacher-forced pass over prompt + region gives the sampler's log-probs
+    wherever the action mask is 1 (the observations are context in both)."""
+    model, _, _, batch, _ = dense
+    rows = (
+        jnp.repeat(batch.prompts, G, 0),
+        jnp.repeat(batch.prompt_lengths, G),
+        batch.sample.tokens,
+    )
+    got = np.asarray(logprobs(model, *rows, temperature=SETTINGS["temperature"])["logp"])
+    a = np.asarray(batch.action_mask) > 0
+    np.testing.assert_allclose(got[a], np.asarray(batch.sample.logp)[a], atol=2e-5, rtol=0)
+
+
+def test_one_turn_episodes_sample_what_generate_samples():
+    """An environment that ends every episode after its first turn: the static multi-turn engine
+    gives rollout.generate's tokens and log-probs (the same draw per (row, position))."""
+    model = _peaked("tiny")
+    V = model.cfg.vocab_size
+    records = [dict(r, seed=4 * r["seed"]) for r in _records(V)]  # seed % 4 == 0: one turn
+    batch, _ = _play(model, _DiceEnv(V), records, max_new_tokens=12)
+    ref = rollout.generate(
+        model,
+        batch.prompts,
+        batch.prompt_lengths,
+        num_samples=G,
+        max_new_tokens=12,
+        rng=jax.random.key(3),
+        eos_id=EOS,
+        pad_id=PAD,
+        **SETTINGS,
+    )
+    np.testing.assert_array_equal(batch.sample.tokens, ref.tokens)
+    np.testing.assert_array_equal(batch.action_mask, ref.mask)
+    np.testing.assert_allclose(batch.sample.logp, ref.logp, atol=1e-5, rtol=0)
+
+
+def test_bad_input_fails_with_a_named_fix():
+    model = _peaked("tiny")
+    env = _DiceEnv(model.cfg.vocab_size)
+    with pytest.raises(ConfigError, match="engine='paged' is not one of"):
+        _play(model, env, _records(64), engine="paged")
+    with pytest.raises(ConfigError, match="max_seq_len"):
+        _play(model, env, _records(64), max_new_tokens=300)
+    with pytest.raises(ConfigError, match="records is empty"):
+        _play(model, env, [])
