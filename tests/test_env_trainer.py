@@ -46,6 +46,7 @@ def tools_config(tmp_path, **fields):
         ("rl.routing_replay", True, "routing_replay"),
         ("rl.rollout_logp_noise", 0.1, "rollout_logp_noise"),
         ("env.max_turns", 0, "max_turns"),
+        ("rl.rollout_engine", "paged", "multi-turn engines"),
     ],
 )
 def test_an_environment_refuses_what_it_does_not_carry_in_one_line(tmp_path, field, value, words):
@@ -73,9 +74,10 @@ class FakeEpisodeBatch:
     infos: tuple = flax.struct.field(pytree_node=False, default=())
 
 
-def scripted_engine(played: list):
+def scripted_engine(played: list, direct=lambda record: False):
     """A generate_episodes that plays each problem's demonstration (a call of the real tool,
-    then the answer) through envs.run_episode: the rows the trainer must take as they are."""
+    then the answer; where ``direct(record)``, a wrong direct answer) through envs.run_episode:
+    the rows the trainer must take as they are."""
 
     def generate_episodes(model, env, records, *, num_samples, max_new_tokens, pad_id, **kw):
         del model, kw
@@ -84,6 +86,8 @@ def scripted_engine(played: list):
         for record in records:
             a, b = int(record["a"]), int(record["b"])
             turns = [products.call_text(a, b), products.answer_text(a, b)]
+            if direct(record):
+                turns = [products.answer_text(a, b + 1)]
             row = envs.run_episode(env, record, envs.scripted_policy(turns, tok))
             n = len(env.start(record).prompt_ids)
             prompts.append(row.ids[:n])
@@ -128,7 +132,8 @@ def test_a_products_run_trains_on_the_policys_tokens_with_the_real_tool(tmp_path
     run = build.build_run(c, str(tmp_path / "run"))
     assert run.step.multi_turn and run.env is not None
     summary = trainer.train(c, str(tmp_path / "run"))
-    assert summary is not None
+    # the final evaluation: with the tool (every scripted episode calls it and is right)
+    assert summary["final"]["tool_call_rate"] == 1 and summary["final"]["tool_accuracy"] == 1
     with open(tmp_path / "run" / "metrics.jsonl") as f:
         steps = [json.loads(line) for line in f if '"train/loss"' in line]
     assert [m["step"] for m in steps] == [1, 2]
@@ -146,6 +151,48 @@ def test_a_products_run_trains_on_the_policys_tokens_with_the_real_tool(tmp_path
         assert 0 < policy < tokens
         assert m["rollout/policy_token_frac"] == pytest.approx(policy / tokens)
         assert np.isfinite(m["train/loss"])
+
+
+@needs_sandbox
+def test_tool_evaluation_logs_calls_turns_and_accuracy_with_and_without_a_call(
+    tmp_path, monkeypatch
+):
+    from gspo_jax.rl import evaluation
+
+    played: list = []
+    odd = lambda record: int(record["a"]) % 2 == 1  # noqa: E731 (these answer directly, wrong)
+    monkeypatch.setattr(episodes, "generate_episodes", lambda: scripted_engine(played, odd))
+    task = products.ProductsTask(digits=3, num_train=20, num_test=8)
+    env = envs.TaskToolEnvironment(task, tools=[envs.python_tool()])
+    out = evaluation.evaluate_tools(
+        None, env, "test", 8, batch_size=4, data_dir=str(tmp_path), with_episodes=True
+    )
+    calls = np.asarray([not odd(r) for r in task.generate_split("test")], float)
+    assert out["tool_num_problems"] == 8 and 0 < calls.mean() < 1
+    assert out["tool_call_rate"] == pytest.approx(calls.mean())
+    assert out["tool_calls_per_episode"] == pytest.approx(calls.mean())
+    assert out["turns_per_episode"] == pytest.approx(1 + calls.mean())
+    assert out["failed_calls_per_episode"] == 0
+    assert out["tool_accuracy"] == pytest.approx(calls.mean())
+    assert out["tool_accuracy_with_call"] == 1 and out["tool_accuracy_without_call"] == 0
+    assert [e["tool_calls"] for e in out["episodes"]] == calls.tolist()
+
+
+@needs_sandbox
+def test_a_products_run_with_the_static_multi_turn_engine(tmp_path):
+    """The real engine on a random tiny policy: 2 RL steps; the trainer's recomputed log-probs
+    equal the sampler's on the policy's tokens (the rows' interleaved context read alike)."""
+    c = tools_config(tmp_path, **{"rl.recompute_old_logp": True, "eval.num_problems": 2})
+    final = trainer.train(c, str(tmp_path / "run"))["final"]
+    assert final["tool_num_problems"] == 2 and 0 <= final["tool_accuracy"] <= 1
+    assert final["turns_per_episode"] >= 1 and "greedy_accuracy" in final  # with and without
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        steps = [json.loads(line) for line in f if '"train/loss"' in line]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert m["rollout/turns"] >= 1 and m["rollout/tool_calls"] >= m["rollout/failed_calls"]
+        assert m["rollout/recompute_logp_diff_absmax"] < 1e-4
+        assert 0 < m["rollout/policy_token_frac"] <= 1 and np.isfinite(m["train/loss"])
 
 
 def test_the_batch_plan_has_an_action_mask_only_with_an_environment(tmp_path):

@@ -7,7 +7,7 @@
 With config.env.name "" (the default) nothing here runs: the rollout is the task's one turn,
 unchanged. With "python" the environment is envs.TaskToolEnvironment: the task's problems (its
 prompt, its verifier) with the sandboxed Python tool offered, and the rollout is the multi-turn
-engine's (rollout/multi_turn.py generate_episodes, the engine of config.rl.rollout_engine). Its
+engine's (rollout/multi_turn.py generate_episodes, with config.rl.rollout_engine). Its
 EpisodeBatch carries the action mask (1 on the policy's tokens) that the batch preparation takes
 (rl/batch.py: the loss sees only the policy's tokens) and the environment's rewards, which
 replace the task's scoring of the response.
@@ -32,6 +32,7 @@ import numpy as np
 
 from gspo_jax import envs, tasks, tools
 from gspo_jax.config import ConfigError
+from gspo_jax.rollout import multi_turn
 
 ENVIRONMENTS = ("python",)  # config.env.name's values besides "" (one turn)
 # what a row's info holds that the trainer logs per episode (means over the step's rows)
@@ -69,6 +70,13 @@ def envs_refusals(config: ml_collections.ConfigDict) -> None:
         ),
         (rl.rollout_logp_noise > 0, "rl.rollout_logp_noise: the dose is one-turn rows'"),
         (jax.process_count() > 1, "a multi-host run: the episodes' tools run on one host"),
+    )
+    engines = tuple(multi_turn.ENGINES)
+    refused += (
+        (
+            rl.rollout_engine not in engines,
+            f"rl.rollout_engine={rl.rollout_engine!r}: the multi-turn engines are {engines}",
+        ),
     )
     for refused_here, what in refused:
         if refused_here:
@@ -115,10 +123,7 @@ class EnvRollout:
 
 
 def generate_episodes():
-    """rollout.multi_turn.generate_episodes (looked up when a rollout runs, so that a run
-    without an environment never needs the multi-turn engine)."""
-    from gspo_jax.rollout import multi_turn
-
+    """The multi-turn engine's generate_episodes (rollout/multi_turn.py); tests swap it."""
     return multi_turn.generate_episodes
 
 
@@ -159,16 +164,38 @@ def make_env_rollout(
     e = config.env
     if not e.name:
         return None
-    limits = envs.EpisodeLimits(
-        max_turns=e.max_turns,
-        max_tool_response_tokens=e.max_tool_response_tokens,
-        max_total_tokens=prompt_len + response_len,
-    )
     try:
-        tool = envs.python_tool(timeout_s=e.tool_timeout_s, memory_mb=e.tool_memory_mb)
+        env = python_environment(
+            task,
+            max_turns=e.max_turns,
+            max_tool_response_tokens=e.max_tool_response_tokens,
+            max_total_tokens=prompt_len + response_len,
+            timeout_s=e.tool_timeout_s,
+            memory_mb=e.tool_memory_mb,
+        )
         pool = tools.ToolPool(max_workers=e.tool_workers)
     except tools.SandboxUnavailable as err:
         raise ConfigError(
             f"config.env.name={e.name!r} runs the sandboxed Python tool: {err}"
         ) from None
-    return EnvRollout(envs.TaskToolEnvironment(task, tools=[tool], limits=limits), pool)
+    return EnvRollout(env, pool)
+
+
+def python_environment(
+    task: tasks.Task,
+    *,
+    max_turns: int,
+    max_tool_response_tokens: int,
+    max_total_tokens: int,
+    timeout_s: float = 5.0,
+    memory_mb: int = 256,
+) -> envs.TaskToolEnvironment:
+    """``task``'s problems with the sandboxed Python tool offered, within these limits (the
+    "python" environment: the trainer's, the warm start's and the evaluation command's)."""
+    limits = envs.EpisodeLimits(
+        max_turns=max_turns,
+        max_tool_response_tokens=max_tool_response_tokens,
+        max_total_tokens=max_total_tokens,
+    )
+    tool = envs.python_tool(timeout_s=timeout_s, memory_mb=memory_mb)
+    return envs.TaskToolEnvironment(task, tools=[tool], limits=limits)

@@ -289,14 +289,11 @@ def train(
         return optax.apply_updates(params, updates), opt_state, loss
 
     demo_stats = DemonstrationStats()
-    tools = dict(tool_env=tool_environment(task), tool_fraction=warm_cfg.tool_fraction)
+    tools = {}  # a tool task's episodes, played with the real tool (warmstart_demos.py)
+    if warm_cfg.tool_fraction:
+        tools = dict(tool_env=tool_environment(task), tool_fraction=warm_cfg.tool_fraction)
     it = demonstration_iterator(
-        task,
-        warm_cfg.batch_size,
-        warm_cfg.seed,
-        data_dir,
-        demo_stats,
-        **(tools if warm_cfg.tool_fraction else {}),
+        task, warm_cfg.batch_size, warm_cfg.seed, data_dir, demo_stats, **tools
     )
     losses = []
     bar = tqdm(

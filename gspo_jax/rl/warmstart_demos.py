@@ -24,6 +24,7 @@ import grain
 import numpy as np
 
 from gspo_jax import data, envs
+from gspo_jax.rl import episodes
 from gspo_jax.tasks.task import Task
 
 
@@ -116,10 +117,12 @@ def tool_environment(task: Task) -> envs.Environment:
             f"the {task.name} task has no tool demonstrations (tool_demonstration); set the warm "
             "start's tool_fraction=0 (config.init.warmstart.tool_fraction)."
         )
-    limits = envs.EpisodeLimits(
-        max_turns=8, max_total_tokens=task.max_prompt_len + task.max_response_len
+    return episodes.python_environment(
+        task,
+        max_turns=8,
+        max_tool_response_tokens=256,
+        max_total_tokens=task.max_prompt_len + task.max_response_len,
     )
-    return envs.TaskToolEnvironment(task, tools=[envs.python_tool()], limits=limits)
 
 
 def encode_tool_demonstration(env: envs.Environment, record: Mapping[str, Any]):
