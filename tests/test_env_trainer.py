@@ -11,10 +11,12 @@ import os
 import flax
 import numpy as np
 import pytest
+from flax import nnx
+from hf_fixtures import random_model
 from test_sandbox import needs_sandbox
 
 from gspo_jax import config as config_lib
-from gspo_jax import envs, rollout
+from gspo_jax import envs, models, rollout
 from gspo_jax.config import ConfigError
 from gspo_jax.rl import build, episodes, trainer
 from gspo_jax.tasks import products
@@ -164,8 +166,9 @@ def test_tool_evaluation_logs_calls_turns_and_accuracy_with_and_without_a_call(
     monkeypatch.setattr(episodes, "generate_episodes", lambda: scripted_engine(played, odd))
     task = products.ProductsTask(digits=3, num_train=20, num_test=8)
     env = envs.TaskToolEnvironment(task, tools=[envs.python_tool()])
+    model = random_model(models.get_model_config("tiny", vocab_size=task.tokenizer.vocab_size))
     out = evaluation.evaluate_tools(
-        None, env, "test", 8, batch_size=4, data_dir=str(tmp_path), with_episodes=True
+        model, env, "test", 8, batch_size=4, data_dir=str(tmp_path), with_episodes=True
     )
     calls = np.asarray([not odd(r) for r in task.generate_split("test")], float)
     assert out["tool_num_problems"] == 8 and 0 < calls.mean() < 1
@@ -222,3 +225,42 @@ def test_the_products_task_is_the_environments_problems_and_verdict():
     assert task.verify(batch_record, right + "1", True).correct == 0
     demo = task.tokenizer.encode(task.demonstration(test[0], None), add_eos=True)
     assert len(demo) <= task.max_response_len
+
+
+@needs_sandbox
+def test_the_evaluate_command_adds_tool_use_with_env(tmp_path):
+    """python -m gspo_jax.evaluate --env python on a products run directory: the table's line
+    and the JSON's tools figures with every episode's counts."""
+    import subprocess
+    import sys
+
+    from gspo_jax.rl import adapters
+    from gspo_jax.runtime import checkpoint as checkpoint_lib
+    from gspo_jax.runtime import rundir
+
+    c = tools_config(tmp_path)
+    workdir = str(tmp_path / "run")
+    run = build.build_run(c, workdir)
+    params = nnx.split(random_model(run.model_cfg), nnx.Param, ...)[1]
+    rundir.write_config_json(workdir, c)
+    ck = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every=1)
+    ck.save(
+        1, adapters.saved_state(run, build.initial_state(run, params)), _NoIterator(), force=True
+    )
+    ck.close()
+    out = tmp_path / "ev.json"
+    cmd = [sys.executable, "-m", "gspo_jax.evaluate", f"--checkpoint={workdir}", "--env=python"]
+    cmd += [f"--data_dir={c.data.data_dir}", "--num_problems=2", "--samples=1", "--k=1"]
+    cmd += ["--batch_size=2", "--resamples=50", f"--out={out}"]
+    env = dict(os.environ, PYTHONPATH=REPO, XLA_FLAGS="")
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "step 1 with the tool: accuracy" in p.stdout
+    tools = json.load(open(out))["tools"]["step 1"]
+    assert tools["tool_num_problems"] == 2 and len(tools["episodes"]) == 2
+    assert {"tool_calls", "failed_calls", "turns", "correct", "end"} <= set(tools["episodes"][0])
+
+
+class _NoIterator:
+    def get_state(self):
+        return {}
