@@ -19,6 +19,7 @@ from gspo_jax import config as config_lib
 from gspo_jax import envs, models, rollout
 from gspo_jax.config import ConfigError
 from gspo_jax.rl import build, episodes, trainer
+from gspo_jax.rollout import multi_turn
 from gspo_jax.tasks import products
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -182,10 +183,13 @@ def test_tool_evaluation_logs_calls_turns_and_accuracy_with_and_without_a_call(
 
 
 @needs_sandbox
-def test_a_products_run_with_the_static_multi_turn_engine(tmp_path):
-    """The real engine on a random tiny policy: 2 RL steps; the trainer's recomputed log-probs
-    equal the sampler's on the policy's tokens (the rows' interleaved context read alike)."""
-    c = tools_config(tmp_path, **{"rl.recompute_old_logp": True, "eval.num_problems": 2})
+@pytest.mark.parametrize("engine", sorted(multi_turn.ENGINES))
+def test_a_products_run_with_the_multi_turn_engine(tmp_path, engine):
+    """The real engine (each of rollout/multi_turn.py's) on a random tiny policy: 2 RL steps;
+    the trainer's recomputed log-probs equal the sampler's on the policy's tokens (the rows'
+    interleaved context read alike)."""
+    fields = {"rl.recompute_old_logp": True, "eval.num_problems": 2, "rl.rollout_engine": engine}
+    c = tools_config(tmp_path, **fields)
     final = trainer.train(c, str(tmp_path / "run"))["final"]
     assert final["tool_num_problems"] == 2 and 0 <= final["tool_accuracy"] <= 1
     assert final["turns_per_episode"] >= 1 and "greedy_accuracy" in final  # with and without
