@@ -141,7 +141,7 @@ def test_a_products_run_trains_on_the_policys_tokens_with_the_real_tool(tmp_path
         steps = [json.loads(line) for line in f if '"train/loss"' in line]
     assert [m["step"] for m in steps] == [1, 2]
     B = c.rl.prompts_per_step * c.rl.group_size
-    assert len(played) == 2 * B
+    assert len(played) == 2 * B + c.eval.num_problems  # 2 steps' rows, the final evaluation's
     for i, m in enumerate(steps):
         # every scripted episode: one call of the real tool, its answer copied: right
         assert m["rollout/tool_calls"] == 1 and m["rollout/failed_calls"] == 0
