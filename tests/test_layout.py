@@ -31,7 +31,7 @@ LAYERS = {
     "claims": set(),  # the claims registry's entries and the statistics that decide them
     "config": {"objectives", "advantages", "errors"},
     "runtime": {"config", "errors", "sharding"},
-    "rollout": {"models", "sharding"},
+    "rollout": {"models", "sharding", "errors"},
     "sampler": {"rollout"},
     "data": {"tasks", "errors", "sharding", "filelock"},
     "rl": {

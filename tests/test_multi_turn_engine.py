@@ -11,6 +11,7 @@ and the turn's tokens (never from the timing), so any schedule gives the same ep
 Dimension legend: P problems, G episodes per problem, B = P * G rows, T = max_new_tokens.
 """
 
+import concurrent.futures
 import dataclasses
 import time
 
@@ -25,7 +26,7 @@ from gspo_jax.errors import ConfigError
 from gspo_jax.rollout import multi_turn
 
 G, T = 3, 40
-EOS, PAD = 1, 0
+PAD = 0
 SETTINGS = dict(temperature=0.8, top_k=0, top_p=1.0)
 logprobs = nnx.jit(models.response_logprobs, static_argnames=("temperature",))
 
@@ -57,7 +58,7 @@ class _DiceEpisode(envs.Episode):
             time.sleep(delay)
             return " ".join(map(str, obs))
 
-        return envs.PendingTurn(str(len(ids)), ids[-1:] == [EOS], (), (job,))
+        return envs.PendingTurn(str(len(ids)), ids[-1:] == [self.env.eos], (), (job,))
 
     def finish(self, pending, responses):
         if self.turns >= self.max_turns:
@@ -73,6 +74,7 @@ class _DiceEpisode(envs.Episode):
 @dataclasses.dataclass
 class _DiceEnv(envs.Environment):
     vocab: int
+    eos: int
     max_delay_s: float = 0.0
     limits: envs.EpisodeLimits = envs.EpisodeLimits(max_turns=8, max_total_tokens=10_000)
     chat = None
@@ -91,15 +93,21 @@ def _records(V, P=4, seed=0):
 
 def _peaked(name):
     """A tiny untied model with a scaled-up output projection (as tests/test_continuous_engine):
-    far-from-uniform next-token distributions, so EOS comes and turns end."""
+    far-from-uniform next-token distributions. Its eos: the token it samples closest to 15% of
+    the time (drawn without an eos), so turns run a few tokens and episodes several turns.
+    -> (model, eos)."""
     cfg = models.get_model_config(name, tie_embeddings=False)
     m = models.Transformer(cfg, rngs=nnx.Rngs(0))
     m.lm_head.value = m.lm_head[...] * 15.0
-    return m
+    prompts = np.random.default_rng(9).integers(2, cfg.vocab_size, (4, 6)).astype(np.int32)
+    kw = dict(num_samples=4, max_new_tokens=16, rng=jax.random.key(9), pad_id=PAD, **SETTINGS)
+    out = rollout.generate(m, prompts, np.full((4,), 6, np.int32), eos_id=-1, **kw)
+    ids, counts = np.unique(np.asarray(out.tokens), return_counts=True)
+    return m, int(ids[np.argmin(np.abs(counts / counts.sum() - 0.15))])
 
 
 def _play(model, env, records, engine="static", **kw):
-    args = dict(num_samples=G, max_new_tokens=T, rng=jax.random.key(3), eos_id=EOS, pad_id=PAD)
+    args = dict(num_samples=G, max_new_tokens=T, rng=jax.random.key(3), eos_id=env.eos, pad_id=PAD)
     args.update(SETTINGS)
     args.update(kw)
     return multi_turn.run_episodes(model, env, records, engine=engine, **args)
@@ -107,8 +115,8 @@ def _play(model, env, records, engine="static", **kw):
 
 @pytest.fixture(scope="module")
 def dense():
-    model = _peaked("tiny")
-    env = _DiceEnv(model.cfg.vocab_size)
+    model, eos = _peaked("tiny")
+    env = _DiceEnv(model.cfg.vocab_size, eos)
     records = _records(model.cfg.vocab_size)
     batch, stats = _play(model, env, records)
     return model, env, records, batch, stats
@@ -143,7 +151,7 @@ def test_static_episodes_follow_the_environment(dense):
         if info["end"] == "length":  # an observation that did not fit in the region
             continue
         assert len(turns) == info["turns"] == 1 + records[b // G]["seed"] % 4
-        assert all(tokens[b, e - 1] == EOS for _, e in turns[:-1])
+        assert all(tokens[b, e - 1] == env.eos for _, e in turns[:-1])
         s, e = turns[-1]
         assert batch.rewards[b] == pytest.approx(len(turns) + (e - s) / 100)
         several += len(turns) > 1
@@ -164,13 +172,59 @@ def test_recomputed_logprobs_equal_the_samplers_on_policy_tokens(dense):
     np.testing.assert_allclose(got[a], np.asarray(batch.sample.logp)[a], atol=2e-5, rtol=0)
 
 
+def _assert_same_episodes(got, ref, atol=2e-5):
+    for f in ("tokens", "mask", "lengths"):
+        np.testing.assert_array_equal(getattr(got.sample, f), getattr(ref.sample, f), err_msg=f)
+    np.testing.assert_array_equal(got.action_mask, ref.action_mask)
+    np.testing.assert_array_equal(got.rewards, ref.rewards)
+    assert got.infos == ref.infos
+    np.testing.assert_allclose(got.sample.logp, ref.sample.logp, atol=atol, rtol=0)
+    np.testing.assert_allclose(got.sample.sample_logp, ref.sample.sample_logp, atol=atol, rtol=0)
+
+
+def _play_continuous(model, env, records, **options):
+    """The continuous engine, the tools answering after random delays up to 20 ms on 4 pool
+    threads (so rows come back in any order)."""
+    env = dataclasses.replace(env, max_delay_s=0.02)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        return _play(model, env, records, engine="continuous", executor=pool, **options)
+
+
+@pytest.mark.parametrize("slots, page_size, chunk", [(4, 4, 3), (12, 8, 16)])
+def test_continuous_equals_static_reprefill_over_random_tool_schedules(
+    dense, slots, page_size, chunk
+):
+    """Tools answering after random delays, fewer slots than rows, pages smaller than a turn:
+    the same episodes as the static re-prefill, log-probs to float32 summation order, and
+    every page back in the pool."""
+    model, env, records, ref, _ = dense
+    got, stats = _play_continuous(
+        model, env, records, slots=slots, page_size=page_size, chunk=chunk, prefill_chunk=3
+    )
+    _assert_same_episodes(got, ref)
+    assert stats["pages_held"] == 0 and stats["peak_pages"] > 0
+    assert stats["prefills"] > 0  # observations were prefilled into kept pages
+
+
+def test_moe_continuous_equals_static_reprefill():
+    """The same over a mixture-of-experts model."""
+    model, eos = _peaked("tiny_moe")
+    V = model.cfg.vocab_size
+    records = _records(V, seed=1)
+    ref, _ = _play(model, _DiceEnv(V, eos), records)
+    got, stats = _play_continuous(model, _DiceEnv(V, eos), records, slots=5, page_size=4)
+    assert max(i["turns"] for i in ref.infos) > 1
+    _assert_same_episodes(got, ref)
+    assert stats["pages_held"] == 0
+
+
 def test_one_turn_episodes_sample_what_generate_samples():
     """An environment that ends every episode after its first turn: the static multi-turn engine
     gives rollout.generate's tokens and log-probs (the same draw per (row, position))."""
-    model = _peaked("tiny")
+    model, eos = _peaked("tiny")
     V = model.cfg.vocab_size
     records = [dict(r, seed=4 * r["seed"]) for r in _records(V)]  # seed % 4 == 0: one turn
-    batch, _ = _play(model, _DiceEnv(V), records, max_new_tokens=12)
+    batch, _ = _play(model, _DiceEnv(V, eos), records, max_new_tokens=12)
     ref = rollout.generate(
         model,
         batch.prompts,
@@ -178,7 +232,7 @@ def test_one_turn_episodes_sample_what_generate_samples():
         num_samples=G,
         max_new_tokens=12,
         rng=jax.random.key(3),
-        eos_id=EOS,
+        eos_id=eos,
         pad_id=PAD,
         **SETTINGS,
     )
@@ -188,8 +242,8 @@ def test_one_turn_episodes_sample_what_generate_samples():
 
 
 def test_bad_input_fails_with_a_named_fix():
-    model = _peaked("tiny")
-    env = _DiceEnv(model.cfg.vocab_size)
+    model, eos = _peaked("tiny")
+    env = _DiceEnv(model.cfg.vocab_size, eos)
     with pytest.raises(ConfigError, match="engine='paged' is not one of"):
         _play(model, env, _records(64), engine="paged")
     with pytest.raises(ConfigError, match="max_seq_len"):

@@ -39,7 +39,8 @@ HOLDS = {
     "members, the features a run differs by",
     "runtime": "multi-host start-up, agreement between processes, checkpoints, run folder, "
     "metrics, locks",
-    "rollout": "the rollout seam, its engines, the rollout's quantized weights",
+    "rollout": "the rollout seam, its engines (one-turn and multi-turn), the rollout's "
+    "quantized weights",
     "sampler": "the rollout seam's public name (kept for users' scripts)",
     "data": "grain pipelines, TFDS builders, released files, each process's prompt stream",
     "rl": "build a run, where each role runs (placement), LoRA and QLoRA (adapters), the "

@@ -35,12 +35,13 @@ from typing import Any
 
 from gspo_jax.errors import ConfigError
 from gspo_jax.rollout.episodes import EpisodeBatch, InlineExecutor, Rows
+from gspo_jax.rollout.multi_turn_paged import play_continuous
 from gspo_jax.rollout.reprefill import play_static
 from gspo_jax.rollout.sampling import static_temperature
 
 # The multi-turn engines by name: play(model, rows, rng, eos_id=, executor=, settings=,
 # **options) -> figures dict (turns or decode steps, slot_steps, live_slot_steps).
-ENGINES = {"static": play_static}
+ENGINES = {"static": play_static, "continuous": play_continuous}
 
 
 def run_episodes(
