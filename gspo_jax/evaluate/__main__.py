@@ -197,19 +197,14 @@ def make_tool_env(task, max_new_tokens: int):
     the error line naming what to install, before any model is loaded."""
     if not _ENV.value:
         return None
-    from gspo_jax.tools import SandboxUnavailable
-
     if _MAX_TURNS.value < 1:
         raise ConfigError(f"--max_turns={_MAX_TURNS.value} must be >= 1")
-    try:
-        return episodes.python_environment(
-            task,
-            max_turns=_MAX_TURNS.value,
-            max_tool_response_tokens=256,
-            max_total_tokens=task.max_prompt_len + max_new_tokens,
-        )
-    except SandboxUnavailable as e:
-        raise ConfigError(f"--env={_ENV.value}: {e}") from None
+    return episodes.python_environment(
+        task,
+        max_turns=_MAX_TURNS.value,
+        max_tool_response_tokens=256,
+        max_total_tokens=task.max_prompt_len + max_new_tokens,
+    )
 
 
 def run() -> None:

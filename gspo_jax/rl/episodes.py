@@ -191,11 +191,15 @@ def python_environment(
     memory_mb: int = 256,
 ) -> envs.TaskToolEnvironment:
     """``task``'s problems with the sandboxed Python tool offered, within these limits (the
-    "python" environment: the trainer's, the warm start's and the evaluation command's)."""
+    "python" environment: the trainer's, the warm start's and the evaluation command's); a
+    ConfigError naming what to install where the sandbox is unavailable."""
     limits = envs.EpisodeLimits(
         max_turns=max_turns,
         max_tool_response_tokens=max_tool_response_tokens,
         max_total_tokens=max_total_tokens,
     )
-    tool = envs.python_tool(timeout_s=timeout_s, memory_mb=memory_mb)
+    try:
+        tool = envs.python_tool(timeout_s=timeout_s, memory_mb=memory_mb)
+    except tools.SandboxUnavailable as err:
+        raise ConfigError(f"the Python tool runs in the sandbox: {err}") from None
     return envs.TaskToolEnvironment(task, tools=[tool], limits=limits)
