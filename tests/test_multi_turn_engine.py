@@ -122,11 +122,19 @@ def dense():
     return model, env, records, batch, stats
 
 
-def _turns(batch, b):
-    """Row b's turns as (start, end) pairs of its action mask's runs."""
-    a = np.asarray(batch.action_mask[b])
-    edges = np.flatnonzero(np.diff(np.concatenate([[0], a, [0]])))
-    return list(zip(edges[::2], edges[1::2], strict=True))
+def _turns(batch, b, eos):
+    """Row b's policy turns as (start, end) pairs: runs of its action mask, split after each
+    eos (an empty observation puts two turns side by side)."""
+    a, tokens = np.asarray(batch.action_mask[b]), np.asarray(batch.sample.tokens[b])
+    turns, start = [], None
+    for t in range(len(a)):
+        if a[t] and start is None:
+            start = t
+        if start is not None and (not a[t] or tokens[t] == eos):
+            end = t + 1 if a[t] else t
+            turns.append((start, end))
+            start = None
+    return turns + ([(start, len(a))] if start is not None else [])
 
 
 def test_static_episodes_follow_the_environment(dense):
@@ -144,7 +152,7 @@ def test_static_episodes_follow_the_environment(dense):
     several = 0
     for b in range(B):
         info = batch.infos[b]
-        turns = _turns(batch, b)
+        turns = _turns(batch, b, env.eos)
         n = int(mask[b].sum())
         np.testing.assert_array_equal(mask[b], np.arange(T) < n)  # contiguous real tokens
         assert np.all(tokens[b, n:] == PAD)

@@ -88,7 +88,7 @@ class _SlowToolEnv(envs.Environment):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny")
-    ap.add_argument("--problems", type=int, default=8)
+    ap.add_argument("--problems", type=int, default=16)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--turns", type=int, default=3)

@@ -21,8 +21,10 @@ The host loop (play_continuous), until every episode has ended:
    is then ready for a slot. A row whose episode ended returns all its pages.
 2. Free slots take ready rows; when there are more free slots than ready rows, the next
    problem's prompt is prefilled and its G rows sample their first token from its logits.
-3. A jitted chunk of up to C decode steps of the N slots (one token per active slot, rows at
-   their own positions, the pages' attention of kernels/paged_attention.py). A slot whose row
+3. A jitted chunk of up to C decode steps of the rows in slots (one token per row, rows at
+   their own positions, the pages' attention of kernels/paged_attention.py), N wide, or with
+   fewer live rows the narrowest of N / 2, N / 4, ... that holds them (the single-turn
+   engine's drain widths: slot-steps follow the rows decoding). A slot whose row
    samples eos or reaches its turn's room frees; the chunk stops early once a slot is free while
    a ready row waits. The host then hands each ended turn to its episode (Episode.begin) and its
    tool jobs to the executor, and the row holds no slot until they answer; pages past its KV
@@ -48,6 +50,7 @@ from flax import nnx
 from gspo_jax.errors import ConfigError
 from gspo_jax.models import SCRATCH_PAGE, init_paged_cache, slot_mask, write_prompt_pages
 from gspo_jax.rollout import paged
+from gspo_jax.rollout.continuous_step import drain_width_for
 from gspo_jax.rollout.episodes import Rows
 from gspo_jax.rollout.sampling import row_uniforms, sample_with_uniform
 from gspo_jax.rollout.static import prefill
@@ -218,11 +221,14 @@ def play_continuous(
     chunk: int = 8,
     prefill_chunk: int = 16,
     num_pages: int | None = None,
+    shrink: int = 3,
 ) -> dict:
     """Plays every row's episode to its end (module docstring). slots: decode slots N (default
     B); page_size: KV slots per page; chunk: decode steps per jitted call (C); prefill_chunk:
     observation tokens per prefill call (Cp); num_pages: the pool (default 1 + P * Pp + B * Pg,
-    every row's whole table). Returns the figures: decode_steps, slot_steps (N per step),
+    every row's whole table); shrink: with fewer live rows than slots a chunk decodes N / 2,
+    N / 4, ... N / 2^shrink slots, the narrowest that holds them (0: always N). Returns the
+    figures: decode_steps, slot_steps (the chunks' widths summed over their steps),
     live_slot_steps (slots sampling a row's token), prefills (observation prefill calls),
     peak_pages, pages_held (pages still referenced at the end: 0)."""
     B, T, G = rows.B, rows.T, rows.G
@@ -246,8 +252,7 @@ def play_continuous(
     table = np.full((B, Pt), SCRATCH_PAGE, np.int32)  # each row's page table
     kv = np.zeros((B,), np.int64)  # tokens of the row's region whose KV is in its pages
     turn: dict[int, tuple] = {}  # row -> (tokens, logp, sample_logp) of its turn so far
-    slot_row = np.full((N,), -1, np.int64)
-    slot_t, slot_end, slot_prev = (np.zeros((N,), np.int32) for _ in range(3))
+    slot: dict[int, list] = {}  # decoding row -> [t, end, prev]: at most N of them
     ready: collections.deque[int] = collections.deque()  # rows waiting for a slot
     stats = dict(decode_steps=0, slot_steps=0, live_slot_steps=0, prefills=0)
 
@@ -278,7 +283,7 @@ def play_continuous(
             return
         cover(b, t0 + room - 2)  # the turn feeds tokens up to t0 + room - 2
         prev = first[0] if first is not None else rows.tokens[b, t0 - 1]
-        starts[b] = (t0 + (first is not None), t0 + room, prev)  # slot_t, slot_end, slot_prev
+        starts[b] = [t0 + (first is not None), t0 + room, prev]  # slot's t, end, prev
         ready.append(b)
 
     starts: dict[int, tuple] = {}
@@ -331,34 +336,36 @@ def play_continuous(
 
     next_problem = 0
     while not rows.done.all():
-        idle = not ready and not (slot_row >= 0).any() and next_problem >= P
+        idle = not ready and not slot and next_problem >= P
         waiting = set(rows.waiting)
         for b in rows.ready_rows(block=idle):  # nothing to decode: wait for a tool
             admit_observation(b)
         for b in waiting - set(rows.waiting):
             if rows.done[b]:
                 end_episode(b)
-        free = np.flatnonzero(slot_row < 0)
-        while len(free) > len(ready) and next_problem < P:
+        while N - len(slot) > len(ready) and next_problem < P:
             open_problem(next_problem)
             next_problem += 1
-        for s in free[: len(ready)]:
+        while ready and len(slot) < N:
             b = ready.popleft()
-            slot_row[s] = b
-            slot_t[s], slot_end[s], slot_prev[s] = starts.pop(b)
-        active = slot_row >= 0
-        if not active.any():
+            slot[b] = starts.pop(b)
+        if not slot:
             continue
-        r = np.maximum(slot_row, 0)
+        # The chunk decodes the live rows in the narrowest width that holds them (the
+        # single-turn engine's drain widths), so slot-steps follow the rows decoding.
+        w = drain_width_for(N, shrink, len(slot))
+        r = np.zeros((w,), np.int64)
+        r[: len(slot)] = list(slot)
+        state = np.zeros((3, w), np.int32)  # t, end, prev per slot
+        state[:, : len(slot)] = np.array(list(slot.values()), np.int32).T
+        active = np.arange(w) < len(slot)
         pool, toks, lps, slps, live, steps, t, act, prev = _decode_chunk_jit(
             graphdef,
             params,
             pool,
             jnp.asarray(table[r]),
             jnp.asarray(r, jnp.int32),
-            jnp.asarray(slot_t),
-            jnp.asarray(slot_end),
-            jnp.asarray(slot_prev),
+            *map(jnp.asarray, state),
             jnp.asarray(rows.prompt_lengths[r // G]),
             jnp.asarray(active),
             len(ready),
@@ -370,17 +377,17 @@ def play_continuous(
             settings=key,
         )
         toks, lps, slps, live, act = map(np.asarray, (toks, lps, slps, live, act))
+        t, prev = np.asarray(t), np.asarray(prev)
         stats["decode_steps"] += int(steps)
-        stats["slot_steps"] += N * int(steps)
+        stats["slot_steps"] += w * int(steps)
         stats["live_slot_steps"] += int(live.sum())
-        slot_t[:], slot_prev[:] = np.asarray(t), np.asarray(prev)
-        for s in np.flatnonzero(active):
-            b = slot_row[s]
+        for s, b in enumerate(r[: len(slot)]):
             for buf, x in zip(turn[b], (toks, lps, slps), strict=True):
                 buf.extend(x[s][live[s]])
+            slot[b][0], slot[b][2] = int(t[s]), int(prev[s])
             if not act[s]:  # the turn ended: KV for tokens 0 .. t - 2 is in the pages
-                kv[b] = slot_t[s] - 1
-                slot_row[s] = -1
+                kv[b] = t[s] - 1
+                del slot[b]
                 end_turn(b)
     stats["peak_pages"] = pages.peak
     stats["pages_held"] = int(np.sum(pages.refs > 0))
