@@ -28,7 +28,8 @@ train.jsonl / test.jsonl or Hugging Face parquet shards, docs/data.md; "" = the 
 under GSPO_JAX_DATA_DIR), objective, seed, steps, prompts (per step), group, max_new_tokens, micro
 (micro-batches per minibatch; 0 = the suggested count below), runlocal (with a checkpoint: a few
 float32 steps on one CPU device; without: the tiny preset on 8 simulated devices, the dry run in
-seconds).
+seconds), tools (the sandboxed Python tool offered through the chat template: config.env.name
+"python", multi-turn episodes, the loss on the policy's tokens; docs/tools.md).
 
 Suggested slices and meshes (SUGGESTED below; the dry-run figures are in docs/pods.md and
 docs/moe.md): qwen3_0_6b and qwen3_1_7b on v5p-8 (4 chips, fsdp=4, 4 micro-batches),
@@ -57,6 +58,9 @@ SUGGESTED = {
     "qwen3_30b_a3b": ("v5p-16", dict(data=1, fsdp=4, tensor=1, expert=2), 16),
     "tiny": ("v6e-8", dict(data=2, fsdp=4, tensor=1, expert=1), 1),
 }
+# prompt slots the tools header adds (tools=True): Qwen3's header with the Python tool's schema
+# takes about 250 tokens of its tokenizer; 512 leaves room for a longer description
+TOOLS_HEADER_TOKENS = 512
 VOCAB = 151_936  # Qwen3's embedding rows (its tokenizer has 151,669 ids; the rest is padding)
 
 
@@ -79,6 +83,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         group=8,
         max_new_tokens=1024,
         micro=0,
+        tools=False,
     )
     model = "tiny" if a.runlocal else a.model
     if model not in SUGGESTED:
@@ -124,8 +129,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.task.kwargs.max_prompt_len, c.task.kwargs.max_response_len = 64, 32
         c.rl.prompts_per_step, c.rl.group_size, c.rl.max_new_tokens = 8, 4, 32
         c.rl.num_steps = 2
+    if a.tools:  # the sandboxed Python tool offered through the chat template's tools header
+        c.env.name = "python"
+        c.env.max_turns = 4
+        c.env.max_tool_response_tokens = 256
+        # the header lists the tool's JSON schema in the system turn (about 250 Qwen3 tokens)
+        c.task.kwargs.max_prompt_len += TOOLS_HEADER_TOKENS
     if a.runlocal and a.checkpoint:  # the real loop on this machine: one CPU device, float32
-        c.task.kwargs.max_prompt_len = 256  # GSM8K questions in a chat template fit whole
+        # GSM8K questions in a chat template fit whole (and the tools header, with tools)
+        c.task.kwargs.max_prompt_len = 256 + TOOLS_HEADER_TOKENS * a.tools
         c.mesh.update(dict(data=1, fsdp=1, tensor=1, expert=1))
         c.num_devices = 1
         c.model.dtype = "float32"

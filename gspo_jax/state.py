@@ -102,6 +102,8 @@ class StepSpec:
     sync_every: int = 1
     # the step runs through rl/pipeline.py (max_staleness > 0 or a rollout device group)
     pipelined: bool = False
+    # multi-turn rows (config.env.name set): the batch carries an action mask (rl/episodes.py)
+    multi_turn: bool = False
 
     @property
     def rows(self) -> int:
@@ -133,3 +135,6 @@ class Run:
     # (rl/pipeline.py); None = the rollout runs on ``mesh``
     rollout_mesh: jax.sharding.Mesh | None = None
     rollout_shardings: nnx.State | None = None
+    # config.env.name set: the environment and its tools' pool (rl/episodes.py EnvRollout), whose
+    # episodes are the rollout; None = one turn, the task's
+    env: Any = None

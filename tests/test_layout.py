@@ -48,6 +48,8 @@ LAYERS = {
         "data",
         "eval_figures",
         "filelock",
+        "envs",  # multi-turn rows: config.env's environment (rl/episodes.py)
+        "tools",
     },
     "planning": {
         "sharding",

@@ -19,16 +19,23 @@ REPO = Path(__file__).resolve().parent.parent
 FIXTURE = REPO / "tests" / "data" / "gsm8k_sample.jsonl"
 
 
-def test_runlocal_recipe_from_a_checkpoint_and_gsm8k_files(shared, tmp_path):
-    ckpt = write_folder(tmp_path / "Qwen3-tiny", QWEN_CONFIG, dict(eos_token_id=[2, 0]))
+def tiny_checkpoint_and_gsm8k(root: Path, config_json: dict, max_seq_len: int = 512):
+    """A tiny random Qwen3-format checkpoint (the test tokenizer, ``config_json``'s template)
+    and GSM8K files from the fixture (14 train, the rest test): (checkpoint, data folder)."""
+    ckpt = write_folder(root / "Qwen3-tiny", config_json, dict(eos_token_id=[2, 0]))
     vocab = tasks.HFTokenizer(ckpt).vocab_size
-    cfg = models.get_model_config("tiny", vocab_size=vocab, max_seq_len=512, num_layers=1)
+    cfg = models.get_model_config("tiny", vocab_size=vocab, max_seq_len=max_seq_len, num_layers=1)
     models.save_hf_checkpoint(random_model(cfg), ckpt)
     lines = FIXTURE.read_text().splitlines()
-    gsm = tmp_path / "gsm8k"
+    gsm = root / "gsm8k"
     gsm.mkdir()
     (gsm / "train.jsonl").write_text("\n".join(lines[:14]) + "\n")
     (gsm / "test.jsonl").write_text("\n".join(lines[14:]) + "\n")
+    return ckpt, gsm
+
+
+def test_runlocal_recipe_from_a_checkpoint_and_gsm8k_files(shared, tmp_path):
+    ckpt, gsm = tiny_checkpoint_and_gsm8k(tmp_path, QWEN_CONFIG)
 
     config = config_lib.load_config_file(
         f"{REPO}/configs/qwen3_gsm8k.py:runlocal,checkpoint={ckpt},data={gsm}"

@@ -46,14 +46,14 @@ HOLDS = {
     "rl": "build a run, where each role runs (placement), LoRA and QLoRA (adapters), the "
     "optimizer, warm start, the batch, log-prob passes, the update, one step, partial rollouts' "
     "queue, the asynchronous pipeline, a population, the steppers, the one loop, evaluation, a "
-    "run's or config's policy",
+    "run's or config's policy, multi-turn episodes (an environment's rollout)",
     "filelock": "the caches' file lock (datasets, warm starts)",
     "kernels": "the rollout engine's paged KV cache, attention over its pages, its Pallas kernels",
     "eval_figures": "the figures papers report: unbiased pass@k, avg@n, lengths, bootstrap "
     "intervals, per-difficulty rows, paired differences",
     "tools": "the sandboxed Python tool (bubblewrap + rlimits) and its pool (docs/tools.md)",
     "envs": "environments: episodes over turns, Qwen3 tool calls, the chat token stream, tasks as "
-    "one-turn environments, the products task (docs/tools.md)",
+    "one-turn environments, tools on any task, the products environment (docs/tools.md)",
     "evaluate": "the evaluation command (`python -m gspo_jax.evaluate`, docs/evaluation.md): its "
     "arguments, what is evaluated, per-problem results resumable from a side file, the report",
     "planning": "the dry run's memory and time plan, a population's and the pipeline's plans, "

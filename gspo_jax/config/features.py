@@ -28,6 +28,7 @@ from gspo_jax.errors import ConfigError
 # (dotted field, what it is): the features a config turns on with one line (the README's
 # feature table), in the order they are printed.
 FEATURES: tuple[tuple[str, str], ...] = (
+    ("env.name", "environment (multi-turn, tools)"),
     ("rl.rollout_engine", "rollout engine"),
     ("rl.partial_rollout", "partial rollouts (prompt batches carried)"),
     ("rl.max_staleness", "staleness bound (policy versions)"),

@@ -129,6 +129,10 @@ def default_config() -> ml_collections.ConfigDict:
             stop_patience=2,
             stop_problems=256,
             stop_samples=4,
+            # A tool environment's warm start (config.env.name set; rl/warmstart_demos.py): the
+            # share of demonstrations played as episodes that call the tool; 0 = the task's own
+            # one-turn demonstrations only
+            tool_fraction=0.0,
         )
     )
 
@@ -208,6 +212,21 @@ def default_config() -> ml_collections.ConfigDict:
     c.rl.overlong_buffer = 0
     c.rl.overlong_penalty = 0.0
     c.rl.mask_truncated = False
+
+    # Multi-turn episodes (docs/tools.md "The trainer side"): name "" = one turn, the task's
+    # prompt and one response (today's path); "python" = the task's problems with the sandboxed
+    # Python tool offered (envs.TaskToolEnvironment): the rollout plays episodes through the
+    # multi-turn engine, the loss sees only the policy's tokens (the action mask) and the rewards
+    # are the environment's. Limits: policy turns per episode, tokens of each tool response; a
+    # row holds the prompt and rl.max_new_tokens of turns and tool responses. Each tool run:
+    # tool_timeout_s wall clock, tool_memory_mb of address space, tool_workers sandboxes at once.
+    c.env = ml_collections.ConfigDict()
+    c.env.name = ""
+    c.env.max_turns = 4
+    c.env.max_tool_response_tokens = 256
+    c.env.tool_timeout_s = 5.0
+    c.env.tool_memory_mb = 256
+    c.env.tool_workers = 4
 
     # The rollout's own device group (rl/pipeline.py): devices = a count (>= 1) or a fraction
     # (in (0, 1)) of the devices, taken from the end of the device list; 0 = the rollout shares

@@ -80,7 +80,16 @@ class GspoChainsum(_TaskBuilder):
     """Addition chains of tasks.ChainSumTask (the testbed)."""
 
 
-_BUILDERS = {"arith": GspoArith, "countdown": GspoCountdown, "chainsum": GspoChainsum}
+class GspoProducts(_TaskBuilder):
+    """Products of large numbers of tasks.ProductsTask (the Python tool's task)."""
+
+
+_BUILDERS = {
+    "arith": GspoArith,
+    "countdown": GspoCountdown,
+    "chainsum": GspoChainsum,
+    "products": GspoProducts,
+}
 
 
 def get_builder(task: Task, data_dir: str) -> tfds.core.DatasetBuilder:

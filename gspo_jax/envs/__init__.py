@@ -10,7 +10,8 @@
 environment.py: the seam (Environment, Episode, Transition, EpisodeLimits, run_episode).
 tool_calls.py: Qwen3's <tool_call> format, parsed; Tool, and the answer to any call.
 chat.py: the token stream (a checkpoint's chat template, or the plain character format).
-tool_env.py: the multi-turn loop with tools and limits; the Python tool (gspo_jax.tools).
+tool_env.py: the multi-turn loop with tools and limits; the Python tool (gspo_jax.tools);
+TaskToolEnvironment: any task's problems with tools offered.
 single_turn.py: a tasks.Task as a one-turn environment. products.py: products of large numbers.
 """
 
@@ -29,7 +30,12 @@ from gspo_jax.envs.environment import (
 from gspo_jax.envs.products import ProductsEnvironment
 from gspo_jax.envs.single_turn import TaskEnvironment
 from gspo_jax.envs.tool_calls import MalformedCall, Tool, ToolCall, answer_call, parse_tool_calls
-from gspo_jax.envs.tool_env import ToolEnvironment, ToolEpisode, python_tool
+from gspo_jax.envs.tool_env import (
+    TaskToolEnvironment,
+    ToolEnvironment,
+    ToolEpisode,
+    python_tool,
+)
 
 __all__ = [
     "ChatFormat",
@@ -42,6 +48,7 @@ __all__ = [
     "ProductsEnvironment",
     "Rollout",
     "TaskEnvironment",
+    "TaskToolEnvironment",
     "TemplateChat",
     "Tool",
     "ToolCall",

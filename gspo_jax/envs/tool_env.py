@@ -14,6 +14,8 @@ is here. Each policy turn is parsed for tool calls (tool_calls.py):
 A response whose text starts with "error:" counts as a failed call (info "failed_calls").
 
 python_tool wraps the sandboxed Python tool (gspo_jax.tools.run_python) as a Tool.
+TaskToolEnvironment offers tools on any task's problems: the task's prompt as the first message
+(a chat task's own messages through its template), the task's verifier as the verdict.
 
 Dimension legend: n = a policy turn's ids, m = an observation's ids.
 """
@@ -24,10 +26,17 @@ import abc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gspo_jax.envs.chat import Message
-from gspo_jax.envs.environment import Environment, Episode, PendingTurn, Transition, split_turn
+from gspo_jax.envs.chat import ChatFormat, Message, PlainChat, TemplateChat
+from gspo_jax.envs.environment import (
+    Environment,
+    Episode,
+    EpisodeLimits,
+    PendingTurn,
+    Transition,
+    split_turn,
+)
 from gspo_jax.envs.tool_calls import Tool, answer_call, parse_tool_calls
-from gspo_jax.tasks.task import Verdict
+from gspo_jax.tasks.task import Task, Verdict
 from gspo_jax.tools import check_available, run_python
 
 ERROR_PREFIX = "error:"  # how a response says the call failed (tool_calls.py writes it)
@@ -77,6 +86,38 @@ class ToolEnvironment(Environment):
         tok, limit = self.chat.tokenizer, self.limits.max_tool_response_tokens
         ids = tok.encode(text)
         return text if len(ids) <= limit else tok.decode(ids[:limit]) + "\n[truncated]"
+
+
+class TaskToolEnvironment(ToolEnvironment):
+    """``task``'s problems with ``tools`` offered. Rendering: ``chat``, else the task
+    tokenizer's chat template (its tools header lists the tools) when it has one, else PlainChat.
+    The first messages are the task's ``messages(record)`` under a template (the chat tasks'),
+    else its prompt text as the user's message (PlainChat: the task's own prompt ids)."""
+
+    def __init__(
+        self,
+        task: Task,
+        *,
+        tools: Sequence[Tool],
+        chat: ChatFormat | None = None,
+        limits: EpisodeLimits | None = None,
+    ):
+        self.task = task
+        if chat is None and getattr(task.tokenizer, "chat_template", None) is not None:
+            chat = TemplateChat(
+                task.tokenizer, enable_thinking=getattr(task, "enable_thinking", False)
+            )
+        self.chat = chat if chat is not None else PlainChat(task.tokenizer)
+        self.tools = {t.name: t for t in tools}
+        self.limits = limits if limits is not None else EpisodeLimits()
+
+    def first_messages(self, record: Mapping[str, Any]) -> list[Message]:
+        if isinstance(self.chat, TemplateChat) and hasattr(self.task, "messages"):
+            return list(self.task.messages(record))
+        return [{"role": "user", "content": self.task.prompt_text(record)}]
+
+    def verdict(self, record: Mapping[str, Any], text: str, terminated: bool) -> Verdict:
+        return self.task.verify(record, text, terminated)
 
 
 class ToolEpisode(Episode):

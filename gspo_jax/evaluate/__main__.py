@@ -28,6 +28,12 @@ checkpoint: the per-problem results, rewritten atomically after every batch. Run
 command again after a stop and it continues from them without redoing a problem; a side file
 of another checkpoint or other settings is an error naming it.
 
+With --env python the same problems are also played as greedy episodes with the sandboxed Python
+tool offered (rl/evaluation.py evaluate_tools): the table adds accuracy with the tool, tool calls,
+failed calls and turns per episode, the share of episodes with a call and the accuracy of those
+with and without one, and the JSON holds them under ``tools`` with every episode's counts
+("without the tool" is the table's greedy_accuracy: the task's one turn, no tool offered).
+
 Execution: data-parallel over problems on a mesh over every device (--mesh, as config.mesh),
 through the rollout seam (--engine static | continuous); a batch of --batch_size problems is two
 rollout calls (greedy, then n samples each), its rows split over the mesh's batch axes. One
@@ -52,6 +58,7 @@ from absl import app, flags, logging
 from gspo_jax import eval_figures
 from gspo_jax.errors import ConfigError
 from gspo_jax.evaluate import args, problems, report, sources
+from gspo_jax.rl import episodes, evaluation
 
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None, "A run directory or a Hugging Face checkpoint folder."
@@ -83,6 +90,14 @@ _MESH = flags.DEFINE_string("mesh", "data=-1", "Mesh axes as axis=size,... (as c
 _DATA_DIR = flags.DEFINE_string("data_dir", "", "Where the task's dataset is (or goes).")
 _CACHE_DIR = flags.DEFINE_string("cache_dir", "", "The warm-start cache (--config's base).")
 _OUT = flags.DEFINE_string("out", None, "The JSON file to write (and resume from).")
+_ENV = flags.DEFINE_enum(
+    "env",
+    "",
+    ["", "python"],
+    "Also evaluate with the task's problems in this environment "
+    "(python: the sandboxed Python tool offered; greedy episodes).",
+)
+_MAX_TURNS = flags.DEFINE_integer("max_turns", 4, "--env: the policy's turns per episode.")
 _RESAMPLES = flags.DEFINE_integer("resamples", eval_figures.DEFAULT_RESAMPLES, "Bootstrap draws.")
 _LEVEL = flags.DEFINE_float("level", eval_figures.DEFAULT_LEVEL, "The intervals' coverage.")
 
@@ -126,6 +141,7 @@ def main(argv: list[str]) -> None:
         if side:  # another checkpoint's or other settings': the error now, not after sampling
             problems.read_side_file(side, settings, policy.identity)
     interval_args = dict(level=_LEVEL.value, num_resamples=_RESAMPLES.value)
+    tool_env, tools_by_label = make_tool_env(task, settings.max_new_tokens), {}
     results = []
     for policy, side in zip(policies, sides, strict=True):
         model = sources.load_model(policy, mesh, _CACHE_DIR.value or None)
@@ -142,6 +158,19 @@ def main(argv: list[str]) -> None:
                 policy=policy.identity,
             )
         )
+        if tool_env is not None:  # the same problems with the tool offered
+            tools_by_label[policy.label] = evaluation.evaluate_tools(
+                model,
+                tool_env,
+                settings.split,
+                settings.num_problems or None,
+                settings.max_new_tokens,
+                batch_size=settings.batch_size,
+                seed=settings.seed,
+                data_dir=_DATA_DIR.value or None,
+                engine=settings.engine,
+                with_episodes=True,
+            )
         del model
     result = report.summary(results[0], ks, policies[0].label, **interval_args)
     if len(results) > 1:
@@ -149,6 +178,10 @@ def main(argv: list[str]) -> None:
         result["difference"] = report.difference(results[0], results[1], ks, **interval_args)
     result["settings"] = dict(dataclasses.asdict(settings), ks=list(ks), level=_LEVEL.value)
     print(report.format_table(result), flush=True)
+    if tools_by_label:
+        result["tools"] = tools_by_label
+        for label, figures in tools_by_label.items():
+            print(report.format_tools(label, figures), flush=True)
     if out:
         from gspo_jax.runtime import rundir
 
@@ -157,6 +190,21 @@ def main(argv: list[str]) -> None:
         png = (out[: -len(".json")] if out.endswith(".json") else out) + ".png"
         report.plot_pass_at_k(result, ks, png)
         print(f"wrote {out} and {png}", flush=True)
+
+
+def make_tool_env(task, max_new_tokens: int):
+    """--env's environment over ``task`` (None without --env); a machine without the sandbox is
+    the error line naming what to install, before any model is loaded."""
+    if not _ENV.value:
+        return None
+    if _MAX_TURNS.value < 1:
+        raise ConfigError(f"--max_turns={_MAX_TURNS.value} must be >= 1")
+    return episodes.python_environment(
+        task,
+        max_turns=_MAX_TURNS.value,
+        max_tool_response_tokens=256,
+        max_total_tokens=task.max_prompt_len + max_new_tokens,
+    )
 
 
 def run() -> None:

@@ -107,3 +107,15 @@ def plot_pass_at_k(result: dict[str, Any], ks, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def format_tools(label: str, figures: dict) -> str:
+    """One line of the tool-use figures (rl/evaluation.py evaluate_tools) of checkpoint label."""
+    return (
+        f"{label} with the tool: accuracy {figures['tool_accuracy']:.3f}, "
+        f"tool calls {figures['tool_calls_per_episode']:.2f} "
+        f"(failed {figures['failed_calls_per_episode']:.2f}) and turns "
+        f"{figures['turns_per_episode']:.2f} per episode, episodes with a call "
+        f"{figures['tool_call_rate']:.3f} (accuracy {figures['tool_accuracy_with_call']:.3f}; "
+        f"without a call {figures['tool_accuracy_without_call']:.3f})"
+    )

@@ -79,7 +79,7 @@ class RLBatch:
             mask=rows((B, T)),
             old_logp=rows((B, T)),
             adv=rows((B, T) if spec.per_token_advantages else (B,)),
-            action_mask=None,  # one-turn rows (a multi-turn batch adds one [B, T] f32)
+            action_mask=rows((B, T)) if spec.multi_turn else None,  # None: one-turn rows
             rollout_logp=rows((B, T)) if spec.keeps_rollout_logp else None,
             ref_logp=rows((B, T)) if spec.ref_logp_in_batch else None,
             routes=rows((B, cfg.num_layers, Lp + T, cfg.experts_per_token), jnp.int32)

@@ -34,7 +34,7 @@ from gspo_jax import advantages, data, models, objectives, rollout, sharding, ta
 from gspo_jax import config as config_lib
 from gspo_jax.config import ConfigError
 from gspo_jax.data import files as data_files
-from gspo_jax.rl import adapters, optimizer, placement, warmstart
+from gspo_jax.rl import adapters, episodes, optimizer, placement, warmstart
 from gspo_jax.runtime import metrics as metrics_lib
 from gspo_jax.state import Run, StepSpec, TrainState
 
@@ -369,6 +369,7 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
     (created if missing) last, when everything else passed. ConfigError names the fix."""
     config_lib.validate(config)
     config = copy.deepcopy(config)  # a private copy (resolving max_new_tokens writes into it)
+    episodes.envs_refusals(config)
     rl = config.rl
     objective = make_objective(config)
     where = placement.place(config)  # the trainer's mesh and the rollout's, once
@@ -379,6 +380,9 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
         config_lib.check_workdir_writable(workdir)
     if rl.max_new_tokens <= 0:
         rl.max_new_tokens = task.max_response_len
+    env = episodes.make_env_rollout(
+        config, task, prompt_len=task.max_prompt_len, response_len=rl.max_new_tokens
+    )
     updates_per_step = rl.num_epochs * rl.num_minibatches
     lora = adapters.lora_spec(config)
     adapters.check_lora(lora, model_cfg)
@@ -418,6 +422,7 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
         rollout_graphdef=rollout_graphdef,
         rollout_mesh=r_mesh,
         rollout_shardings=r_shardings,
+        env=env,
     )
 
 
@@ -500,6 +505,7 @@ def step_spec(config, task, objective: objectives.Objective) -> StepSpec:
         max_staleness=max_staleness,
         sync_every=sync_every,
         pipelined=pipelined,
+        multi_turn=bool(config.env.name),
         overlong_buffer=rl.overlong_buffer,
         overlong_penalty=rl.overlong_penalty,
         mask_truncated=rl.mask_truncated,

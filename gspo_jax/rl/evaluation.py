@@ -19,6 +19,18 @@ Returns floats:
     greedy_<key>              mean of each extra score part (e.g. greedy_partial for countdown)
     num_problems
 
+Tool use (evaluate_tools, a run with config.env): greedy episodes of the same problems in the
+environment as configured (the tool offered), one per problem, through the multi-turn engine:
+    tool_accuracy             fraction solved with the tool offered
+    tool_reward               mean environment reward
+    tool_calls_per_episode    mean tool calls per episode; failed_calls_per_episode those whose
+                              response was an error; turns_per_episode the policy's turns
+    tool_call_rate            share of episodes with at least one call
+    tool_accuracy_with_call, tool_accuracy_without_call   accuracy of the episodes that called
+                              the tool and of those that answered directly (NaN if none)
+"Without tools" is evaluate's greedy_accuracy on the same problems: the task's one turn, no tool
+offered (its prompt has no tools header; with PlainChat the prompt is the same).
+
 The figures are computed by gspo_jax/eval_figures.py, as the evaluation command's
 (python -m gspo_jax.evaluate, docs/evaluation.md: any checkpoint, pass@k for k < n, intervals);
 sample_batch is the batch both sample with.
@@ -40,6 +52,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from gspo_jax import data, eval_figures, rollout, sharding
+from gspo_jax.rl import episodes
 from gspo_jax.tasks.task import Task
 
 
@@ -228,3 +241,69 @@ def evaluate(
                 float(s["correct"][sel].mean()) if sel.any() else float("nan")
             )
     return metrics
+
+
+def evaluate_tools(
+    model,
+    env,
+    split: str = "test",
+    num_problems: int | None = 256,
+    max_new_tokens: int | None = None,
+    *,
+    batch_size: int = 64,
+    seed: int = 0,
+    data_dir: str | os.PathLike | None = None,
+    engine: str = "static",
+    with_episodes: bool = False,
+) -> dict:
+    """Greedy episodes of ``num_problems`` problems of ``split`` in the tool environment ``env``
+    (an envs.TaskToolEnvironment: its task gives the problems), one per problem: the tool-use
+    figures of the module docstring, as floats; with ``with_episodes`` also "episodes", a list
+    per episode of {tool_calls, failed_calls, turns, correct, reward, end}."""
+    model = process_local_copy(model)
+    task = env.task
+    T = max_new_tokens or task.max_response_len
+    rows = []
+    for i, (batch, n) in enumerate(
+        data.make_eval_batches(
+            task, split, batch_size=batch_size, num_problems=num_problems, data_dir=data_dir
+        )
+    ):
+        records = [task.record_from_batch(batch, p) for p in range(n)]
+        played = episodes.generate_episodes()(
+            model,
+            env,
+            records,
+            engine=engine,
+            num_samples=1,
+            max_new_tokens=T,
+            rng=batch_keys(seed, i)[0],
+            temperature=0.0,
+            eos_id=task.tokenizer.eos_id,
+            pad_id=task.tokenizer.pad_id,
+        )
+        scores = episodes.episode_scores(played)
+        for b in range(n):
+            row = {k: float(v[b]) for k, v in scores.items()}
+            rows.append({**row, "end": played.infos[b].get("end", "")})
+    col = {k: np.asarray([r[k] for r in rows]) for k in ("correct", "reward", "tool_calls")}
+    called = col["tool_calls"] > 0
+
+    def mean_of(x, sel):
+        return float(x[sel].mean()) if sel.any() else float("nan")
+
+    out = {
+        "tool_accuracy": float(col["correct"].mean()),
+        "tool_reward": float(col["reward"].mean()),
+        **{
+            f"{k}_per_episode": float(np.mean([r[k] for r in rows]))
+            for k in episodes.EPISODE_COUNTS
+        },
+        "tool_call_rate": float(called.mean()),
+        "tool_accuracy_with_call": mean_of(col["correct"], called),
+        "tool_accuracy_without_call": mean_of(col["correct"], ~called),
+        "tool_num_problems": float(len(rows)),
+    }
+    if with_episodes:
+        out["episodes"] = rows
+    return out

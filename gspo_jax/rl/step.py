@@ -280,6 +280,8 @@ class Collected:
     metrics: dict  # the rollout's means (scores, lengths, dynamic sampling's counts)
     rollout_s: float  # seconds sampling
     reward_s: float  # seconds scoring and shaping
+    # [B, T] f32, multi-turn rows: 1 on the policy's tokens (None: every token is the policy's)
+    action_mask: Any = None
 
 
 def score_rollout(run: Run, phases: Phases, sample, batch_local: dict):
@@ -341,6 +343,45 @@ def collect_partial(
         metrics.update(phases.staleness(sample.versions, sample.mask, state.step))
     return Collected(
         sample, shaped, shaping, truncated, prompts, lengths, metrics, t1 - t0, time.time() - t1
+    )
+
+
+def collect_episodes(
+    run: Run, phases: Phases, state: TrainState, keys: dict, batch_local: dict
+) -> Collected:
+    """collect_rollouts of a multi-turn run (config.env, rl/episodes.py): G episodes of each of
+    this process's problems played by the multi-turn engine; the rewards are the environment's,
+    the batch carries the action mask, and the step's means add each episode's turns, tool calls
+    and failed calls (rollout/turns, rollout/tool_calls, rollout/failed_calls)."""
+    mesh = run.mesh
+    t0 = time.time()
+    with sharding.use_mesh(mesh):
+        batch, scores = run.env.play(
+            rollout_model(run, state.params), batch_local, keys["rollout"], run.step
+        )
+    t1 = time.time()
+    glob = lambda x: distributed.to_global(np.asarray(x), mesh)  # noqa: E731
+    sample = jax.tree.map(glob, batch.sample)
+    action_mask = glob(np.asarray(batch.action_mask, np.float32))  # [B, T]
+    lens = np.asarray(batch.action_mask).sum(-1).astype(np.float32)  # [B] the policy's tokens
+    part = {k: glob(v) for k, v in {**scores, "length": lens}.items()}
+    with sharding.use_mesh(mesh):
+        shaped, shaping, truncated, _ = phases.shape(sample, part["reward"])
+        shaping_m = shaping if run.step.overlong_penalty > 0 else None
+        metrics = dict(phases.means([part], shaping_m, None))
+    prompts = glob(np.asarray(batch.prompts, np.int32))
+    lengths = glob(np.asarray(batch.prompt_lengths, np.int32))
+    return Collected(
+        sample,
+        shaped,
+        shaping,
+        truncated,
+        prompts,
+        lengths,
+        metrics,
+        t1 - t0,
+        time.time() - t1,
+        action_mask,
     )
 
 
@@ -409,7 +450,7 @@ def learn_on_batch(
     t2 = time.time()
     with sharding.use_mesh(run.mesh):
         batch, roll_m = phases.prepare(
-            got.sample, got.shaped, got.prompts, got.lengths, got.truncated
+            got.sample, got.shaped, got.prompts, got.lengths, got.truncated, got.action_mask
         )
         if phases.logprob is not None:
             logp = phases.logprob(state.params, batch)["logp"]
@@ -478,6 +519,8 @@ def rl_step(
         lr = run.schedule(step * run.updates_per_step)
     if run.step.partial_rollout:
         got = collect_partial(run, phases, state, keys, batch_local, more_batches, partial)
+    elif run.env is not None:  # multi-turn episodes (config.env)
+        got = collect_episodes(run, phases, state, keys, batch_local)
     else:
         got = collect_rollouts(run, phases, state, keys, batch_local, more_batches)
     state, train_m, roll_m, pass_m, times = learn_on_batch(

@@ -63,7 +63,8 @@ from gspo_jax.state import Run, TrainState
 
 
 def evaluate(run: Run, params) -> dict[str, float] | None:
-    """Held-out evaluation with the tasks' evaluation function, as eval/ metrics.
+    """Held-out evaluation with the tasks' evaluation function, as eval/ metrics; a run with an
+    environment (config.env) adds its tool-use figures (evaluation.evaluate_tools: eval/tool_*).
 
     None when evaluation is off (config.eval.num_problems = 0).
     """
@@ -86,6 +87,20 @@ def evaluate(run: Run, params) -> dict[str, float] | None:
             seed=ev.seed,
             data_dir=run.config.data.data_dir or None,
         )
+        if run.env is not None:  # with the tool offered; the figures above are without it
+            out.update(
+                evaluation.evaluate_tools(
+                    model,
+                    run.env.env,
+                    split=ev.split,
+                    num_problems=ev.num_problems,
+                    max_new_tokens=ev.max_new_tokens or run.config.rl.max_new_tokens,
+                    batch_size=ev.batch_size,
+                    seed=ev.seed,
+                    data_dir=run.config.data.data_dir or None,
+                    engine=run.step.rollout_engine,
+                )
+            )
     scalars = {}
     for k, v in dict(out).items():
         try:

@@ -7,7 +7,10 @@ must run offline on a CPU, so it makes its base policy by next-token training on
 demonstrations (``task.demonstration``: for the default arithmetic task a mix of carry-less direct
 answers and correct worked answers, see tasks/arithmetic.py for why that mix makes the base
 mediocre *by what it learned*). The demonstrations come from the train split through the same
-TFDS + grain path as RL prompts; each epoch draws a fresh demonstration per problem.
+TFDS + grain path as RL prompts; each epoch draws a fresh demonstration per problem
+(warmstart_demos.py). A tool task's warm start (``tool_fraction`` > 0) shows the call format: that
+share of its demonstrations are episodes played with the real tool, the loss on the policy's
+tokens only.
 
 Caching: the trained parameters are saved with orbax under
 ``cache_dir/warmstart/<task>_<hash>`` where the hash covers the task knobs, the model config (its
@@ -44,7 +47,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import chex
-import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,8 +55,15 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from tqdm import tqdm  # the terminal bar (tqdm.auto warns in kernels without ipywidgets)
 
-from gspo_jax import data, filelock, models, sharding
+from gspo_jax import filelock, models, sharding
 from gspo_jax.rl import evaluation
+from gspo_jax.rl.warmstart_demos import (  # noqa: F401 (public names, importable from here)
+    DemonstrationStats,
+    demonstration_iterator,
+    encode_demonstration,
+    encode_tool_demonstration,
+    tool_environment,
+)
 from gspo_jax.tasks.task import Task
 
 # Bump when the training procedure or the saved layout changes in a way the configs do not
@@ -97,6 +106,10 @@ class WarmStartConfig:
     stop_patience: int = 2
     stop_problems: int = 256
     stop_samples: int = 4
+    # A tool task's warm start: the share of demonstrations that are its tool episodes, played
+    # with the sandboxed Python tool (warmstart_demos.py); 0 = the task's own demonstrations
+    # only. Keys the cache only when > 0.
+    tool_fraction: float = 0.0
 
     def __post_init__(self):
         if self.loss_norm not in ("sequence", "token"):
@@ -107,6 +120,8 @@ class WarmStartConfig:
                 f"stop_problems >= 1; got {self.stop_every}, {self.stop_patience}, "
                 f"{self.stop_problems}."
             )
+        if not 0.0 <= self.tool_fraction <= 1.0:
+            raise ValueError(f"tool_fraction={self.tool_fraction} must lie in [0, 1].")
         if self.stop_samples < 1:
             raise ValueError(f"stop_samples={self.stop_samples}; pass >= 1.")
         bad_steps = self.steps is not None and self.steps < 1
@@ -156,6 +171,8 @@ def _keyed_fields(model_cfg: models.ModelConfig, warm_cfg: WarmStartConfig) -> d
     warm = dataclasses.asdict(warm_cfg)
     if not warm_cfg.stop_every:
         warm = {k: v for k, v in warm.items() if k not in _STOP_FIELDS}
+    if not warm_cfg.tool_fraction:  # the keys of one-turn warm starts stay as they were
+        del warm["tool_fraction"]
     return dict(model=model, warm=warm)
 
 
@@ -176,81 +193,6 @@ def cache_key(task: Task, model_cfg: models.ModelConfig, warm_cfg: Any = None) -
         default=str,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-# ------------------------------------------------------------------------------ demonstrations
-
-
-def encode_demonstration(task: Task, record: Mapping[str, Any], rng: np.random.Generator):
-    """One record -> prompt [Lp], prompt_length, response [T] (demonstration + eos, pad after) and
-    its loss mask [T] (1 on demonstration tokens and eos); None when the demonstration does not
-    fit T = task.max_response_len (the iterator drops it, see DemonstrationStats)."""
-    ids = task.tokenizer.encode(task.demonstration(record, rng), add_eos=True)
-    T = task.max_response_len
-    if len(ids) > T:
-        return None
-    out = data.encode_record(task, record)
-    response = np.full((T,), task.tokenizer.pad_id, np.int32)  # [T]
-    response[: len(ids)] = ids
-    mask = np.zeros((T,), np.float32)  # [T]
-    mask[: len(ids)] = 1.0
-    return {
-        "prompt": out["prompt"],
-        "prompt_length": out["prompt_length"],
-        "response": response,
-        "mask": mask,
-    }
-
-
-@dataclasses.dataclass
-class DemonstrationStats:
-    """How many demonstrations the iterator has drawn, and how many it dropped for being longer
-    than the task's max_response_len (real datasets have a long tail: truncating a worked
-    solution would teach an answer-less ending, so the whole demonstration is skipped)."""
-
-    seen: int = 0
-    dropped: int = 0
-
-    def summary(self, task: Task) -> str:
-        return (
-            f"warm start ({task.name}): dropped {self.dropped} of {self.seen} demonstrations "
-            f"longer than max_response_len={task.max_response_len} tokens (raise the task's "
-            "max_response_len to keep them)"
-        )
-
-
-def demonstration_iterator(
-    task: Task,
-    batch_size: int,
-    seed: int,
-    data_dir: str | os.PathLike | None = None,
-    stats: DemonstrationStats | None = None,
-):
-    """Infinite batches of demonstrations from the train split, deterministic by seed.
-
-    Demonstrations longer than task.max_response_len are skipped and counted in ``stats``; a
-    train split none of whose demonstrations fit is a ValueError at the first batch, before any
-    training step."""
-    stats = stats if stats is not None else DemonstrationStats()
-    ds = data.record_dataset(task, "train", seed=seed, data_dir=data_dir)
-    num_records = len(data.load_source(task, "train", data_dir))
-
-    # The global element index (epochs included) seeds the demonstration choice, so each epoch
-    # shows a fresh mix of worked / direct / wrong answers for the same problem.
-    def encode(i, record):
-        out = encode_demonstration(task, record, np.random.default_rng([seed, i]))
-        stats.seen += 1
-        stats.dropped += out is None
-        if stats.dropped == stats.seen >= num_records:  # a whole epoch and nothing fits
-            raise ValueError(
-                f"no {task.name} demonstration of the train split fits max_response_len="
-                f"{task.max_response_len} tokens; raise the task's max_response_len."
-            )
-        return out
-
-    ds = ds.map_with_index(encode).filter(lambda x: x is not None)
-    it = ds.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0))
-    return iter(it.batch(batch_size, drop_remainder=True, batch_fn=data.collate))
 
 
 # ------------------------------------------------------------------------------ training
@@ -347,7 +289,12 @@ def train(
         return optax.apply_updates(params, updates), opt_state, loss
 
     demo_stats = DemonstrationStats()
-    it = demonstration_iterator(task, warm_cfg.batch_size, warm_cfg.seed, data_dir, demo_stats)
+    tools = {}  # a tool task's episodes, played with the real tool (warmstart_demos.py)
+    if warm_cfg.tool_fraction:
+        tools = dict(tool_env=tool_environment(task), tool_fraction=warm_cfg.tool_fraction)
+    it = demonstration_iterator(
+        task, warm_cfg.batch_size, warm_cfg.seed, data_dir, demo_stats, **tools
+    )
     losses = []
     bar = tqdm(
         range(warm_cfg.steps),

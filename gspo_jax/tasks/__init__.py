@@ -3,6 +3,7 @@
     task = tasks.get_task("arith", max_digits=5)      # default task (worked vs direct answers)
     task = tasks.get_task("countdown", num_numbers=4)  # partial-credit task
     task = tasks.get_task("chainsum", max_terms=10)    # the testbed: long worked answers
+    task = tasks.get_task("products", digits=8)        # where the Python tool matters (envs/)
     task = tasks.get_task("gsm8k")                     # TFDS catalogue data, read from data_dir
     task = tasks.get_task("gsm8k", data_path=folder)   # train.jsonl/test.jsonl or HF parquet
     task = tasks.get_task("math", data_path=folder)    # MATH / MATH-500 records, boxed answers
@@ -26,6 +27,7 @@ from gspo_jax.tasks.countdown import CountdownTask, parse_expression
 from gspo_jax.tasks.gsm8k import Gsm8kTask
 from gspo_jax.tasks.hf_tokenizer import HFTokenizer
 from gspo_jax.tasks.math_problems import MathTask
+from gspo_jax.tasks.products import ProductsTask
 from gspo_jax.tasks.task import Task, Verdict
 from gspo_jax.tasks.tokenizer import CharTokenizer
 
@@ -35,6 +37,7 @@ TASKS = {
     "countdown": CountdownTask,
     "gsm8k": Gsm8kTask,
     "math": MathTask,
+    "products": ProductsTask,
 }
 
 __all__ = [
@@ -46,6 +49,7 @@ __all__ = [
     "Gsm8kTask",
     "HFTokenizer",
     "MathTask",
+    "ProductsTask",
     "Task",
     "Verdict",
     "get_task",

@@ -70,7 +70,8 @@ class Gsm8kTask(WordProblemTask):
     name = "gsm8k"
     catalogue_name = "gsm8k"
     catalogue_module = "tensorflow_datasets.text.gsm8k"
-    record_fields = ("short_answer", "annotation")
+    # the question too: a tool environment renders it as the chat's user message (envs/)
+    record_fields = ("short_answer", "annotation", "question")
     question_field = "question"
     answer_markers = ("boxed", "####")
 
