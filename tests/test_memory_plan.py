@@ -287,6 +287,7 @@ def test_the_dry_run_plans_a_rollout_device_group():
     assert ro["rollout_peak"] < tr["update_peak"]
     assert p["sync_bytes"] == 4 * ro["copy"] and ro["copy"] == p["params_total"]  # replicated
     assert p["step_s"]["pipelined"] >= max(ro["time"], tr["time"])
+    assert p["balanced_s"] <= p["step_s"]["pipelined"]  # no split beats the balanced work
     text = pipeline_plan.format_plan(p)
     assert "trainer 4 + rollout 4 devices" in text and "pipelined step" in text
 

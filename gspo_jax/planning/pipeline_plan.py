@@ -305,7 +305,11 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
         )
         t_sync = sync_seconds(copy_bytes, R, D - R, slc.chip)
         pipelined = step_seconds(rollout_group["time"], trainer["time"], sides, s, depth)
+        # the split's chip-seconds spread over the slice: the step if the work could be
+        # balanced between the groups to a fraction of a chip (no whole-chip split does better)
+        balanced = (rollout_group["time"] * R + trainer["time"] * (D - R)) / D
         out.update(
+            balanced_s=balanced,
             sync_bytes=copy_bytes * R,
             sync_s=t_sync,
             sync_sides_s={"trainer": sides[0], "rollout": sides[1]},
@@ -412,6 +416,12 @@ def format_plan(p: dict[str, Any]) -> str:
         f"({copy / 1e9:.2f} GB per rollout device) in "
         f"{sec(t_copy) if t_copy is not None else 'n/a'} a sync"
     )
+    if "balanced_s" in p:
+        b = p["balanced_s"]
+        lines.append(
+            f"  balanced bound (this split's chip-seconds over all {D} devices, as if a group "
+            f"could hold a fraction of a chip): {sec(b)}, {st['synchronous'] / b:.2f}x"
+        )
     if steps[best] >= st["synchronous"]:
         lines.append(
             "  suggested: rollout.devices=0, max_staleness=0 (no split that fits beats the "
