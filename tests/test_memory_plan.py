@@ -252,7 +252,10 @@ def test_pipeline_split_suggestion_balances_the_two_programs():
     assert set(split(prompts=4)[1]) == {1, 2, 4}  # 4 prompts over R data shards
     assert set(split(shards=2)[1]) == {2, 4, 6}  # the model's 2 shards kept
     assert max(split(update_peak=80 * gib)[1]) == 4  # 4 / (8 - R) x 80 GiB <= 90 GiB
-    assert min(split(rollout_peak=60 * gib)[1]) == 3  # 4 / R x 60 GiB <= 90 GiB
+    # 4 / R x 60 GiB <= 90 GiB from R = 3, but sharding.transfer needs one group's device count
+    # to divide the other's: 3 + 5 (and 5 + 3) are never suggested
+    assert min(split(rollout_peak=60 * gib)[1]) == 4
+    assert not {3, 5} & set(split()[1])
     assert split(update_peak=200 * gib) == (None, {})  # 800 GiB of update on at most 7
 
 
@@ -284,6 +287,7 @@ def test_the_dry_run_plans_a_rollout_device_group():
     assert ro["rollout_peak"] < tr["update_peak"]
     assert p["sync_bytes"] == 4 * ro["copy"] and ro["copy"] == p["params_total"]  # replicated
     assert p["step_s"]["pipelined"] >= max(ro["time"], tr["time"])
+    assert p["balanced_s"] <= p["step_s"]["pipelined"]  # no split beats the balanced work
     text = pipeline_plan.format_plan(p)
     assert "trainer 4 + rollout 4 devices" in text and "pipelined step" in text
 
@@ -304,3 +308,34 @@ def test_pipeline_sync_is_charged_to_each_group_on_its_own_path():
     _, steps = pipeline_plan.suggest_split(8, v5p, 100 * 2**30, rollout_prog, update_prog, 48, 1)
     send, _ = pipeline_plan.sync_sides(6e9, 2, 6, v5p)
     assert steps[2] == pytest.approx(12 / 6 + send)
+
+
+def test_the_pipelined_step_is_the_slowest_of_three_loops():
+    """step_seconds: the trainer's loop, the rollout's, and the chain update -> sync -> rollout
+    -> update spread over depth + 1 steps; a deeper pipeline hides the chain, not a loop."""
+    from gspo_jax.planning import pipeline_plan
+
+    sides = (0.5, 0.25)  # (trainer, rollout) seconds of a sync
+    assert pipeline_plan.step_seconds(4.0, 3.0, sides, 1, 1) == pytest.approx(4.25)  # rollout's
+    assert pipeline_plan.step_seconds(1.0, 3.0, sides, 2, 3) == pytest.approx(3.25)  # trainer's
+    # depth 0 on a rollout group: the serial step, both sides of the sync included
+    assert pipeline_plan.step_seconds(4.0, 3.0, sides, 1, 0) == pytest.approx(7.75)
+    # a sync every 2 steps at depth 1 (k = 2): each loop pays half a sync, the chain a whole one
+    # over 2 steps; depth 2 (k = 3) hides it
+    assert pipeline_plan.step_seconds(3.0, 3.0, (1.0, 1.0), 2, 1) == pytest.approx(8 / 2)
+    assert pipeline_plan.step_seconds(3.0, 3.0, (1.0, 1.0), 2, 2) == pytest.approx(3.5)
+
+
+def test_a_rollout_bound_split_holds_a_second_copy():
+    """Where the rollout is the slower loop, the next copy lands while the previous rollout
+    reads the old one: the split must hold both, and an update-bound split need not."""
+    from gspo_jax.planning import pipeline_plan
+
+    v5p, gib = memory_plan.CHIPS["v5p"], 2**30
+    update = (1.0, 4, 10 * gib)  # 4 device-seconds: every split of 8 is rollout-bound
+    rollout = (3.0, 4, 60 * gib, 30 * gib, 2)  # a 30 GiB copy, 2 model shards
+    _, steps = pipeline_plan.suggest_split(8, v5p, 100 * gib, rollout, update, 48, 1)
+    # R = 4: 30 + 30 rows + 30 second copy = 90 GiB fits; R = 2: 30 + 60 + 30 does not
+    assert set(steps) == {4, 6}
+    assert pipeline_plan.rollout_bound(3.0, 1.0, (0.0, 0.0), 1)
+    assert not pipeline_plan.rollout_bound(1.0, 3.0, (0.0, 0.0), 1)

@@ -308,6 +308,96 @@ def test_a_rollout_device_group_samples_what_the_shared_mesh_samples(shared):
     _same_metrics(ms[0], sync_ms[0], rtol=1e-5, atol=1e-6)
 
 
+# ---- the sync device to device; rollouts in flight across steps
+
+
+@pytest.mark.parametrize(
+    "rollout_mesh", [{"data": 4}, {"data": 2, "fsdp": 2}], ids=["data4", "data2_fsdp2"]
+)
+def test_a_sync_passes_no_parameter_through_host_memory(shared, rollout_mesh):
+    """8 simulated devices: the trainer's 4 with fsdp=4, the rollout's 4 laid out otherwise (the
+    layouts of docs/pods.md, where jax.device_put fetches leaves to the host). The pipeline's
+    sync under transfer guards that refuse any host transfer lands the copy on the rollout's
+    shardings, in the rollout's dtype, equal to the copy made on the trainer's devices."""
+    import jax.numpy as jnp
+
+    from gspo_jax.rl import step as ts
+
+    mesh_fields = {f"rollout.mesh.{a}": v for a, v in rollout_mesh.items()}
+    fields = {"rollout.devices": 4.0, "mesh.fsdp": 4, "rl.rollout_dtype": "bfloat16"}
+    run, params = _run_and_state(shared, num_devices=8, **fields, **mesh_fields)
+    assert dict(run.mesh.shape)["fsdp"] == 4 and run.rollout_mesh.size == 4
+    state = _fresh_state(run, params)
+    pipe = pipeline.Pipeline(run, ts.make_phases(run, state, with_ref=False), None)
+    want = jax.device_get(pipeline.rollout_copy(run)(params))
+    targets = pipeline.copy_shardings(run, run.rollout_mesh)
+    src, shardings = jax.tree.leaves(state.params), jax.tree.leaves(targets)
+    shard = lambda x, sh: sh.shard_shape(x.shape)  # noqa: E731
+    assert any(shard(x, x.sharding) != shard(x, t) for x, t in zip(src, shardings, strict=True))
+    with (
+        jax.transfer_guard_device_to_host("disallow"),
+        jax.transfer_guard_host_to_device("disallow"),
+    ):
+        pipe._sync(state, 0)
+        jax.block_until_ready(pipe.params)
+    got = jax.tree.leaves(pipe.params)
+    for x, t, w in zip(got, shardings, jax.tree.leaves(want), strict=True):
+        assert x.sharding == t, (x.sharding, t)
+        assert x.dtype == w.dtype
+        np.testing.assert_array_equal(np.asarray(x), w)
+    assert {x.dtype for x in got} >= {jnp.dtype(jnp.bfloat16)}
+
+
+def _host_copy(state):
+    """The state as a checkpoint restores it: host arrays put back on their shardings."""
+    return jax.tree.map(lambda x: jax.device_put(np.asarray(x), x.sharding), state)
+
+
+def test_two_rollouts_in_flight_and_an_exact_resume_with_both(shared):
+    """k = 2: after a step, the rollouts of the next two steps are in flight, still on the
+    rollout's side (dispatched, not fetched: the step did not wait for them); a checkpoint
+    taken then (the state and PipelineQueue.get_state, through JSON) resumes into a fresh
+    pipeline that trains on both and ends bit for bit where the uninterrupted run does."""
+    import json
+
+    from gspo_jax.rl import step as ts
+
+    run, params = _run_and_state(shared, num_devices=1, **{"rl.max_staleness": 2})
+    state = _fresh_state(run, params)
+    phases = ts.make_phases(run, state, with_ref=False)
+    whole_state, whole_ms, _ = _pipeline_steps(run, params, 4, phases)
+
+    state = _fresh_state(run, params)
+    pipe = pipeline.Pipeline(run, phases, PipelineQueue(_stream(run)))
+    ms = []
+    for t in range(2):
+        state, m = pipe.step(state)
+        ms.append(m)
+        flight = pipe.queue.in_flight
+        assert [(b.step, b.version) for b in flight] == [(t + 1, 0), (t + 2, t)]
+        for b in flight:  # both still the rollout's arrays: the step waited for neither
+            assert b.sample is None and isinstance(b.running["sample"].tokens, jax.Array)
+    saved = json.loads(json.dumps(pipe.queue.get_state()))  # what the checkpoint writes
+    assert [m["step"] for m in saved["pipeline"]["in_flight"]] == [2, 3]
+    state = _host_copy(state)
+    del pipe
+    queue = PipelineQueue(_stream(run))
+    queue.set_state(saved)
+    resumed = pipeline.Pipeline(run, phases, queue)
+    for _ in range(2):
+        state, m = resumed.step(state)
+        ms.append(m)
+    for a, b in zip(ms, whole_ms, strict=True):
+        assert {k for k in a if not k.startswith("time/")} == {
+            k for k in b if not k.startswith("time/")
+        }
+        for k in (k for k in b if not k.startswith("time/")):
+            assert a[k] == b[k] or (np.isnan(a[k]) and np.isnan(b[k])), k
+    assert [m["rollout/staleness_max"] for m in ms] == [0, 1, 2, 2]
+    for x, y in zip(jax.tree.leaves(state), jax.tree.leaves(whole_state), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
 # ---- whole runs (long: after the README's command)
 
 

@@ -28,26 +28,41 @@ logits) and no optimizer state. On a shared mesh (rollout.devices = 0, max_stale
 rollout's copy is a second copy of the parameters (as the sync sends them) on every device, added
 to the baseline's need.
 
-Step time (roofline seconds, an estimate):
+Step time (roofline seconds, an estimate; d = max_staleness − (s − 1), the pipeline's depth):
   synchronous                 t_rollout(D) + t_update(D)
-  pipelined on its own group  max(t_rollout(R) + t_receive / s, t_update(D − R) + t_send / s)
+  pipelined on its own group  the steady state of rl/pipeline.py's schedule (step_seconds): the
+                              slowest of three loops,
+                                the trainer's     t_update(D − R) + t_send / s
+                                the rollout's     t_rollout(R) + t_receive / s
+                                the chain   (t_update + t_send + t_receive + t_rollout) / (d + 1)
+                              (the rollout of step j + d samples the version the update of step
+                              j − 1 made, and update j + d waits for it: d + 1 steps hold one of
+                              each in sequence; a deeper pipeline hides more of it)
   pipelined on a shared mesh  t_rollout(D) + t_update(D): the same devices do both; pipelining
                               hides the host's work (scoring, dispatch), which a roofline does
                               not count
 The sync sends each rollout device its shard of the parameters, device to device
-(sharding.transfer): t_sync = max(bytes received per rollout device, bytes sent per trainer
-device) over one direction of the chip's ICI bandwidth (half its published bidirectional
-figure), and each group is charged its own side (sync_sides): the trainer's reshard and send
-before its next update, the rollout's receive before its next rollout. An estimate: no
+(sharding.transfer, dispatched asynchronously: neither side blocks on it): t_sync = max(bytes
+received per rollout device, bytes sent per trainer device) over one direction of the chip's ICI
+bandwidth (half its published bidirectional figure), and each group is charged its own side
+(sync_sides): the trainer's reshard and send, the rollout's receive, each in its own loop (the
+copy's DMA moves the bytes through the same HBM its programs are bound by). An estimate: no
 contention, one slice (no DCN).
+
+Memory the sync adds: the trainer devices hold the cast copy and the resharded one (one rollout
+device's shard each) beside the parameters and optimizer state until the send completes
+(trainer "sync_peak"); where the rollout is the slower loop the new copy lands while the
+previous rollout still reads the old one, so a rollout device then holds both ("double
+buffer": the rollout's peak + one copy).
 
 The suggested split (an estimate, printed as such): the compiled groups' per-device work, spread
 perfectly over a group of any size: a rollout group of R keeps its mesh's model layout (R a
 multiple of its model shards, the copy's bytes per device as compiled) and spreads the rows over
-R; the trainer's update spreads over D − R. R* minimises max(t_rollout · R_c / R + t_sync / s,
-t_update · (D − R_c) / (D − R)) over the R whose rows divide and whose groups fit under
-memory_plan.HEADROOM (the rollout's peak less its copy, and the trainer's peak, scaled the same
-way). On a shared mesh the baseline's times stand in, with the parameters replicated.
+R; the trainer's update spreads over D − R. R* minimises step_seconds over the R whose rows
+divide and whose groups fit under memory_plan.HEADROOM (the rollout's peak less its copy, and
+the trainer's peak, scaled the same way; the double buffer where the rollout is the slower
+loop); where no split beats the synchronous step, the suggestion is rollout.devices = 0. On a
+shared mesh the baseline's times stand in, with the parameters replicated.
 """
 
 from __future__ import annotations
@@ -99,7 +114,7 @@ def sync_seconds(
 ) -> float | None:
     """Roofline seconds of one sync (module docstring): every rollout device receives its shard,
     the trainer devices send them all between them; None when the chip has no ICI figure."""
-    if chip.ici_gbps is None:
+    if chip is None or chip.ici_gbps is None:
         return None
     sent_per_trainer_device = param_bytes_per_rollout_device * rollout_devices / trainer_devices
     one_way = chip.ici_gbps * 1e9 / 2
@@ -118,12 +133,35 @@ def sync_sides(
     shard (R / (D - R) shards each); a rollout device receives its shard. Each side pays its
     part on its own path: the trainer's before its next update, the rollout's before its next
     rollout. (0, 0) when the chip has no ICI figure."""
-    if chip.ici_gbps is None:
+    if chip is None or chip.ici_gbps is None:
         return 0.0, 0.0
     one_way = chip.ici_gbps * 1e9 / 2
     b = param_bytes_per_rollout_device
     trainer = (b + b * rollout_devices / trainer_devices) / one_way
     return trainer, b / one_way
+
+
+def step_seconds(
+    t_rollout: float,
+    t_update: float,
+    sides: tuple[float, float],
+    sync_every: int,
+    depth: int,
+) -> float:
+    """The pipelined step's steady-state seconds with a rollout group (module docstring): the
+    slowest of the trainer's loop, the rollout's, and the chain through both over d + 1 steps.
+    ``sides``: sync_sides' (trainer, rollout) seconds of one sync."""
+    send, receive = sides
+    trainer = t_update + send / sync_every
+    rollout = t_rollout + receive / sync_every
+    chain = (t_update + send + receive + t_rollout) / (depth + 1)
+    return max(trainer, rollout, chain)
+
+
+def rollout_bound(t_rollout: float, t_update: float, sides: tuple[float, float], s: int) -> bool:
+    """Whether the rollout is the slower loop, so that a sync lands while the previous rollout
+    still reads the old copy (the double buffer, module docstring)."""
+    return t_rollout + sides[1] / s >= t_update + sides[0] / s
 
 
 def suggest_split(
@@ -134,6 +172,7 @@ def suggest_split(
     update: tuple[float, int, int],
     prompts: int,
     sync_every: int,
+    depth: int = 1,
 ):
     """The estimated best rollout group size R* and the pipelined step time at each valid R
     (module docstring) on D devices. ``rollout``: (its roofline seconds, on n devices, peak bytes
@@ -141,20 +180,22 @@ def suggest_split(
     (seconds, on n devices, peak bytes per device with the reference), both from the compiled
     split (on a shared mesh: the baseline). A group of R keeps the model's layout (R a multiple
     of m, the copy's bytes per device as compiled) and spreads the rows and the work over R; the
-    trainer's peak spreads over D − R. Returns (R*, {R: seconds}); R* is None when none fits."""
+    trainer's peak spreads over D − R; a rollout-bound split holds a second copy (the double
+    buffer). Returns (R*, {R: seconds}); R* is None when none fits."""
     t_r, n_r, peak_r, copy, m = rollout
     t_u, n_u, peak_u = update
     steps = {}
     for R in range(m, D, m):
-        rollout_peak = copy + (peak_r - copy) * n_r / R  # rows (KV cache, logits) over R
-        trainer_peak = peak_u * n_u / (D - R)
-        fits = max(rollout_peak, trainer_peak) <= HEADROOM * hbm
-        if not fits or prompts % (R // m):
+        if prompts % (R // m) or max(R, D - R) % min(R, D - R):  # rows; sharding.transfer
             continue
-        send, receive = sync_sides(copy, R, D - R, chip)
-        steps[R] = max(
-            t_r * n_r / R + receive / sync_every, t_u * n_u / (D - R) + send / sync_every
-        )
+        sides = sync_sides(copy, R, D - R, chip)
+        t_rollout, t_update = t_r * n_r / R, t_u * n_u / (D - R)
+        second = copy if rollout_bound(t_rollout, t_update, sides, sync_every) else 0
+        rollout_peak = copy + (peak_r - copy) * n_r / R + second  # rows (KV cache, logits) over R
+        trainer_peak = peak_u * n_u / (D - R)
+        if max(rollout_peak, trainer_peak) > HEADROOM * hbm:
+            continue
+        steps[R] = step_seconds(t_rollout, t_update, sides, sync_every, depth)
     best = min(steps, key=steps.get) if steps else None
     return best, steps
 
@@ -167,6 +208,7 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
     memory_plan.check_fits reads (the tighter group's)."""
     slc = memory_plan.get_slice(config.slice)
     k, s, _ = placement.check_pipeline(config)
+    depth = pipeline.Schedule(k, s).depth
     D = slc.devices
     R = placement.rollout_device_count(config, D)
     sync = memory_plan.plan(synchronous_config(config, D - R))
@@ -186,6 +228,7 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
         "hbm": sync["hbm"],
         "max_staleness": k,
         "sync_every": s,
+        "depth": depth,
         "sync": sync,
         "params_total": params_total,
     }
@@ -228,6 +271,14 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
         opt = memory_plan.shard_bytes(abs_state.opt_state)
         ref = params if adapters.keeps_reference_copy(run) else 0
         copy_bytes = memory_plan.shard_bytes(r_params)  # what each rollout device receives
+        sides = sync_sides(copy_bytes, R, D - R, slc.chip)
+        double = rollout_bound(roll["times"]["rollout"], upd["time"], sides, s)
+        # the trainer's devices during a sync: the cast copy, and (with at least as many trainer
+        # as rollout devices) one rollout device's shard each, staged for the send
+        cast_copy = memory_plan.shard_bytes(
+            sharding.with_shardings(sent, pipeline.copy_shardings(run, run.mesh))
+        )
+        sync_peak = params + opt + ref + cast_copy + (copy_bytes if D - R >= R else 0)
         trainer = dict(
             devices=D - R,
             mesh=dict(run.mesh.shape),
@@ -235,7 +286,8 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
             optimizer=opt,
             reference=ref,
             update_peak=upd["peak"],
-            needed=upd["peak"] + ref,
+            sync_peak=sync_peak,
+            needed=max(upd["peak"] + ref, sync_peak),
             time=upd["time"],
             cost=upd["cost"],
         )
@@ -244,19 +296,23 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
             mesh=dict(run.rollout_mesh.shape),
             rollout_peak=roll["peak"],
             copy=copy_bytes,
-            needed=roll["peak"],
+            double_buffer=double,
+            needed=roll["peak"] + (copy_bytes if double else 0),
             time=roll["times"]["rollout"],
             cost=roll["costs"]["rollout"],
             decode_step=roll["times"]["decode_step"],
             decode_steps=roll["decode_steps"],
         )
         t_sync = sync_seconds(copy_bytes, R, D - R, slc.chip)
-        send, receive = sync_sides(copy_bytes, R, D - R, slc.chip)
-        pipelined = max(rollout_group["time"] + receive / s, trainer["time"] + send / s)
+        pipelined = step_seconds(rollout_group["time"], trainer["time"], sides, s, depth)
+        # the split's chip-seconds spread over the slice: the step if the work could be
+        # balanced between the groups to a fraction of a chip (no whole-chip split does better)
+        balanced = (rollout_group["time"] * R + trainer["time"] * (D - R)) / D
         out.update(
+            balanced_s=balanced,
             sync_bytes=copy_bytes * R,
             sync_s=t_sync,
-            sync_sides_s={"trainer": send, "rollout": receive},
+            sync_sides_s={"trainer": sides[0], "rollout": sides[1]},
             step_s={"synchronous": t_sync_step, "pipelined": pipelined},
         )
     out["groups"] = {"trainer": trainer, "rollout": rollout_group}
@@ -270,7 +326,7 @@ def plan(config: ml_collections.ConfigDict) -> dict[str, Any]:
         m = run.rollout_mesh.size // sharding.row_shards(run.rollout_mesh)  # model shards
         rollout = (rollout_group["time"], R, rollout_group["rollout_peak"], copy_bytes, m)
         update = (trainer["time"], D - R, trainer["update_peak"] + trainer["reference"])
-    out["suggested"] = suggest_split(D, slc.chip, out["hbm"], rollout, update, P, s)
+    out["suggested"] = suggest_split(D, slc.chip, out["hbm"], rollout, update, P, s, depth)
     # what memory_plan.check_fits reads: the tighter of the two groups
     tight = max((trainer, rollout_group), key=lambda g: g["needed"])
     out.update(
@@ -297,7 +353,8 @@ def format_plan(p: dict[str, Any]) -> str:
         "the synchronous baseline (rollout.devices=0, max_staleness=0, the whole slice):",
         memory_plan.format_plan(p["sync"]),
         "",
-        f"pipeline plan: {p['model']} on {p['slice']} (max_staleness={k}, sync_every={s}; "
+        f"pipeline plan: {p['model']} on {p['slice']} (max_staleness={k}, sync_every={s}, "
+        f"depth {p['depth']}; "
         + (
             "the rollout shares the mesh"
             if shared
@@ -307,10 +364,16 @@ def format_plan(p: dict[str, Any]) -> str:
         f"  trainer group ({tr['devices']} devices, mesh {mesh(tr['mesh'])}), per device:",
         f"    parameters + optimizer    {g(tr['params'] + tr['optimizer'])} GiB",
         f"    update peak (compiled)    {g(tr['update_peak'])} GiB",
+        *(
+            [f"    during a sync             {g(tr['sync_peak'])} GiB (+ the cast and staged copy)"]
+            if "sync_peak" in tr
+            else []
+        ),
         f"    needed                    {g(tr['needed'])} GiB of {p['hbm'] / GIB:.0f} GiB",
         f"  rollout group ({ro['devices']} devices, mesh {mesh(ro['mesh'])}), per device:",
         f"    parameter copy            {g(ro['copy'])} GiB (in the rollout's dtype: the sync's)",
-        f"    rollout peak (compiled)   {g(ro['rollout_peak'])} GiB",
+        f"    rollout peak (compiled)   {g(ro['rollout_peak'])} GiB"
+        + ("  + a second copy (the rollout is the slower loop)" if ro.get("double_buffer") else ""),
         f"    needed                    {g(ro['needed'])} GiB "
         f"({'fits' if p['fits'] else 'DOES NOT FIT'}: limit {HEADROOM:.0%})",
         "  step time (roofline ESTIMATE, module docstring of planning/pipeline_plan.py):",
@@ -328,7 +391,7 @@ def format_plan(p: dict[str, Any]) -> str:
         if sides:
             lines.append(
                 f"      paid by the trainer group {sec(sides['trainer']):>10}  (reshard + send, "
-                f"before its next update); by the rollout group {sec(sides['rollout'])}"
+                f"dispatched before its update); by the rollout group {sec(sides['rollout'])}"
             )
     st = p["step_s"]
     lines += [
@@ -338,15 +401,32 @@ def format_plan(p: dict[str, Any]) -> str:
         f"({st['synchronous'] / st['pipelined']:.2f}x the synchronous step's rate)",
     ]
     best, steps = p["suggested"]
-    if best is not None:
-        lines.append(
-            f"  suggested split (ESTIMATE, the compiled work scaled perfectly): rollout.devices="
-            f"{best} of {D}: {sec(steps[best])} a step, "
-            f"{st['synchronous'] / steps[best]:.2f}x the synchronous step's rate"
-        )
-    else:
+    if best is None:
         lines.append(
             "  suggested split: none fits (the trainer's update needs every device of this "
             "slice): use a larger slice for a rollout group"
         )
+        return "\n".join(lines)
+    copy = ro["copy"] if not shared else p["params_total"]
+    t_copy = sync_seconds(copy, best, D - best, p["chip"])
+    lines.append(
+        f"  best split (ESTIMATE, the compiled work scaled perfectly): rollout.devices={best} "
+        f"of {D}: {sec(steps[best])} a step, {st['synchronous'] / steps[best]:.2f}x the "
+        f"synchronous step's rate; its copy {copy * best / 1e9:.2f} GB "
+        f"({copy / 1e9:.2f} GB per rollout device) in "
+        f"{sec(t_copy) if t_copy is not None else 'n/a'} a sync"
+    )
+    if "balanced_s" in p:
+        b = p["balanced_s"]
+        lines.append(
+            f"  balanced bound (this split's chip-seconds over all {D} devices, as if a group "
+            f"could hold a fraction of a chip): {sec(b)}, {st['synchronous'] / b:.2f}x"
+        )
+    if steps[best] >= st["synchronous"]:
+        lines.append(
+            "  suggested: rollout.devices=0, max_staleness=0 (no split that fits beats the "
+            "synchronous step on this slice)"
+        )
+    else:
+        lines.append(f"  suggested: rollout.devices={best}")
     return "\n".join(lines)

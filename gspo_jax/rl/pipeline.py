@@ -18,12 +18,14 @@ step 0 (version 0, staleness j < k).
 
 Step t, in dispatch order (JAX dispatches asynchronously: with config.rollout.devices > 0 the
 rollout runs on its devices while the update runs on the trainer's):
-  1. sync, when due: the trainer's parameters are copied onto the rollout's mesh (jax.device_put
-     to the rollout shardings: each rollout device receives its own shards, no device gathers the
-     whole model first; on a shared mesh a jitted copy, so the update's donated state does not free
-     the rollout's weights). With rollout.sync_dtype "rollout" the copy is in the rollout's
-     compute dtype (rl.rollout_dtype, else the model's), cast on the trainer's devices before it
-     moves: every weight except those the layers read in float32
+  1. sync, when due: the trainer's parameters are copied onto the rollout's mesh, dispatched and
+     not waited for (sharding.transfer: whatever the two layouts, each shard moves device to
+     device, never through the host, where jax.device_put would fetch whole leaves when the
+     layouts differ; on a shared mesh a jitted copy, so the update's donated state does not free
+     the rollout's weights). The rollouts started after it read the new copy; one still running
+     keeps reading the old one until it ends. With rollout.sync_dtype "rollout" the copy is in
+     the rollout's compute dtype (rl.rollout_dtype, else the model's), cast on the trainer's
+     devices before it moves: every weight except those the layers read in float32
      (models.layers.compute_dtype_params; LoRA adapters keep the trainer's dtype), half the bytes
      under a bf16 rollout. The layers cast at use, so the rollout computes the same; but a
      compiler that keeps a float32 weight's excess precision through a bf16 cast (XLA:CPU does)
@@ -39,11 +41,14 @@ rollout runs on its devices while the update runs on the trainer's):
      the batch); with rl.recompute_old_logp the current policy's (the proximal policy), and the
      sampler's become rollout_logp for the objective's corrections (rollout_correction,
      off_policy_mask), which then weigh staleness and sampler mismatch together;
-  4. wait for the rollout started in 2 and keep it, as host arrays, until its step.
+  4. nothing waits for the rollouts started in 2: they run on the rollout's devices (up to d in
+     flight after the step) until their own steps fetch them (InFlight.fetch: this process's
+     rows as host arrays), or a checkpoint does (PipelineQueue.get_state).
 
 d = 0 on a shared mesh is the synchronous step: the same data, keys and arithmetic as
 rl/step.py's rl_step (a test compares them). The batches in flight are kept with the data
-stream's state (PipelineQueue.get_state), so a checkpoint holds them and a resumed run continues
+stream's state (PipelineQueue.get_state, which first waits for those still running), so a
+checkpoint holds them and a resumed run continues
 with the same batches and equals an uninterrupted one. With s > 1 the checkpoint interval is a
 multiple of s (build-time check), so a scheduled save finds the rollout's copy equal to the
 trainer's parameters; a save at another step (a preemption) resumes with a fresh sync, which only
@@ -62,6 +67,7 @@ import numpy as np
 from flax import nnx
 
 from gspo_jax import models, rollout, sharding
+from gspo_jax.errors import ConfigError
 from gspo_jax.rl import adapters, partial
 from gspo_jax.rl import step as ts
 from gspo_jax.runtime import distributed
@@ -109,12 +115,48 @@ SAMPLE_FIELDS = tuple(f.name for f in dataclasses.fields(rollout.SampleOutput))
 
 @dataclasses.dataclass
 class InFlight:
-    """One rollout batch between its start and its update: host arrays of this process's rows."""
+    """One rollout batch between its start and its update. While ``running`` it is the rollout's
+    output on its devices (dispatched, maybe still computing); ``fetch`` waits for it and keeps
+    this process's rows as host arrays in ``sample`` (what the update and a checkpoint read)."""
 
     step: int  # the RL step that trains on it
     version: int  # the policy version that sampled it
     batch: dict  # the data stream's batch (prompt [P, Lp], prompt_length [P], answers...)
-    sample: dict  # SampleOutput's fields as numpy ([B, T]; routes [B, L, S, k]); None left out
+    sample: dict | None  # SampleOutput's fields as numpy ([B, T]; routes [B, L, S, k]); no Nones
+    running: dict | None = None  # {"sample": SampleOutput on the rollout's devices, "done": Watch}
+    seconds: float = 0.0  # the rollout's wall time, from its dispatch to its last token (fetched)
+
+    def fetch(self) -> InFlight:
+        """Waits for the rollout (where it still runs) and keeps its rows on the host."""
+        if self.running is not None:
+            out, done = self.running["sample"], self.running["done"]
+            self.seconds = done.seconds()
+            self.sample = {
+                f: distributed.to_local(getattr(out, f))
+                for f in SAMPLE_FIELDS
+                if getattr(out, f) is not None
+            }
+            self.running = None
+        return self
+
+
+class Watch:
+    """When a dispatched computation's arrays are ready, seen by a thread, so the host goes on
+    dispatching (jax.block_until_ready here would hold the pipeline's critical path)."""
+
+    def __init__(self, arrays):
+        self.t0, self.t1 = time.time(), None
+        self._thread = threading.Thread(target=self._wait, args=(arrays,), daemon=True)
+        self._thread.start()
+
+    def _wait(self, arrays) -> None:
+        jax.block_until_ready(arrays)
+        self.t1 = time.time()
+
+    def seconds(self) -> float:
+        """Waits for the arrays; the seconds from the dispatch to their being ready."""
+        self._thread.join()
+        return self.t1 - self.t0
 
 
 class PipelineQueue:
@@ -134,8 +176,12 @@ class PipelineQueue:
         return next(self._inner)
 
     def get_state(self) -> dict:
+        """The stream's state and the batches in flight, the running rollouts waited for: a
+        checkpoint holds every batch it will train on, so a resumed run equals an
+        uninterrupted one."""
         arrays, meta = {}, []
         for i, b in enumerate(self.in_flight):
+            b.fetch()
             meta.append({"step": b.step, "version": b.version})
             arrays.update({f"{i}/batch/{k}": v for k, v in b.batch.items()})
             arrays.update({f"{i}/sample/{k}": v for k, v in b.sample.items()})
@@ -174,60 +220,53 @@ class Pipeline:
         # the rollout's program on its mesh (the synchronous one when it shares the mesh)
         self.rollout = phases.rollout if shared else ts.make_rollout_fn(run, mesh=self.mesh)
         # a copy (not an alias) of the parameters in the rollout's dtype, on the trainer's
-        # shardings; with a rollout group then moved onto its shardings
+        # shardings; with a rollout group then moved onto its shardings device to device
+        # (sharding.transfer: jax.device_put goes through the host when the layouts differ)
         cast = jax.jit(rollout_copy(run), out_shardings=copy_shardings(run, run.mesh))
         if shared:
             self._copy = cast
         else:
+            n_t, n_r = run.mesh.size, self.mesh.size
+            if max(n_t, n_r) % min(n_t, n_r):
+                raise ConfigError(
+                    f"config.rollout.devices: {n_r} rollout devices beside {n_t} trainer "
+                    "devices, and the sync moves each shard device to device only where one "
+                    "count divides the other: split the devices so that it does (e.g. 4 + 4, 6 + 2)"
+                )
             to_rollout = copy_shardings(run, self.mesh)
-            self._copy = lambda p: jax.device_put(cast(p), to_rollout)
+            self._copy = lambda p: sharding.transfer(cast(p), to_rollout)
         self.params = None  # the rollout's copy of the parameters
         self.version: int | None = None  # the policy version it holds
+        self._synced: Watch | None = None  # the last sync, until the step reads its time
         self.note = ""  # printed once by the trainer (a resume that re-synced off schedule)
 
     # ---- the rollout side
 
-    def _sync(self, state: TrainState, t: int) -> float:
-        """The rollout's copy <- the trainer's parameters (version t); returns the seconds."""
+    def _sync(self, state: TrainState, t: int) -> None:
+        """The rollout's copy <- the trainer's parameters (version t), dispatched: the rollouts
+        started after it read it, the update after it on the trainer's devices runs once the
+        copy has left them; nothing waits here (Watch times it)."""
         if self.version is None and t % self.schedule.sync_every:
             self.note = (
                 f"resumed at step {t}, between two syncs (rl.sync_every="
                 f"{self.schedule.sync_every}): the rollout's parameters are re-synced now"
             )
-        t0 = time.time()
-        self.params = jax.block_until_ready(self._copy(state.params))
+        self.params = self._copy(state.params)
         self.version = t
-        return time.time() - t0
+        self._synced = Watch(self.params)
 
-    def _start(self, state: TrainState, j: int) -> dict:
+    def _start(self, state: TrainState, j: int) -> InFlight:
         """Starts step j's rollout (asynchronously) on the data stream's next batch."""
         batch = next(self.queue)
         glob = lambda x: distributed.to_global(np.asarray(x, np.int32), self.mesh)  # noqa: E731
         key = self.phases.keys(state.rng, j)["rollout"]
         if self.run.rollout_mesh is not None:  # the key from the trainer's devices to the rollout's
             key = jax.device_put(key, sharding.replicated(self.mesh))
-        t0 = time.time()
         with sharding.use_mesh(self.mesh):
             sample = self.rollout(
                 self.params, glob(batch["prompt"]), glob(batch["prompt_length"]), key
             )
-        started = {"step": j, "version": self.version, "batch": batch, "sample": sample,
-                   "t0": t0, "t1": None}  # fmt: skip
-        # the rollout's finishing time, seen by a thread (the host goes on to the update)
-        waiter = threading.Thread(target=_mark_ready, args=(started,), daemon=True)
-        waiter.start()
-        started["waiter"] = waiter
-        return started
-
-    def _finish(self, started: dict) -> InFlight:
-        """Waits for a started rollout and keeps it as host arrays."""
-        started["waiter"].join()
-        sample = {
-            f: distributed.to_local(getattr(started["sample"], f))
-            for f in SAMPLE_FIELDS
-            if getattr(started["sample"], f) is not None
-        }
-        return InFlight(started["step"], started["version"], started["batch"], sample)
+        return InFlight(j, self.version, batch, None, {"sample": sample, "done": Watch(sample)})
 
     # ---- the trainer side
 
@@ -257,14 +296,14 @@ class Pipeline:
         run, phases, sched = self.run, self.phases, self.schedule
         t = int(jax.device_get(state.step))
         t_start = time.time()
-        sync_s = self._sync(state, t) if sched.sync_due(t, self.version) else 0.0
+        if sched.sync_due(t, self.version):
+            self._sync(state, t)
         pending = [b.step for b in self.queue.in_flight]
-        started = [self._start(state, j) for j in sched.to_start(t, pending)]
-        rollouts = list(started)  # timed below
-        if self.queue.in_flight and self.queue.in_flight[0].step == t:
-            batch = self.queue.in_flight.pop(0)
-        else:  # depth 0 (or a first step): this step's own rollout, waited for
-            batch = self._finish(started.pop(0))
+        # dispatched, not waited for: each runs on the rollout's devices until its step fetches it
+        self.queue.in_flight += [self._start(state, j) for j in sched.to_start(t, pending)]
+        batch = self.queue.in_flight.pop(0).fetch()  # step t's (depth 0: started just now)
+        if batch.step != t:
+            raise RuntimeError(f"step {t} found step {batch.step}'s batch first (a pipeline bug)")
         sched.check(t, batch.version)
         keys = phases.keys(state.rng, state.step)
         with jax.transfer_guard("allow"):  # as in rl_step: a host scalar in and out
@@ -275,9 +314,8 @@ class Pipeline:
             run, phases, state, got, keys, ref_params
         )
         t_updated = time.time()
-        for s in started:  # the rollouts started this step, kept until their steps
-            self.queue.in_flight.append(self._finish(s))
-        rollout_s = sum(s["t1"] - s["t0"] for s in rollouts)
+        sync_s, self._synced = (self._synced.seconds() if self._synced else 0.0), None
+        rollout_s = batch.seconds  # its own rollout's wall time (0 for one a checkpoint held)
         step_s = time.time() - t_start
         trainer_busy = times["time/logp_s"] + times["time/update_s"]
         return state, ts.host_metrics(
@@ -298,11 +336,6 @@ class Pipeline:
                 "time/rollout_idle_frac": max(0.0, 1.0 - rollout_s / step_s),
             },
         )
-
-
-def _mark_ready(started: dict) -> None:
-    jax.block_until_ready(started["sample"].tokens)
-    started["t1"] = time.time()
 
 
 def rollout_copy(run: Run):
@@ -336,6 +369,7 @@ def copy_shardings(run: Run, mesh: jax.sharding.Mesh):
 
 __all__ = [
     "InFlight",
+    "Watch",
     "Pipeline",
     "PipelineQueue",
     "Schedule",
