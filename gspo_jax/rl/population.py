@@ -103,11 +103,6 @@ def build_population(config: ml_collections.ConfigDict, workdir: str | None = No
     members = population_cfg.members(config)
     if not members:
         raise ConfigError("config.population.seeds is empty: this is a single run (trainer.train)")
-    if jax.process_count() > 1:
-        raise ConfigError(
-            "a population runs in one process (its member axis spreads over this process's "
-            "devices); run a multi-host job without config.population.seeds"
-        )
     objs = []
     for m in members:
         try:
