@@ -67,7 +67,7 @@ def _set(dotted: str) -> Callable[[ml_collections.ConfigDict, Setting], bool]:
 FEATURES: tuple[Feature, ...] = (
     Feature(
         "continuous",
-        "continuous rollout engine",
+        "the continuous rollout engine",
         "rl.rollout_engine",
         lambda c, s: c.rl.rollout_engine == "continuous",
         {"rl.rollout_engine": "continuous"},
@@ -81,14 +81,14 @@ FEATURES: tuple[Feature, ...] = (
     ),
     Feature(
         "pipeline",
-        "asynchronous pipeline (staleness bound)",
+        "the asynchronous pipeline",
         "rl.max_staleness",
         _set("rl.max_staleness"),
         {"rl.max_staleness": 1},
     ),
     Feature(
         "rollout_devices",
-        "rollout device group (pipelined)",
+        "a rollout device group (pipelined)",
         "rollout.devices",
         lambda c, s: float(c.rollout.devices) != 0,
         {"rollout.devices": 1.0, "num_devices": 2},
@@ -110,14 +110,14 @@ FEATURES: tuple[Feature, ...] = (
     ),
     Feature(
         "rollout_dtype",
-        "rollout dtype",
+        "a rollout dtype",
         "rl.rollout_dtype",
         _set("rl.rollout_dtype"),
         {"rl.rollout_dtype": "bfloat16"},
     ),
     Feature(
         "moe",
-        "MoE model",
+        "an MoE model",
         "model.preset",
         lambda c, s: s.moe,
         {"model.preset": "tiny_moe"},
@@ -131,7 +131,7 @@ FEATURES: tuple[Feature, ...] = (
     ),
     Feature(
         "route_change",
-        "MoE route-change log",
+        "the MoE route-change log",
         "rl.log_route_change",
         _set("rl.log_route_change"),
         {"model.preset": "tiny_moe", "rl.log_route_change": True},
@@ -166,14 +166,14 @@ FEATURES: tuple[Feature, ...] = (
     ),
     Feature(
         "population",
-        "population",
+        "a population",
         "population.seeds",
         _set("population.seeds"),
         {"population.seeds": (0, 1)},
     ),
     Feature(
         "multiprocess",
-        "multi-process run",
+        "a multi-process run",
         "",
         lambda c, s: s.processes > 1,
         {},
@@ -258,10 +258,10 @@ def on(config: ml_collections.ConfigDict, setting: Setting) -> list[str]:
 
 
 def named(feature: Feature, config: ml_collections.ConfigDict) -> str:
-    """A feature as a refusal's line names it: its field and value, or what it is."""
+    """A feature as a refusal's line names it: what it is, and its field with its value."""
     if not feature.field:
-        return f"a {feature.what}"
-    return f"config.{feature.field}={_get(config, feature.field)!r} ({feature.what})"
+        return feature.what
+    return f"{feature.what} (config.{feature.field}={_get(config, feature.field)!r})"
 
 
 def line(refused: Refusal, config: ml_collections.ConfigDict) -> str:

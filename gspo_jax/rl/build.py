@@ -5,12 +5,13 @@
     state = build.initial_state(run, params)
 
 build_run builds each part once, and every builder checks its own input as it builds
-(make_objective, placement.place, make_task, make_model_config), after config.validate's checks
-of the config alone and before the workdir is probed. The layers of rl/ stack: build (this
-module; placement.py decides where each role runs) -> the steppers (step.py's synchronous step,
-pipeline.py, population.py), which read the Run it returns -> trainer.py, the loop. Nothing here
-runs an RL step; notebooks and benchmarks use these functions to get the objects the trainer
-uses.
+(make_objective, make_task, make_model_config, placement.place), after config.validate's checks
+of the config alone and before the workdir is probed; before the mesh, config/combinations.py's
+table refuses a pair of features that does not run together (its one place). The layers of rl/
+stack: build (this module; placement.py decides where each role runs) -> the steppers (step.py's
+synchronous step, pipeline.py, population.py), which read the Run it returns -> trainer.py, the
+loop. Nothing here runs an RL step; notebooks and benchmarks use these functions to get the
+objects the trainer uses.
 
 Dimension legend: none (configuration objects and parameter pytrees).
 """

@@ -139,9 +139,9 @@ def build_population(config: ml_collections.ConfigDict, workdir: str | None = No
 def refusal(config: ml_collections.ConfigDict) -> str | None:
     """Why ``config`` (population.seeds set) cannot run as a population, in build_population's
     one line, or None when it can. It is build_population itself (the population's fields, every
-    member's config and objective, the shared Run's checks: a pipelined run, LoRA, partial
-    rollouts), so nothing is listed twice; it builds no parameters and touches no workdir.
-    experiments/sweep.py asks it (in a CPU-only process) before it merges runs."""
+    member's config and objective, the shared Run's checks: config/combinations.py's table of
+    what a population runs with), so nothing is listed twice; it builds no parameters and touches
+    no workdir. experiments/sweep.py asks it (in a CPU-only process) before it merges runs."""
     try:
         build_population(config)
     except ConfigError as e:
