@@ -41,6 +41,15 @@ POD = {k: v for k, v in TINY.items() if k != "num_devices"} | {"rl.prompts_per_s
 FAST = {("qlora", "population"), ("pipeline", "moe")}
 
 
+def test_every_printed_feature_is_in_the_table():
+    """config/features.py's fields (what a run's first line names) are the table's features,
+    but for rl.sync_every, the pipeline's own setting (it needs rl.max_staleness)."""
+    from gspo_jax.config import features
+
+    fields = {f.field for f in combinations.FEATURES}
+    assert {field for field, _ in features.FEATURES} - fields == {"rl.sync_every"}
+
+
 def test_docs_page_holds_the_generated_table():
     table = load_repo_module("experiments/checks/combinations_table.py")
     with open(table.PAGE) as f:
