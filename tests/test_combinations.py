@@ -182,10 +182,13 @@ def _metrics(workdir: str) -> list[list[dict]]:
 def run_pair(shared, tmp_path, pair):
     """One RL step of the pair (a pod of 2 processes for a multi-process pair): every run's
     metrics hold step 1 with a finite loss."""
+    from gspo_jax.rl import build as build_lib
     from gspo_jax.rl import trainer
 
     wd = str(tmp_path / "+".join(pair))
     if processes(pair) > 1:
+        # the dataset prepared first, in one process, as `main --prepare_only` before a pod run
+        build_lib.prepare(make_config(shared, **POD, **turn_on(pair)))
         outs, codes = launch_pod(shared, wd, timeout=600, **POD, **turn_on(pair))
         assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     else:
