@@ -188,8 +188,9 @@ def run_pair(shared, tmp_path, pair):
     wd = str(tmp_path / "+".join(pair))
     if processes(pair) > 1:
         # the dataset prepared first, in one process, as `main --prepare_only` before a pod run
-        build_lib.prepare(make_config(shared, **POD, **turn_on(pair)))
-        outs, codes = launch_pod(shared, wd, timeout=600, **POD, **turn_on(pair))
+        fields = {**POD, **turn_on(pair)}
+        build_lib.prepare(make_config(shared, **fields))
+        outs, codes = launch_pod(shared, wd, timeout=600, **fields)
         assert codes == [0, 0], outs[0][-3000:] + outs[1][-3000:]
     else:
         trainer.train(config_of(shared, pair), wd)
