@@ -239,6 +239,17 @@ REFUSED: tuple[Refusal, ...] = (
         "the carried rows are host state of one process",
         f"{_NO_PARTIAL} for a multi-host run",
     ),
+    # an MoE model's QLoRA stopped at its first step (an UnexpectedTracerError on the int8
+    # experts); the MoE options name the pair first, as they turn the MoE model on
+    *(
+        Refusal(
+            ("qlora", moe),
+            "the quantized base of an MoE model's experts is not built (its int8 expert "
+            "weights escape a traced function)",
+            "set config.lora.base_quant='' (LoRA on the float base) or use a dense preset",
+        )
+        for moe in ("routing_replay", "route_change", "moe")
+    ),
     Refusal(
         ("population", "dynamic_sampling"),
         f"{_DRAWS} per member, and a population runs one batch per member per step",
