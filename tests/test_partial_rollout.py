@@ -179,7 +179,7 @@ def test_partial_run_resumes_exactly_with_rows_in_flight(shared):
     "fields, match",
     [
         ({"rl.partial_rollout": 1}, "needs config.rl.rollout_engine='continuous'"),
-        ({**PARTIAL, "rl.dynamic_sampling": True}, "with rl.dynamic_sampling"),
+        ({**PARTIAL, "rl.dynamic_sampling": True}, "does not run with dynamic sampling"),
         ({**PARTIAL, "rl.partial_rollout": -1}, "must be >= 0"),
     ],
 )

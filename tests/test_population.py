@@ -209,11 +209,16 @@ LORA = {"lora.rank": 2, "lora.alpha": 4.0}
 LORA_VARY = {"optimizer": {"learning_rate": (1e-3, 3e-3)}}
 
 
-def test_lora_members_are_their_single_runs(shared):
+@pytest.mark.parametrize(
+    "base_quant", ["", pytest.param("int8", marks=pytest.mark.long, id="qlora")]
+)
+def test_lora_members_are_their_single_runs(shared, base_quant):
     """A LoRA population's member i starts from the adapters its single run draws (its seed:
     A differs between members, B = 0) and its first step is that run's: the same tokens, the
-    metrics and the adapters after it to float32 rounding; only adapters change."""
-    config = pop_config(shared, seeds=(0, 1), vary=LORA_VARY, mode="zip", **LORA)
+    metrics and the adapters after it to float32 rounding; only adapters change. The same for
+    a population of QLoRA runs (its base held quantized, lora.base_quant)."""
+    extra = {**LORA, "lora.base_quant": base_quant}
+    config = pop_config(shared, seeds=(0, 1), vary=LORA_VARY, mode="zip", **extra)
     pop = population.build_population(config)
     params, own, _ = population.initial_params(pop, shared["cache"])
     assert own is not None and len(own) == 2

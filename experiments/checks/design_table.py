@@ -36,7 +36,7 @@ HOLDS = {
     "claims": "the claims registry's entries (data), their schema and hash, the verdict, the "
     "statistics (scipy.stats)",
     "config": "the schema, config files and arguments, checks of a config alone, a population's "
-    "members, the features a run differs by",
+    "members, the features a run differs by, which features combine",
     "runtime": "multi-host start-up, agreement between processes, checkpoints, run folder, "
     "metrics, locks",
     "rollout": "the rollout seam, its engines (one-turn and multi-turn), the rollout's "
@@ -117,27 +117,32 @@ def table() -> str:
     return "\n".join([HEADER, *(r for r in rows if r)])
 
 
-def replaced(text: str, new_table: str) -> str:
-    """design.md's text with the block between BEGIN and END replaced by ``new_table``."""
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"docs/design.md lacks the markers {BEGIN!r} ... {END!r}")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{new_table}\n{END}{tail}"
+def replaced(text: str, new_table: str, begin: str = BEGIN, end: str = END) -> str:
+    """A page's text with the block between ``begin`` and ``end`` replaced by ``new_table``."""
+    if begin not in text or end not in text:
+        raise ValueError(f"the page lacks the markers {begin!r} ... {end!r}")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{new_table}\n{end}{tail}"
+
+
+def cli(argv, description: str, page: str, make_table, begin: str, end: str) -> int:
+    """Prints ``make_table()``, or with --write rewrites it between the markers of ``page``."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--write", action="store_true", help=f"rewrite the table in {page}")
+    args = p.parse_args(argv)
+    if not args.write:
+        print(make_table())
+        return 0
+    with open(page) as f:
+        text = f.read()
+    with open(page, "w") as f:
+        f.write(replaced(text, make_table(), begin, end))
+    return 0
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--write", action="store_true", help="rewrite the table in docs/design.md")
-    args = p.parse_args(argv)
-    if not args.write:
-        print(table())
-        return 0
-    with open(DESIGN) as f:
-        text = f.read()
-    with open(DESIGN, "w") as f:
-        f.write(replaced(text, table()))
-    return 0
+    return cli(argv, __doc__.split("\n\n")[0], DESIGN, table, BEGIN, END)
 
 
 if __name__ == "__main__":

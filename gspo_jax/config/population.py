@@ -121,11 +121,6 @@ def check_population(config: ml_collections.ConfigDict) -> None:
             f"config.mesh.population={mesh_pop} does not divide the {n} members: use a divisor "
             f"of {n} (members are split evenly over the population axis)"
         )
-    if config.rl.dynamic_sampling:
-        raise ConfigError(
-            "config.rl.dynamic_sampling draws a data-dependent number of batches per member; a "
-            "population runs one batch per member per step: set dynamic_sampling=False"
-        )
 
 
 def _short(field: str) -> str:

@@ -5,12 +5,13 @@
     state = build.initial_state(run, params)
 
 build_run builds each part once, and every builder checks its own input as it builds
-(make_objective, placement.place, make_task, make_model_config), after config.validate's checks
-of the config alone and before the workdir is probed. The layers of rl/ stack: build (this
-module; placement.py decides where each role runs) -> the steppers (step.py's synchronous step,
-pipeline.py, population.py), which read the Run it returns -> trainer.py, the loop. Nothing here
-runs an RL step; notebooks and benchmarks use these functions to get the objects the trainer
-uses.
+(make_objective, make_task, make_model_config, placement.place), after config.validate's checks
+of the config alone and before the workdir is probed; before the mesh, config/combinations.py's
+table refuses a pair of features that does not run together (its one place). The layers of rl/
+stack: build (this module; placement.py decides where each role runs) -> the steppers (step.py's
+synchronous step, pipeline.py, population.py), which read the Run it returns -> trainer.py, the
+loop. Nothing here runs an RL step; notebooks and benchmarks use these functions to get the
+objects the trainer uses.
 
 Dimension legend: none (configuration objects and parameter pytrees).
 """
@@ -32,7 +33,7 @@ from flax import nnx
 
 from gspo_jax import advantages, data, models, objectives, rollout, sharding, tasks
 from gspo_jax import config as config_lib
-from gspo_jax.config import ConfigError
+from gspo_jax.config import ConfigError, combinations
 from gspo_jax.data import files as data_files
 from gspo_jax.rl import adapters, episodes, optimizer, placement, warmstart
 from gspo_jax.runtime import metrics as metrics_lib
@@ -372,10 +373,13 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
     episodes.envs_refusals(config)
     rl = config.rl
     objective = make_objective(config)
-    where = placement.place(config)  # the trainer's mesh and the rollout's, once
-    mesh = where.trainer
     task = make_task(config)
     model_cfg = make_model_config(config, task)
+    # which features combine: config/combinations.py's table, the one place a pair is refused
+    setting = combinations.Setting(moe=model_cfg.is_moe, processes=jax.process_count())
+    combinations.check(config, setting)
+    where = placement.place(config)  # the trainer's mesh and the rollout's, once
+    mesh = where.trainer
     if workdir is not None:
         config_lib.check_workdir_writable(workdir)
     if rl.max_new_tokens <= 0:
@@ -386,11 +390,6 @@ def build_run(config: ml_collections.ConfigDict, workdir: str | None = None) -> 
     updates_per_step = rl.num_epochs * rl.num_minibatches
     lora = adapters.lora_spec(config)
     adapters.check_lora(lora, model_cfg)
-    if lora.base_quant and config.population.seeds:
-        raise ConfigError(
-            f"config.lora.base_quant={lora.base_quant!r} (QLoRA) in a population is not built; "
-            "run the QLoRA runs one by one (experiments/sweep.py) or set config.lora.base_quant=''"
-        )
     tx, schedule = optimizer.make_optimizer(config.optimizer, rl.num_steps * updates_per_step)
     graphdef, abs_params, rest, state_sh = abstract_params(model_cfg, mesh, config.seed, lora)
     rollout_graphdef = graphdef
@@ -446,8 +445,8 @@ def rollout_options(config) -> tuple:
 
 
 def partial_rollout_of(config) -> int:
-    """config.rl.partial_rollout, checked: the continuous engine only, and not with what needs a
-    rollout to be one policy's whole batch (one-line ConfigErrors naming the fix)."""
+    """config.rl.partial_rollout, checked: >= 0, and the continuous engine only (one-line
+    ConfigErrors naming the fix)."""
     rl, k = config.rl, config.rl.partial_rollout
     if k == 0:
         return 0
@@ -459,21 +458,7 @@ def partial_rollout_of(config) -> int:
             f"config.rl.partial_rollout={k} needs config.rl.rollout_engine='continuous' (the "
             f"static engine decodes one batch to its end); set it, or {fix}"
         )
-    for field, why in (
-        ("dynamic_sampling", "draws a data-dependent number of batches per step"),
-        ("routing_replay", "replays routes, which a continued row's new prefill changes"),
-        ("log_route_change", "compares the rollout's routes, which a new prefill changes"),
-    ):
-        if rl[field]:
-            raise ConfigError(f"config.rl.partial_rollout={k} with rl.{field}: it {why}; {fix}")
-    if config.population.seeds:
-        raise ConfigError(f"config.rl.partial_rollout={k} in a population is not built; {fix}")
-    if jax.process_count() > 1:
-        raise ConfigError(
-            f"config.rl.partial_rollout={k} runs in one process (the carried rows are host "
-            f"state); {fix} for a multi-host run"
-        )
-    return int(k)
+    return int(k)  # what it does not run with: config/combinations.py (build_run checks)
 
 
 def step_spec(config, task, objective: objectives.Objective) -> StepSpec:

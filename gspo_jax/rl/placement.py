@@ -95,7 +95,7 @@ def split_devices(config, devices: list) -> tuple[list, list]:
 def check_pipeline(config) -> tuple[int, int, bool]:
     """(max_staleness, sync_every, pipelined), checked: one-line ConfigErrors naming the fix for
     a bound below 0, a sync interval the bound cannot absorb, a checkpoint interval that is not a
-    multiple of it, and what the pipeline does not run with."""
+    multiple of it (what the pipeline does not run with: config/combinations.py)."""
     rl = config.rl
     k, s = int(rl.max_staleness), int(rl.sync_every)
     pipelined = k > 0 or float(config.rollout.devices) != 0
@@ -119,22 +119,7 @@ def check_pipeline(config) -> tuple[int, int, bool]:
             f"config.rl.sync_every={s}: a resume needs the rollout's parameters equal to the "
             "trainer's at each saved step; make checkpoint.every a multiple of sync_every"
         )
-    if not pipelined:
-        return k, s, False
-    fix = "set config.rl.max_staleness=0 and config.rollout.devices=0"
-    for refused, why in (
-        (rl.dynamic_sampling, "rl.dynamic_sampling draws a data-dependent number of batches"),
-        (rl.partial_rollout, "rl.partial_rollout carries rows between steps (not yet pipelined)"),
-        (bool(config.population.seeds), "a population (config.population.seeds)"),
-        (
-            jax.process_count() > 1 and float(config.rollout.devices) != 0,
-            "a rollout device group in a multi-process run (each process would need rollout "
-            "devices of its own; rollout.devices=0 pipelines a pod run on its one mesh)",
-        ),
-    ):
-        if refused:
-            raise ConfigError(f"the asynchronous pipeline does not run with {why}; {fix}")
-    return k, s, True
+    return k, s, pipelined
 
 
 def trainer_mesh(config: ml_collections.ConfigDict, devices: list) -> jax.sharding.Mesh:

@@ -104,11 +104,6 @@ def build_population(config: ml_collections.ConfigDict, workdir: str | None = No
     members = population_cfg.members(config)
     if not members:
         raise ConfigError("config.population.seeds is empty: this is a single run (trainer.train)")
-    if jax.process_count() > 1:
-        raise ConfigError(
-            "a population runs in one process (its member axis spreads over this process's "
-            "devices); run a multi-host job without config.population.seeds"
-        )
     objs = []
     for m in members:
         try:
@@ -145,9 +140,9 @@ def build_population(config: ml_collections.ConfigDict, workdir: str | None = No
 def refusal(config: ml_collections.ConfigDict) -> str | None:
     """Why ``config`` (population.seeds set) cannot run as a population, in build_population's
     one line, or None when it can. It is build_population itself (the population's fields, every
-    member's config and objective, the shared Run's checks: a pipelined run, LoRA, partial
-    rollouts), so nothing is listed twice; it builds no parameters and touches no workdir.
-    experiments/sweep.py asks it (in a CPU-only process) before it merges runs."""
+    member's config and objective, the shared Run's checks: config/combinations.py's table of
+    what a population runs with), so nothing is listed twice; it builds no parameters and touches
+    no workdir. experiments/sweep.py asks it (in a CPU-only process) before it merges runs."""
     try:
         build_population(config)
     except ConfigError as e:

@@ -385,6 +385,14 @@ def collect_episodes(
     )
 
 
+def count_signal(signal: jax.Array, mesh) -> int:
+    """How many groups of ``signal`` [P] (spread over every process's devices) carry a learning
+    signal: summed on the mesh into a replicated scalar, which every process can read."""
+    with sharding.use_mesh(mesh):
+        count = jax.jit(jnp.sum, out_shardings=sharding.replicated(mesh))(signal)
+    return int(jax.device_get(count))
+
+
 def collect_rollouts(
     run: Run,
     phases: Phases,
@@ -418,7 +426,7 @@ def collect_rollouts(
         t_reward += time.time() - t1
         if not spec.dynamic_sampling:
             break
-        n_signal += int(np.sum(jax.device_get(signal)))
+        n_signal += count_signal(signal, mesh)
         if n_signal >= spec.prompts or g + 1 == max_gens:
             break
         batch_local = more_batches()
