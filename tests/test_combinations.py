@@ -3,8 +3,9 @@ the table, and building the config (rl/build.py build_run, rl/population.py buil
 raises exactly the table's line, or runs one RL step at the smallest size.
 
 The fast suite builds every refused pair, every feature alone, and runs the pairs of FAST; the
-other pairs run one step each behind @pytest.mark.long, a multi-process pair as a 2-process pod
-(tests/trainer_runs.py launch_pod).
+long stage runs a covering set (every feature beside another); every other pair runs one step
+under the `pairs` marker (`python -m pytest -q -m pairs`), a multi-process pair as a 2-process
+pod (tests/trainer_runs.py launch_pod).
 """
 
 import itertools
@@ -205,8 +206,40 @@ def test_a_pair_runs_one_step(shared, tmp_path, pair):
     run_pair(shared, tmp_path, pair)
 
 
+# The long stage (.ci/run) runs COVERING: every feature beside another, with FAST; every other
+# pair that runs is marked `pairs` (python -m pytest -q -m pairs: seconds each, about a minute for
+# a 2-process pod pair), outside the README's command and .ci/run's budget.
+COVERING = [
+    ("continuous", "partial"),
+    ("continuous", "environment"),
+    ("pipeline", "lora"),
+    ("rollout_devices", "token_advantages"),
+    ("qlora", "dynamic_sampling"),
+    ("rollout_quant", "moe"),
+    ("rollout_quant", "route_change"),
+    ("rollout_dtype", "multiprocess"),
+    ("lora", "routing_replay"),
+    ("lora", "population"),
+    ("recompute_old_logp", "remat"),
+]
+
+
+def test_the_long_stage_runs_every_feature_beside_another():
+    assert set(COVERING) <= set(RUNS) and not set(COVERING) & FAST
+    assert set().union(*map(set, COVERING), *map(set, FAST)) == set(KEYS)
+
+
 @pytest.mark.long
-@pytest.mark.parametrize("pair", [p for p in RUNS if p not in FAST], ids="+".join)
+@pytest.mark.parametrize("pair", COVERING, ids="+".join)
 def test_a_pair_runs_one_step_long(shared, tmp_path, pair):
+    assert refused_line(config_of(shared, pair), pair) is None
+    run_pair(shared, tmp_path, pair)
+
+
+@pytest.mark.pairs
+@pytest.mark.parametrize(
+    "pair", [p for p in RUNS if p not in FAST and p not in COVERING], ids="+".join
+)
+def test_every_other_pair_runs_one_step(shared, tmp_path, pair):
     assert refused_line(config_of(shared, pair), pair) is None
     run_pair(shared, tmp_path, pair)

@@ -17,7 +17,7 @@ from test_sandbox import needs_sandbox
 
 from gspo_jax import config as config_lib
 from gspo_jax import envs, models, rollout
-from gspo_jax.config import ConfigError
+from gspo_jax.config import ConfigError, combinations
 from gspo_jax.rl import build, episodes, trainer
 from gspo_jax.rollout import multi_turn
 from gspo_jax.tasks import products
@@ -42,11 +42,6 @@ def tools_config(tmp_path, **fields):
     "field,value,words",
     [
         ("env.name", "bash", "is not an environment"),
-        ("rl.max_staleness", 1, "asynchronous pipeline"),
-        ("rl.partial_rollout", 1, "partial_rollout"),
-        ("population.seeds", (0, 1), "population"),
-        ("rl.dynamic_sampling", True, "dynamic_sampling"),
-        ("rl.routing_replay", True, "routing_replay"),
         ("rl.rollout_logp_noise", 0.1, "rollout_logp_noise"),
         ("env.max_turns", 0, "max_turns"),
         ("rl.rollout_engine", "paged", "multi-turn engines"),
@@ -57,6 +52,28 @@ def test_an_environment_refuses_what_it_does_not_carry_in_one_line(tmp_path, fie
     with pytest.raises(ConfigError, match=words) as e:
         episodes.envs_refusals(c)
     assert "\n" not in str(e.value) and "config.env" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "field,value,words",
+    [
+        ("rl.max_staleness", 1, "asynchronous pipeline"),
+        ("rl.partial_rollout", 1, "partial rollouts"),
+        ("population.seeds", (0, 1), "population"),
+        ("rl.dynamic_sampling", True, "dynamic sampling"),
+        ("rl.routing_replay", True, "routing replay"),
+    ],
+)
+def test_the_features_an_environment_does_not_carry_are_the_tables_rows(
+    tmp_path, field, value, words
+):
+    """config/combinations.py refuses them, one line naming config.env.name and the feature."""
+    c = tools_config(tmp_path, **{field: value})
+    if field == "rl.partial_rollout":
+        config_lib.set_field(c, "rl.rollout_engine", "continuous")
+    line = combinations.refusal(c, combinations.Setting(moe=field == "rl.routing_replay"))
+    assert line is not None and "\n" not in line
+    assert words in line and "config.env.name='python'" in line
 
 
 def test_one_turn_needs_no_environment(tmp_path):

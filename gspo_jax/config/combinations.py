@@ -172,6 +172,13 @@ FEATURES: tuple[Feature, ...] = (
         {"population.seeds": (0, 1)},
     ),
     Feature(
+        "environment",
+        "a multi-turn environment with tools",
+        "env.name",
+        _set("env.name"),
+        {"env.name": "python"},
+    ),
+    Feature(
         "multiprocess",
         "a multi-process run",
         "",
@@ -254,6 +261,25 @@ REFUSED: tuple[Refusal, ...] = (
         ("population", "dynamic_sampling"),
         f"{_DRAWS} per member, and a population runs one batch per member per step",
         "set config.rl.dynamic_sampling=False",
+    ),
+    # a multi-turn run's rows come from rollout/multi_turn.py's engines, one run's episodes on
+    # one host, without routes (rl/episodes.py)
+    *(
+        Refusal((partner, "environment"), why, "set config.env.name='' (one turn)")
+        for partner, why in (
+            ("pipeline", "the pipeline's rollout thread samples one-turn rows"),
+            ("rollout_devices", "the pipeline's rollout thread samples one-turn rows"),
+            ("partial", "the carried rows are one turn's"),
+            ("population", "a population's rollout is one program of one-turn rows"),
+            ("dynamic_sampling", "its extra generation batches are one-turn rows"),
+            ("routing_replay", "the multi-turn engines return no routes"),
+            ("route_change", "the multi-turn engines return no routes"),
+        )
+    ),
+    Refusal(
+        ("environment", "multiprocess"),
+        "the episodes' tools run on one host",
+        "set config.env.name='' (one turn) for a multi-host run",
     ),
     Refusal(
         ("population", "multiprocess"),

@@ -50,29 +50,13 @@ def envs_refusals(config: ml_collections.ConfigDict) -> None:
             f"config.env.name={name!r} is not an environment; valid: {('',) + ENVIRONMENTS} "
             "('' = one turn, no environment)"
         )
+    # the features an environment run does not carry are config/combinations.py's rows; here
+    # the engine (a value of one field) and the log-prob noise dose (a claims experiment's knob)
     fix = "set config.env.name='' (one turn) or turn the feature off"
     rl = config.rl
-    refused = (
-        (
-            rl.max_staleness > 0 or config.rollout.devices > 0,
-            "the asynchronous pipeline "
-            "(rl.max_staleness, rollout.devices): its rollout thread samples one-turn rows",
-        ),
-        (rl.partial_rollout > 0, "rl.partial_rollout: carried rows are one turn's"),
-        (
-            bool(config.population.seeds),
-            "a population (population.seeds): its members' rollout is one program of one-turn rows",
-        ),
-        (rl.dynamic_sampling, "rl.dynamic_sampling: its extra generation batches are one-turn"),
-        (
-            rl.routing_replay or rl.log_route_change,
-            "rl.routing_replay / log_route_change: the multi-turn engine returns no routes",
-        ),
-        (rl.rollout_logp_noise > 0, "rl.rollout_logp_noise: the dose is one-turn rows'"),
-        (jax.process_count() > 1, "a multi-host run: the episodes' tools run on one host"),
-    )
     engines = tuple(multi_turn.ENGINES)
-    refused += (
+    refused = (
+        (rl.rollout_logp_noise > 0, "rl.rollout_logp_noise: the dose is one-turn rows'"),
         (
             rl.rollout_engine not in engines,
             f"rl.rollout_engine={rl.rollout_engine!r}: the multi-turn engines are {engines}",
