@@ -42,7 +42,8 @@ BAD_CONFIGS = [
         "unknown_task",
         dict(task__name="nope"),
         r"^config\.task\.name='nope' is not a task; valid tasks: "
-        r"\['arith', 'chainsum', 'countdown', 'gsm8k', 'math'\]\. Set --config\.task\.name",
+        r"\['arith', 'chainsum', 'countdown', 'gsm8k', 'math', 'products'\]\. Set "
+        r"--config\.task\.name",
     ),
     (
         "unknown_model_preset",

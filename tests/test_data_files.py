@@ -103,7 +103,8 @@ def test_jsonl_and_parquet_folders_load_with_counts_and_fields(folders, data_dir
             assert got == want[split]  # question, answer, annotation, short_answer; in order
         batch = next(data.make_train_iterator(task, batch_size=4, seed=0, data_dir=data_dir))
         assert batch["prompt"].shape == (4, task.max_prompt_len)
-        assert set(batch) == {"prompt", "prompt_length", "short_answer", "annotation"}
+        # the question too: a multi-turn environment renders it as the user's message
+        assert set(batch) == {"prompt", "prompt_length", "short_answer", "annotation", "question"}
         short = {r["short_answer"] for r in want["train"]}
         assert set(batch["short_answer"].tolist()) <= short
     assert sorted(data.prepare(task, data_dir)) == ["test", "train"]
