@@ -394,3 +394,13 @@ def test_printable_fuzz_with_seeded_random():
             correct[name] += _check_verdict(task, _RECORDS[name], near, terminated).correct
     # some edits leave the answer right (e.g. a changed "W" column): the positive path was hit
     assert all(n > 0 for n in correct.values()), correct
+
+
+@pytest.mark.parametrize("name", ["arith", "countdown", "chainsum", "products"])
+def test_prompt_text_from_a_batchs_fields_is_the_datasets_prompt(name):
+    """A multi-turn environment renders the user's message from the fields a batch carries
+    (record_fields); it must be the prompt the dataset holds."""
+    task = tasks.get_task(name, num_train=50, num_test=20)
+    for record in task.generate_split("test")[:20]:
+        fields = {k: record[k] for k in task.record_fields}
+        assert task.prompt_text(fields) == record["prompt"]

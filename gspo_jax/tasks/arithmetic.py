@@ -215,8 +215,15 @@ class ArithmeticTask(Task):
             split,
             self.config,
         )
+        return [
+            dict(prompt=self.prompt_text(dict(a=a, b=b)), a=a, b=b, target=a + b) for a, b in pairs
+        ]
+
+    def prompt_text(self, record: Mapping[str, Any]) -> str:
+        """The question from the operands (what batches carry, record_fields): the environments
+        render it as the user's message."""
         w = self.width
-        return [dict(prompt=f"{a:0{w}d}+{b:0{w}d}=", a=a, b=b, target=a + b) for a, b in pairs]
+        return f"{int(record['a']):0{w}d}+{int(record['b']):0{w}d}="
 
     # ---- warm start ---------------------------------------------------------------------------
     def demonstration(self, record: Mapping[str, Any], rng: np.random.Generator) -> str:

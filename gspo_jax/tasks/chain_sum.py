@@ -153,12 +153,17 @@ class ChainSumTask(Task):
         k = int(rng.integers(self.min_terms, self.max_terms + 1))
         return tuple(int(x) for x in rng.integers(0, 10**self.digits, size=k))
 
+    def prompt_text(self, record: Mapping[str, Any]) -> str:
+        """The question from the operands (what batches carry, record_fields; zero after
+        num_terms): the environments render it as the user's message."""
+        ops = [int(x) for x in record["operands"][: int(record["num_terms"])]]
+        return "+".join(f"{x:0{self.digits}d}" for x in ops) + "="
+
     def generate_split(self, split: str) -> list[dict[str, Any]]:
         problems = disjoint_problems(self._draw, self.config["seed"], split, self.config)
-        d = self.digits
         return [
             dict(
-                prompt="+".join(f"{x:0{d}d}" for x in ops) + "=",
+                prompt=self.prompt_text(dict(operands=ops, num_terms=len(ops))),
                 # [max_terms], zero after num_terms: a fixed shape for TFDS and the batches
                 operands=np.array(list(ops) + [0] * (self.max_terms - len(ops)), np.int64),
                 num_terms=len(ops),

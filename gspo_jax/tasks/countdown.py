@@ -216,13 +216,19 @@ class CountdownTask(Task):
             seen.add(key)
             out.append(
                 dict(
-                    prompt=",".join(map(str, sorted(nums))) + f":{value}=",
+                    prompt=self.prompt_text(dict(numbers=sorted(nums), target=value)),
                     numbers=np.asarray(sorted(nums), np.int64),
                     target=value,
                     solution=expr,
                 )
             )
         return out
+
+    def prompt_text(self, record: Mapping[str, Any]) -> str:
+        """The question from the numbers (sorted) and the target (what batches carry,
+        record_fields): the environments render it as the user's message."""
+        numbers = ",".join(str(int(x)) for x in record["numbers"])
+        return f"{numbers}:{int(record['target'])}="
 
     def generate_split(self, split: str) -> list[dict[str, Any]]:
         check_split(split)
