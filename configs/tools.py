@@ -21,8 +21,13 @@ rollout/turns, rollout/correct).
 Needs bubblewrap (docs/tools.md "What it relies on from the OS"). Expected runtime and accuracy:
 not measured yet.
 
+The experiment (issue 51, gspo_jax/claims/entries/tool_use_where_it_helps and
+tool_gspo_matches_grpo, notebooks/tool_use.ipynb): get_sweep's arms on the mixed task
+(MIXED: operands of 1-4 digits), from one warm start per draw, each draw's arms paired.
+
 Arguments: runlocal (bool: a tiny model, a few steps), objective (str), seed (int), steps (int),
-digits (int: operand length, the difficulty), tool_fraction (float: the share of warm-start
+digits (int: operand length, the difficulty), min_digits (int: mix the lengths min_digits..digits,
+one per problem, for the tool-call rate by difficulty), tool_fraction (float: the share of warm-start
 demonstrations that call the tool), max_turns (int: policy turns per episode), engine ("static"
 or "continuous": the multi-turn engine).
 """
@@ -43,6 +48,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         seed=0,
         steps=config_dict.placeholder(int),
         digits=6,
+        min_digits=config_dict.placeholder(int),
         tool_fraction=0.8,
         max_turns=3,
         engine="static",
@@ -51,7 +57,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.seed = a.seed
     c.objective.name = a.objective
     c.task.name = "products"
-    c.task.kwargs = ml_collections.ConfigDict(dict(digits=a.digits))
+    mix = {} if a.min_digits is None else dict(min_digits=a.min_digits)
+    c.task.kwargs = ml_collections.ConfigDict(dict(digits=a.digits, **mix))
     c.env.name = "python"
     c.env.max_turns = a.max_turns
     c.env.max_tool_response_tokens = 64  # a product's digits, or an error's first lines
@@ -65,7 +72,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.num_problems = 100
     if a.runlocal:
         c.task.kwargs = ml_collections.ConfigDict(
-            dict(digits=min(a.digits, 3), num_train=500, num_test=50)
+            dict(digits=min(a.digits, 3), num_train=500, num_test=50, **mix)
         )
         c.model.preset = "tiny"
         c.init.warmstart.steps = 20
@@ -84,3 +91,29 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.rl.num_steps = a.steps
     c.lock()
     return c
+
+
+# The experiment's task (issue 51): operand lengths 1-4 mixed, one per problem (the tool-call
+# rate by difficulty); its draws: warm starts 101-108 (the pilot's was 0; no entry reuses it).
+MIXED = "min_digits=1,digits=4"
+TOOL_DRAWS = tuple(range(101, 109))
+# the arms: GSPO (its preset: the sequence ratio over the policy's tokens, eps 3e-4/4e-4) and GRPO
+# at its own eps 0.2 without its KL term (no reference model: the ratio level and eps differ)
+TOOL_ARMS = {
+    "gspo": {"objective.name": "gspo"},
+    "grpo_nokl": {"objective.name": "grpo", "objective.kl_coef": 0.0},
+}
+
+
+def get_sweep(arg: str | None = None) -> list[dict]:
+    """The tool experiment's runs for experiments/claims.py (sweep "tools"): every arm of
+    TOOL_ARMS from each of the first ``seeds`` draws of TOOL_DRAWS (the warm start's seed, and
+    the RL seed: a draw's arms share their base and prompts), draw by draw."""
+    a = config_lib.parse_arg(arg, seeds=len(TOOL_DRAWS))
+    if not 1 <= a.seeds <= len(TOOL_DRAWS):
+        raise ValueError(f"seeds must lie in [1, {len(TOOL_DRAWS)}] (the draws), got {a.seeds}.")
+    return [
+        dict(name=f"{arm}_s{d}", overrides={**o, "seed": d, "init.warmstart.seed": d})
+        for d in TOOL_DRAWS[: a.seeds]
+        for arm, o in TOOL_ARMS.items()
+    ]

@@ -383,3 +383,26 @@ def test_pod_timeout_must_be_positive():
     with pytest.raises(config_lib.ConfigError, match=r"multihost.timeout_s must be > 0 seconds"):
         pod.configure(0)
     assert pod.timeout_of(ml_collections.ConfigDict()) == pod.DEFAULT_TIMEOUT_S  # an older config
+
+
+def test_the_tool_experiments_sweep_pairs_its_arms_on_each_draw():
+    """configs/tools.py get_sweep: GSPO and GRPO (KL off) from each warm-start draw, the draw
+    also the RL seed (a draw's arms share their base and prompts); too many draws refused."""
+    tools = load_repo_module("configs/tools.py")
+    runs = tools.get_sweep("seeds=2")
+    first, second = tools.TOOL_DRAWS[:2]
+    assert [r["name"] for r in runs] == [
+        f"gspo_s{first}",
+        f"grpo_nokl_s{first}",
+        f"gspo_s{second}",
+        f"grpo_nokl_s{second}",
+    ]
+    for r in runs:
+        d = int(r["name"].rsplit("_s", 1)[1])
+        assert r["overrides"]["seed"] == d and r["overrides"]["init.warmstart.seed"] == d
+    assert runs[1]["overrides"]["objective.kl_coef"] == 0.0
+    assert len(tools.get_sweep()) == 2 * len(tools.TOOL_DRAWS) >= 16
+    with pytest.raises(ValueError, match="seeds must lie in"):
+        tools.get_sweep(f"seeds={len(tools.TOOL_DRAWS) + 1}")
+    mixed = config_lib.load_config_file(os.path.join(REPO, "configs", "tools.py:" + tools.MIXED))
+    assert mixed.task.kwargs.min_digits == 1 and mixed.task.kwargs.digits == 4

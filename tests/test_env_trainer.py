@@ -107,7 +107,7 @@ def scripted_engine(played: list, direct=lambda record: False):
             a, b = int(record["a"]), int(record["b"])
             turns = [products.call_text(a, b), products.answer_text(a, b)]
             if direct(record):
-                turns = [products.answer_text(a, b + 1)]
+                turns = [f"Answer: {a * b + 1}"]  # wrong also when a is 0
             row = envs.run_episode(env, record, envs.scripted_policy(turns, tok))
             n = len(env.start(record).prompt_ids)
             prompts.append(row.ids[:n])
@@ -197,6 +197,32 @@ def test_tool_evaluation_logs_calls_turns_and_accuracy_with_and_without_a_call(
     assert out["tool_accuracy"] == pytest.approx(calls.mean())
     assert out["tool_accuracy_with_call"] == 1 and out["tool_accuracy_without_call"] == 0
     assert [e["tool_calls"] for e in out["episodes"]] == calls.tolist()
+
+
+@needs_sandbox
+def test_tool_evaluation_breaks_the_call_rate_and_accuracy_down_by_difficulty(
+    tmp_path, monkeypatch
+):
+    """Operands of 1-3 digits mixed: tool_call_rate/<level> and tool_accuracy/<level> are the
+    scripted policy's per-length counts (here it calls the tool on the 3-digit problems only)."""
+    from gspo_jax.rl import evaluation
+
+    long = lambda record: len(str(int(record["a"]))) == 3  # noqa: E731 (calls; others wrong)
+    direct = lambda record: not long(record)  # noqa: E731
+    monkeypatch.setattr(episodes, "generate_episodes", lambda: scripted_engine([], direct))
+    task = products.ProductsTask(digits=3, min_digits=1, num_train=20, num_test=12)
+    env = envs.TaskToolEnvironment(task, tools=[envs.python_tool()])
+    model = random_model(models.get_model_config("tiny", vocab_size=task.tokenizer.vocab_size))
+    out = evaluation.evaluate_tools(model, env, "test", 12, batch_size=4, data_dir=str(tmp_path))
+    test = task.generate_split("test")
+    lengths = {len(str(r["a"])) for r in test}
+    assert len(lengths) > 1  # the draw mixed the lengths
+    for d in lengths:
+        slug = f"{d}_digit{'s' * (d > 1)}"
+        expected = float(d == 3)
+        assert out[f"tool_call_rate/{slug}"] == expected
+        assert out[f"tool_accuracy/{slug}"] == expected
+    assert out["tool_call_rate"] == pytest.approx(np.mean([long(r) for r in test]))
 
 
 @needs_sandbox

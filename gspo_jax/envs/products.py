@@ -33,12 +33,14 @@ DEFAULT_LIMITS = EpisodeLimits(max_turns=3)
 
 
 class ProductsEnvironment(TaskToolEnvironment):
-    """a * b with operands of exactly ``digits`` digits, the Python tool available."""
+    """a * b with operands of ``digits`` digits (or ``min_digits``..``digits``), the Python tool
+    available."""
 
     def __init__(
         self,
         *,
         digits: int = 6,
+        min_digits: int | None = None,
         seed: int = 0,
         format_weight: float = 0.1,
         chat: ChatFormat | None = None,
@@ -46,19 +48,28 @@ class ProductsEnvironment(TaskToolEnvironment):
         tool: Tool | None = None,
     ):
         task = products.ProductsTask(
-            digits=digits, seed=seed, format_weight=format_weight, num_train=1, num_test=1
+            digits=digits,
+            min_digits=min_digits,
+            seed=seed,
+            format_weight=format_weight,
+            num_train=1,
+            num_test=1,
         )
         super().__init__(
             task, tools=[tool if tool is not None else python_tool()], chat=chat, limits=limits
         )
-        self.digits, self.seed, self.format_weight = digits, seed, format_weight
-        self.config = dict(digits=digits, seed=seed, format_weight=format_weight)
+        self.digits, self.min_digits = digits, min_digits
+        self.seed, self.format_weight = seed, format_weight
+        self.config = dict(
+            digits=digits, min_digits=min_digits, seed=seed, format_weight=format_weight
+        )
 
     def problems(self, split: str, n: int) -> list[dict[str, Any]]:
         """``n`` distinct problems of ``split``, deterministic by seed; the train split avoids
         the first ``n`` test problems (held-out ones are never trained on)."""
         task = products.ProductsTask(
             digits=self.digits,
+            min_digits=self.min_digits,
             seed=self.seed,
             format_weight=self.format_weight,
             num_train=n,

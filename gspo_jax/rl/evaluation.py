@@ -28,6 +28,9 @@ environment as configured (the tool offered), one per problem, through the multi
     tool_call_rate            share of episodes with at least one call
     tool_accuracy_with_call, tool_accuracy_without_call   accuracy of the episodes that called
                               the tool and of those that answered directly (NaN if none)
+    tool_call_rate/<level>, tool_accuracy/<level>   the same per difficulty (task.difficulty,
+                              spaces as "_": "tool_call_rate/3_digits"), for a task with several
+                              levels: whether a policy calls the tool where it helps
 "Without tools" is evaluate's greedy_accuracy on the same problems: the task's one turn, no tool
 offered (its prompt has no tools header; with PlainChat the prompt is the same).
 
@@ -259,7 +262,7 @@ def evaluate_tools(
     """Greedy episodes of ``num_problems`` problems of ``split`` in the tool environment ``env``
     (an envs.TaskToolEnvironment: its task gives the problems), one per problem: the tool-use
     figures of the module docstring, as floats; with ``with_episodes`` also "episodes", a list
-    per episode of {tool_calls, failed_calls, turns, correct, reward, end}."""
+    per episode of {tool_calls, failed_calls, turns, correct, reward, end, level}."""
     model = process_local_copy(model)
     task = env.task
     T = max_new_tokens or task.max_response_len
@@ -285,7 +288,8 @@ def evaluate_tools(
         scores = episodes.episode_scores(played)
         for b in range(n):
             row = {k: float(v[b]) for k, v in scores.items()}
-            rows.append({**row, "end": played.infos[b].get("end", "")})
+            level = task.difficulty(records[b])
+            rows.append({**row, "end": played.infos[b].get("end", ""), "level": level})
     col = {k: np.asarray([r[k] for r in rows]) for k in ("correct", "reward", "tool_calls")}
     called = col["tool_calls"] > 0
 
@@ -304,6 +308,12 @@ def evaluate_tools(
         "tool_accuracy_without_call": mean_of(col["correct"], ~called),
         "tool_num_problems": float(len(rows)),
     }
+    levels = np.asarray([r["level"] for r in rows])
+    if len(set(levels)) > 1:
+        for level in sorted(set(levels)):
+            at, slug = levels == level, level.replace(" ", "_")
+            out[f"tool_call_rate/{slug}"] = float(called[at].mean())
+            out[f"tool_accuracy/{slug}"] = float(col["correct"][at].mean())
     if with_episodes:
         out["episodes"] = rows
     return out

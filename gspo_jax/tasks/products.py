@@ -7,7 +7,9 @@ A small model cannot multiply two 8-digit numbers in its head reliably (every di
 product depends on many digit products and carries), but it can call the Python tool and copy the
 number it prints (envs.ProductsEnvironment, config.env.name="python"). With ``digits`` 1-2 the
 answer is easy without the tool, so the tool-call rate by difficulty shows whether a policy
-learned where the tool helps.
+learned where the tool helps: ``min_digits`` < ``digits`` mixes the operand lengths (each problem
+draws its length uniformly from min_digits..digits, both operands the same length), and
+``difficulty`` names a problem's length.
 
 The final turn answers ``Answer: <number>``. Reward: correct (1/0: the last "Answer:" holds the
 product and the turn ended with eos) + format_weight * format (1/0: it ended with eos and holds an
@@ -54,10 +56,20 @@ def call_text(a: int, b: int) -> str:
     return f"{CALL_OPEN}{json.dumps(call)}{CALL_CLOSE}"
 
 
-class ProductsTask(Task):
-    """a * b with operands of exactly ``digits`` digits (the difficulty knob).
+def _lo(digits: int) -> int:
+    """The smallest operand of ``digits`` digits (0 for one digit: 0-9)."""
+    return 10 ** (digits - 1) if digits > 1 else 0
 
-    Knobs: digits, format_weight, num_train, num_test, seed.
+
+def _hi(digits: int) -> int:
+    return 10**digits
+
+
+class ProductsTask(Task):
+    """a * b with operands of ``digits`` digits (the difficulty knob), or of a length drawn per
+    problem from ``min_digits``..``digits``.
+
+    Knobs: digits, min_digits (None: = digits), format_weight, num_train, num_test, seed.
     """
 
     name = "products"
@@ -68,6 +80,7 @@ class ProductsTask(Task):
         self,
         *,
         digits: int = 6,
+        min_digits: int | None = None,
         format_weight: float = 0.1,
         num_train: int = 20000,
         num_test: int = 1000,
@@ -75,17 +88,21 @@ class ProductsTask(Task):
     ):
         if not 1 <= digits <= 9:  # the product fits the records' int64
             raise ValueError(f"digits must lie in [1, 9], got {digits}.")
+        min_digits = digits if min_digits is None else min_digits
+        if not 1 <= min_digits <= digits:
+            raise ValueError(f"min_digits must lie in [1, digits={digits}], got {min_digits}.")
         check_split_sizes(num_train, num_test)
-        self.lo, self.hi = 10 ** (digits - 1) if digits > 1 else 0, 10**digits
-        space = (self.hi - self.lo) ** 2
+        # the problems each length can hold: (operands of that length)^2
+        space = sum((_hi(d) - _lo(d)) ** 2 for d in range(min_digits, digits + 1))
         if num_train + num_test > space // 4:
             raise ValueError(
-                f"{num_train + num_test} problems asked of {digits}-digit operands: at most "
-                f"{space // 4}; lower num_train/num_test or raise digits."
+                f"{num_train + num_test} problems asked of {min_digits}-{digits}-digit operands: "
+                f"at most {space // 4}; lower num_train/num_test or raise digits."
             )
-        self.digits, self.format_weight = digits, format_weight
+        self.digits, self.min_digits, self.format_weight = digits, min_digits, format_weight
         self.config = dict(
             digits=digits,
+            **({"min_digits": min_digits} if min_digits != digits else {}),
             format_weight=format_weight,
             num_train=num_train,
             num_test=num_test,
@@ -113,9 +130,15 @@ class ProductsTask(Task):
         }
 
     def generate_split(self, split: str) -> list[dict[str, Any]]:
-        lo, hi = self.lo, self.hi
+        lengths = range(self.min_digits, self.digits + 1)
+
+        def draw(rng: np.random.Generator) -> tuple[int, int]:
+            # one length: the fixed-length task's draws are unchanged (seed for seed)
+            d = int(rng.integers(lengths.start, lengths.stop)) if len(lengths) > 1 else lengths[0]
+            return int(rng.integers(_lo(d), _hi(d))), int(rng.integers(_lo(d), _hi(d)))
+
         pairs = disjoint_problems(
-            lambda rng: (int(rng.integers(lo, hi)), int(rng.integers(lo, hi))),
+            draw,
             self.config["seed"],
             split,
             self.config,
@@ -127,7 +150,9 @@ class ProductsTask(Task):
         return question(int(record["a"]), int(record["b"]))
 
     def difficulty(self, record: Mapping[str, Any]) -> str:
-        return f"{self.digits} digit{'s' * (self.digits > 1)}"
+        """The operands' length, "<d> digit(s)" (both operands have it)."""
+        d = len(str(int(record["a"])))
+        return f"{d} digit{'s' * (d > 1)}"
 
     # ---- warm start ---------------------------------------------------------------------------
     def demonstration(self, record: Mapping[str, Any], rng: np.random.Generator) -> str:
