@@ -114,6 +114,15 @@ SWEEPS = {
             R2,
         ),
         Sweep("r2_moe", "configs/arith_moe.py", "study=r2", LONG, R2),
+        # issue 51's tool experiment: 100 RL steps, 400 held-out problems (about 200 per level)
+        # every 10 steps, RL seeds 1-10 from one warm start (configs/tools.py MIXED)
+        Sweep(
+            "tools",
+            "configs/tools.py:digits=4,easy_fraction=0.5,tool_fraction=0.5",
+            "",
+            ("--config.rl.num_steps=100", "--config.eval.num_problems=400"),
+            10,
+        ),
     )
 }
 
@@ -154,6 +163,8 @@ NOTEBOOKS = {
     "gspo_minibatch_stability": ("r2_ratio",),
     "gspo_length_normalisation": ("r2_ratio",),
     "deepseekmath_inert_clip": ("r2_ratio",),
+    # issue 51: tool use by difficulty, GSPO against GRPO with environment tokens
+    "tool_use_where_it_helps": ("tools",),
 }
 
 # registry claims whose current entry has no notebook cells yet -> the sweeps its runs come from

@@ -318,7 +318,9 @@ def test_round2_entries_are_well_formed():
             assert os.path.exists(os.path.join(claims.REPO, e.check)), e.name
             assert not e.sweeps and e.key not in claims.PLANNED
             continue
-        assert c.test in ("sign_flip", "wilcoxon") and c.min_seeds >= reg.MIN_SEEDS_ROUND2, e.name
+        assert (
+            c.test in ("sign_flip", "wilcoxon", "tost") and c.min_seeds >= reg.MIN_SEEDS_ROUND2
+        ), e.name
         if e.needs:
             assert e.key not in claims.PLANNED, e.name  # no runs until the code exists
             continue
@@ -363,6 +365,11 @@ def test_round2_sweeps_draw_the_warm_start_per_seed_and_keep_the_old_sweeps():
     sw = claims._sweep_module()
     for name, sweep in claims.SWEEPS.items():
         runs = claims.sweep_runs(sweep, 3)
+        if name == "tools":  # issue 51's design: RL seeds 1-10 from one warm start
+            assert claims.seeds_of(sweep) == 10
+            assert {r["overrides"]["seed"] for r in runs} == {1, 2, 3}
+            assert all("init.warmstart.seed" not in r["overrides"] for r in runs)
+            continue
         if not name.startswith("r2_"):
             assert claims.seeds_of(sweep) == claims.SEEDS
             assert {r["overrides"]["seed"] for r in runs} == {0, 1, 2}

@@ -147,6 +147,44 @@ def test_holm_over_a_family_decides_on_the_adjusted_p():
         claims.evaluate_family("fam", {"w": inputs["x"]}, entries)
 
 
+def test_a_notebooks_family_verdicts_print_raw_and_adjusted_p(capsys):
+    """reporting.verdicts.family_verdicts: one VERDICT line per family entry, decided on the
+    Holm-adjusted p (the same three entries as above: none holds), each printed after its
+    entry's description."""
+    from reporting import verdicts
+
+    all_up = [0.1, 0.2, 0.3, 0.4, 0.5]
+    entries, inputs = _family({"x": all_up, "y": [-0.05, 0.2, 0.3, 0.4, 0.5], "z": all_up})
+    lines = verdicts.family_verdicts("fam", inputs, entries)
+    assert list(lines) == ["x", "y", "z"]
+    assert all(verdicts.outcome_of(line) == "not reproduced" for line in lines.values())
+    assert "Holm-adjusted over the family fam p = 0.0938" in lines["x"]
+    out = capsys.readouterr().out
+    assert out.count("VERDICT: ") == 3 and out.index("primary criterion") < out.index("VERDICT")
+
+
+def test_draw_bands_average_seeds_within_a_draw_then_span_the_draws():
+    """Seeds 0 and 1 of draw 0 (values 0 and 2: mean 1) and seed 2 of draw 1 (value 5): the line
+    is the mean of the draws' means (3), the band spans 1 to 5, not the seeds' 0 to 5."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from reporting import analysis, verdicts
+
+    def run(seed, v):
+        recs = [{"step": t, "m": v} for t in (1, 2)]
+        return analysis.RunData(f"a_s{seed}", "a", seed, "", {}, None, recs)
+
+    fig, ax = plt.subplots()
+    verdicts.draw_bands(ax, {"a": [run(0, 0.0), run(1, 2.0), run(2, 5.0)]}, "m", {0: 0, 1: 0, 2: 1})
+    (line,) = ax.get_lines()
+    assert line.get_ydata().tolist() == [3.0, 3.0] and line.get_label() == "a (2 draws)"
+    band = ax.collections[0].get_paths()[0].vertices[:, 1]
+    assert band.min() == 1.0 and band.max() == 5.0
+    plt.close(fig)
+
+
 def test_fields_at_their_defaults_are_left_out_so_older_hashes_stay():
     """The canonical form leaves out every field at its default, so adding round 3's fields left
     each older entry's canonical form, and the hash its runs recorded, as they were."""

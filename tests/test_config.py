@@ -385,12 +385,12 @@ def test_pod_timeout_must_be_positive():
     assert pod.timeout_of(ml_collections.ConfigDict()) == pod.DEFAULT_TIMEOUT_S  # an older config
 
 
-def test_the_tool_experiments_sweep_pairs_its_arms_on_each_draw():
-    """configs/tools.py get_sweep: GSPO and GRPO (KL off) from each warm-start draw, the draw
-    also the RL seed (a draw's arms share their base and prompts); too many draws refused."""
+def test_the_tool_experiments_sweep_pairs_its_arms_on_each_seed():
+    """configs/tools.py get_sweep: GSPO and GRPO (KL off) at each RL seed from the config's own
+    warm start (seed 0's pilot excluded); more seeds than the design's refused."""
     tools = load_repo_module("configs/tools.py")
     runs = tools.get_sweep("seeds=2")
-    first, second = tools.TOOL_DRAWS[:2]
+    first, second = tools.TOOL_SEEDS[:2]
     assert [r["name"] for r in runs] == [
         f"gspo_s{first}",
         f"grpo_nokl_s{first}",
@@ -398,11 +398,14 @@ def test_the_tool_experiments_sweep_pairs_its_arms_on_each_draw():
         f"grpo_nokl_s{second}",
     ]
     for r in runs:
-        d = int(r["name"].rsplit("_s", 1)[1])
-        assert r["overrides"]["seed"] == d and r["overrides"]["init.warmstart.seed"] == d
+        assert r["overrides"]["seed"] == int(r["name"].rsplit("_s", 1)[1])
+        assert "init.warmstart.seed" not in r["overrides"]  # one base
     assert runs[1]["overrides"]["objective.kl_coef"] == 0.0
-    assert len(tools.get_sweep()) == 2 * len(tools.TOOL_DRAWS) >= 16
+    assert 0 not in tools.TOOL_SEEDS and len(tools.get_sweep()) == 2 * len(tools.TOOL_SEEDS) >= 16
     with pytest.raises(ValueError, match="seeds must lie in"):
-        tools.get_sweep(f"seeds={len(tools.TOOL_DRAWS) + 1}")
+        tools.get_sweep(f"seeds={len(tools.TOOL_SEEDS) + 1}")
     mixed = config_lib.load_config_file(os.path.join(REPO, "configs", "tools.py:" + tools.MIXED))
-    assert mixed.task.kwargs.min_digits == 1 and mixed.task.kwargs.digits == 4
+    assert mixed.task.kwargs.easy_fraction == 0.5 and mixed.task.kwargs.digits == 4
+    assert mixed.init.warmstart.tool_fraction == 0.5
+    claims = load_repo_module("experiments/claims.py")
+    assert claims.SWEEPS["tools"].config == "configs/tools.py:" + tools.MIXED  # one design

@@ -284,6 +284,33 @@ def test_products_problems_are_deterministic_and_held_out():
     assert all(1000 <= r["a"] < 10000 and r["target"] == r["a"] * r["b"] for r in train)
 
 
+def test_products_mix_difficulties_by_length_or_by_an_easy_share():
+    """min_digits mixes the operand lengths, each level named by its length; easy_fraction makes
+    about that share a * 10^(d-1) ("power of ten"), every question the same length; with neither,
+    the draws are the fixed-length task's, seed for seed."""
+    from gspo_jax.tasks import products
+
+    by_length = products.ProductsTask(digits=3, min_digits=1, num_train=100, num_test=300)
+    test = by_length.generate_split("test")
+    assert {by_length.difficulty(r) for r in test} == {"1 digit", "2 digits", "3 digits"}
+    assert all(len(str(r["a"])) == len(str(r["b"])) or r["a"] < 10 for r in test)
+    easy = products.ProductsTask(digits=4, easy_fraction=0.5, num_train=100, num_test=400)
+    test = easy.generate_split("test")
+    levels = [easy.difficulty(r) for r in test]
+    assert 0.4 < levels.count("power of ten") / len(test) < 0.6
+    assert all(r["b"] == 1000 for r, lv in zip(test, levels, strict=True) if lv == "power of ten")
+    assert all(r["target"] == r["a"] * r["b"] for r in test)
+    assert len({len(r["prompt"]) for r in test}) == 1  # the digits to copy at fixed offsets
+    plain = products.ProductsTask(digits=4, num_train=100, num_test=50)
+    assert plain.generate_split("test") == products.ProductsTask(
+        digits=4, min_digits=4, num_train=100, num_test=50
+    ).generate_split("test")
+    with pytest.raises(ValueError, match="easy_fraction"):
+        products.ProductsTask(digits=4, easy_fraction=1.0)
+    with pytest.raises(ValueError, match="min_digits"):
+        products.ProductsTask(digits=3, min_digits=4)
+
+
 @needs_sandbox
 def test_a_full_episode_with_the_python_tool():
     env = envs.ProductsEnvironment(digits=9)

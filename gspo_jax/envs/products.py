@@ -41,6 +41,7 @@ class ProductsEnvironment(TaskToolEnvironment):
         *,
         digits: int = 6,
         min_digits: int | None = None,
+        easy_fraction: float = 0.0,
         seed: int = 0,
         format_weight: float = 0.1,
         chat: ChatFormat | None = None,
@@ -50,6 +51,7 @@ class ProductsEnvironment(TaskToolEnvironment):
         task = products.ProductsTask(
             digits=digits,
             min_digits=min_digits,
+            easy_fraction=easy_fraction,
             seed=seed,
             format_weight=format_weight,
             num_train=1,
@@ -58,10 +60,14 @@ class ProductsEnvironment(TaskToolEnvironment):
         super().__init__(
             task, tools=[tool if tool is not None else python_tool()], chat=chat, limits=limits
         )
-        self.digits, self.min_digits = digits, min_digits
+        self.digits, self.min_digits, self.easy_fraction = digits, min_digits, easy_fraction
         self.seed, self.format_weight = seed, format_weight
         self.config = dict(
-            digits=digits, min_digits=min_digits, seed=seed, format_weight=format_weight
+            digits=digits,
+            min_digits=min_digits,
+            easy_fraction=easy_fraction,
+            seed=seed,
+            format_weight=format_weight,
         )
 
     def problems(self, split: str, n: int) -> list[dict[str, Any]]:
@@ -70,6 +76,7 @@ class ProductsEnvironment(TaskToolEnvironment):
         task = products.ProductsTask(
             digits=self.digits,
             min_digits=self.min_digits,
+            easy_fraction=self.easy_fraction,
             seed=self.seed,
             format_weight=self.format_weight,
             num_train=n,

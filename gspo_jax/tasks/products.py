@@ -7,9 +7,13 @@ A small model cannot multiply two 8-digit numbers in its head reliably (every di
 product depends on many digit products and carries), but it can call the Python tool and copy the
 number it prints (envs.ProductsEnvironment, config.env.name="python"). With ``digits`` 1-2 the
 answer is easy without the tool, so the tool-call rate by difficulty shows whether a policy
-learned where the tool helps: ``min_digits`` < ``digits`` mixes the operand lengths (each problem
-draws its length uniformly from min_digits..digits, both operands the same length), and
-``difficulty`` names a problem's length.
+learned where the tool helps. Two ways to mix difficulties in one task: ``min_digits`` <
+``digits`` mixes the operand lengths (each problem draws its length uniformly from
+min_digits..digits, both operands the same length); ``easy_fraction`` makes that share of the
+problems a * 10^(d-1) (the smallest d-digit number: the product is a with d-1 zeros appended, which
+a small model computes by copying), keeping every question the same length, so that the position
+of each digit to copy is the same in every problem (a small model learns copying at fixed offsets
+far sooner: docs/tools.md). ``difficulty`` names a problem's level ("4 digits", "power of ten").
 
 The final turn answers ``Answer: <number>``. Reward: correct (1/0: the last "Answer:" holds the
 product and the turn ended with eos) + format_weight * format (1/0: it ended with eos and holds an
@@ -65,11 +69,17 @@ def _hi(digits: int) -> int:
     return 10**digits
 
 
+def _power_of_ten(digits: int) -> int:
+    """The easy operand of ``digits`` digits: 10^(digits-1)."""
+    return 10 ** (digits - 1)
+
+
 class ProductsTask(Task):
     """a * b with operands of ``digits`` digits (the difficulty knob), or of a length drawn per
     problem from ``min_digits``..``digits``.
 
-    Knobs: digits, min_digits (None: = digits), format_weight, num_train, num_test, seed.
+    Knobs: digits, min_digits (None: = digits), easy_fraction (the share of a * 10^(d-1)),
+    format_weight, num_train, num_test, seed.
     """
 
     name = "products"
@@ -81,6 +91,7 @@ class ProductsTask(Task):
         *,
         digits: int = 6,
         min_digits: int | None = None,
+        easy_fraction: float = 0.0,
         format_weight: float = 0.1,
         num_train: int = 20000,
         num_test: int = 1000,
@@ -91,6 +102,8 @@ class ProductsTask(Task):
         min_digits = digits if min_digits is None else min_digits
         if not 1 <= min_digits <= digits:
             raise ValueError(f"min_digits must lie in [1, digits={digits}], got {min_digits}.")
+        if not 0.0 <= easy_fraction < 1.0:
+            raise ValueError(f"easy_fraction must lie in [0, 1), got {easy_fraction}.")
         check_split_sizes(num_train, num_test)
         # the problems each length can hold: (operands of that length)^2
         space = sum((_hi(d) - _lo(d)) ** 2 for d in range(min_digits, digits + 1))
@@ -100,9 +113,11 @@ class ProductsTask(Task):
                 f"at most {space // 4}; lower num_train/num_test or raise digits."
             )
         self.digits, self.min_digits, self.format_weight = digits, min_digits, format_weight
+        self.easy_fraction = easy_fraction
         self.config = dict(
             digits=digits,
             **({"min_digits": min_digits} if min_digits != digits else {}),
+            **({"easy_fraction": easy_fraction} if easy_fraction else {}),
             format_weight=format_weight,
             num_train=num_train,
             num_test=num_test,
@@ -132,10 +147,15 @@ class ProductsTask(Task):
     def generate_split(self, split: str) -> list[dict[str, Any]]:
         lengths = range(self.min_digits, self.digits + 1)
 
+        easy = self.easy_fraction
+
         def draw(rng: np.random.Generator) -> tuple[int, int]:
-            # one length: the fixed-length task's draws are unchanged (seed for seed)
+            # one length and no easy share: the fixed-length task's draws, seed for seed
             d = int(rng.integers(lengths.start, lengths.stop)) if len(lengths) > 1 else lengths[0]
-            return int(rng.integers(_lo(d), _hi(d))), int(rng.integers(_lo(d), _hi(d)))
+            a, b = int(rng.integers(_lo(d), _hi(d))), int(rng.integers(_lo(d), _hi(d)))
+            if easy and rng.random() < easy:
+                b = _power_of_ten(d)
+            return a, b
 
         pairs = disjoint_problems(
             draw,
@@ -150,8 +170,11 @@ class ProductsTask(Task):
         return question(int(record["a"]), int(record["b"]))
 
     def difficulty(self, record: Mapping[str, Any]) -> str:
-        """The operands' length, "<d> digit(s)" (both operands have it)."""
+        """The operands' length, "<d> digit(s)" (both operands have it), or "power of ten" for
+        an easy_fraction problem."""
         d = len(str(int(record["a"])))
+        if self.easy_fraction and int(record["b"]) == _power_of_ten(d) and d > 1:
+            return "power of ten"
         return f"{d} digit{'s' * (d > 1)}"
 
     # ---- warm start ---------------------------------------------------------------------------

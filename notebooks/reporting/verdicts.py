@@ -97,6 +97,57 @@ def claim_verdict(
     return line
 
 
+def family_verdicts(
+    family: str,
+    inputs: Mapping[str, tuple],
+    entries: Sequence[Any] | None = None,
+) -> dict[str, str]:
+    """The VERDICT lines of every entry of ``family`` (round 3: Holm's correction over the
+    family, claims.evaluate_family): ``inputs`` {key: (values, preconditions, draw_of)}, as for
+    claims.evaluate (values {arm: {seed: statistic}}, draw_of {seed: warm-start draw}; default a
+    seed is its own draw); ``entries`` the family's (default: the registry's). Prints each
+    entry's description, then its line with the raw and the Holm-adjusted p (the verdict is
+    decided on the adjusted one); returns {key: line}. An entry given no inputs counts with
+    p = 1 and comes out "inconclusive": the family's size is fixed by its registration."""
+    reg = registry()
+    results = reg.evaluate_family(family, inputs, entries)
+    by_key = {e.key: e for e in (entries if entries is not None else reg.family_entries(family))}
+    lines = {}
+    for key, result in results.items():
+        for line in reg.describe(by_key[key]):
+            print(line)
+        line = f"VERDICT: {result.outcome}: {result.numbers}"
+        outcome_of(line)
+        print(line)
+        lines[key] = line
+    return lines
+
+
+def draw_bands(
+    ax,
+    arms: Mapping[str, Sequence[analysis.RunData]],
+    key: str,
+    draw_of: Mapping[int, int] | None = None,
+    **line_kw,
+) -> None:
+    """One line per arm: the mean over warm-start draws of ``key`` per step, each draw the mean
+    of its seeds (``draw_of`` {seed: draw}; default a seed is its own draw), with the band from
+    the lowest to the highest draw: the spread a round-3 verdict is decided over."""
+    for label, runs in arms.items():
+        steps, values = analysis.stacked(runs, key)  # [n_runs, N]
+        draws = [(draw_of or {}).get(r.seed, r.seed) for r in runs]
+        per_draw = np.stack([values[[d == u for u in draws]].mean(0) for d in sorted(set(draws))])
+        n = len(per_draw)
+        (line,) = ax.plot(steps, per_draw.mean(0), label=f"{label} ({n} draws)", **line_kw)
+        if n > 1:
+            ax.fill_between(
+                steps, per_draw.min(0), per_draw.max(0), color=line.get_color(), alpha=0.2
+            )
+    ax.set_xlabel("RL step")
+    ax.set_ylabel(key)
+    ax.grid(alpha=0.3)
+
+
 def fmt(value: Any) -> str:
     """A secondary check's value: per-seed numbers as "s0 0.123, s1 ...", floats to 3 digits."""
     if isinstance(value, Mapping):
