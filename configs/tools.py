@@ -103,10 +103,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 # The experiment's task (issue 51): 4-digit products, half of them a * 1000 (computable by
 # copying: the tool-call rate by difficulty at a fixed question length), from one warm start
 # (warm-start seed 0: a warm start that copies takes minutes of this CPU per draw, so the design
-# varies the RL seed, not the draw; the verdicts speak for this base). Its RL seeds: 1-10 (the
-# pilot ran seed 0; no entry counts it).
+# varies the RL seed, not the draw; the verdicts speak for this base). Its RL seeds: 11-20 (v2
+# of the entries; v1 was registered for 1-10; the pilots ran seed 0, which no entry counts).
 MIXED = "digits=4,easy_fraction=0.5,tool_fraction=0.5"
-TOOL_SEEDS = tuple(range(1, 11))
+TOOL_SEEDS = tuple(range(11, 21))
 # the arms: GSPO (its preset: the sequence ratio over the policy's tokens, eps 3e-4/4e-4) and GRPO
 # at its own eps 0.2 without its KL term (no reference model: the ratio level and eps differ)
 TOOL_ARMS = {

@@ -114,13 +114,14 @@ SWEEPS = {
             R2,
         ),
         Sweep("r2_moe", "configs/arith_moe.py", "study=r2", LONG, R2),
-        # issue 51's tool experiment: 100 RL steps, 400 held-out problems (about 200 per level)
-        # every 10 steps, RL seeds 1-10 from one warm start (configs/tools.py MIXED)
+        # issue 51's tool experiment: 60 RL steps, 200 held-out problems (about 100 per level)
+        # every 20 steps with 2 sampled episodes each, RL seeds 1-10 from one warm start
+        # (configs/tools.py MIXED)
         Sweep(
             "tools",
             "configs/tools.py:digits=4,easy_fraction=0.5,tool_fraction=0.5",
             "",
-            ("--config.rl.num_steps=100", "--config.eval.num_problems=400"),
+            ("--config.eval.every=20", "--config.eval.num_problems=200", "--config.eval.pass_k=2"),
             10,
         ),
     )

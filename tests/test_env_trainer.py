@@ -158,7 +158,8 @@ def test_a_products_run_trains_on_the_policys_tokens_with_the_real_tool(tmp_path
         steps = [json.loads(line) for line in f if '"train/loss"' in line]
     assert [m["step"] for m in steps] == [1, 2]
     B = c.rl.prompts_per_step * c.rl.group_size
-    assert len(played) == 2 * B + c.eval.num_problems  # 2 steps' rows, the final evaluation's
+    # 2 steps' rows, the final evaluation's greedy episodes and its pass_k sampled ones
+    assert len(played) == 2 * B + c.eval.num_problems * (1 + c.eval.pass_k)
     for i, m in enumerate(steps):
         # every scripted episode: one call of the real tool, its answer copied: right
         assert m["rollout/tool_calls"] == 1 and m["rollout/failed_calls"] == 0
@@ -223,6 +224,19 @@ def test_tool_evaluation_breaks_the_call_rate_and_accuracy_down_by_difficulty(
         assert out[f"tool_call_rate/{slug}"] == expected
         assert out[f"tool_accuracy/{slug}"] == expected
     assert out["tool_call_rate"] == pytest.approx(np.mean([long(r) for r in test]))
+    # sampled episodes (3 per problem; the scripted policy plays the same turns at any
+    # temperature): the same per-level figures under tool_sample_, counted over every sample
+    sampled = evaluation.evaluate_tools(
+        model, env, "test", 12, batch_size=4, data_dir=str(tmp_path), samples=3
+    )
+    for d in lengths:
+        slug = f"{d}_digit{'s' * (d > 1)}"
+        assert sampled[f"tool_sample_call_rate/{slug}"] == float(d == 3)
+        assert sampled[f"tool_sample_accuracy/{slug}"] == float(d == 3)
+        with_call = sampled[f"tool_sample_accuracy_with_call/{slug}"]
+        assert with_call == 1.0 if d == 3 else np.isnan(with_call)
+    assert sampled["tool_sample_call_rate"] == pytest.approx(out["tool_call_rate"])
+    assert sampled["tool_num_problems"] == 12 and "tool_sample_call_rate" not in out
 
 
 @needs_sandbox

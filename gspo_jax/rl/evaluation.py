@@ -28,9 +28,13 @@ environment as configured (the tool offered), one per problem, through the multi
     tool_call_rate            share of episodes with at least one call
     tool_accuracy_with_call, tool_accuracy_without_call   accuracy of the episodes that called
                               the tool and of those that answered directly (NaN if none)
-    tool_call_rate/<level>, tool_accuracy/<level>   the same per difficulty (task.difficulty,
-                              spaces as "_": "tool_call_rate/3_digits"), for a task with several
-                              levels: whether a policy calls the tool where it helps
+    tool_call_rate/<level>, tool_accuracy/<level>, tool_accuracy_with_call/<level>   the same per
+                              difficulty (task.difficulty, spaces as "_":
+                              "tool_call_rate/4_digits"), for a task with several levels: whether a
+                              policy calls the tool where it helps
+    tool_sample_*             (samples > 0) the same figures over ``samples`` episodes per problem
+                              at ``temperature``: the call probability that greedy decoding rounds
+                              to 0 or 1 per problem, so a shift RL makes shows before greedy flips
 "Without tools" is evaluate's greedy_accuracy on the same problems: the task's one turn, no tool
 offered (its prompt has no tools header; with PlainChat the prompt is the same).
 
@@ -258,62 +262,88 @@ def evaluate_tools(
     data_dir: str | os.PathLike | None = None,
     engine: str = "static",
     with_episodes: bool = False,
+    samples: int = 0,
+    temperature: float = 1.0,
 ) -> dict:
     """Greedy episodes of ``num_problems`` problems of ``split`` in the tool environment ``env``
     (an envs.TaskToolEnvironment: its task gives the problems), one per problem: the tool-use
-    figures of the module docstring, as floats; with ``with_episodes`` also "episodes", a list
-    per episode of {tool_calls, failed_calls, turns, correct, reward, end, level}."""
+    figures of the module docstring, as floats; with ``samples`` > 0 also that many episodes per
+    problem at ``temperature`` (tool_sample_*: the policy's call probability, which greedy
+    decoding rounds to 0 or 1 per problem); with ``with_episodes`` also "episodes", a list per
+    greedy episode of {tool_calls, failed_calls, turns, correct, reward, end, level}."""
     model = process_local_copy(model)
     task = env.task
     T = max_new_tokens or task.max_response_len
-    rows = []
+    rows, sampled = [], []
     for i, (batch, n) in enumerate(
         data.make_eval_batches(
             task, split, batch_size=batch_size, num_problems=num_problems, data_dir=data_dir
         )
     ):
         records = [task.record_from_batch(batch, p) for p in range(n)]
-        played = episodes.generate_episodes()(
-            model,
-            env,
-            records,
-            engine=engine,
-            num_samples=1,
-            max_new_tokens=T,
-            rng=batch_keys(seed, i)[0],
-            temperature=0.0,
-            eos_id=task.tokenizer.eos_id,
-            pad_id=task.tokenizer.pad_id,
-        )
-        scores = episodes.episode_scores(played)
-        for b in range(n):
-            row = {k: float(v[b]) for k, v in scores.items()}
-            level = task.difficulty(records[b])
-            rows.append({**row, "end": played.infos[b].get("end", ""), "level": level})
+        levels = [task.difficulty(r) for r in records]
+        greedy_key, sample_key = batch_keys(seed, i)
+        for out, k, key, temp in (
+            (rows, 1, greedy_key, 0.0),
+            (sampled, samples, sample_key, temperature),
+        ):
+            if k == 0:
+                continue
+            played = episodes.generate_episodes()(
+                model,
+                env,
+                records,
+                engine=engine,
+                num_samples=k,
+                max_new_tokens=T,
+                rng=key,
+                temperature=temp,
+                eos_id=task.tokenizer.eos_id,
+                pad_id=task.tokenizer.pad_id,
+            )
+            scores = episodes.episode_scores(played)
+            for b in range(n * k):  # rows problem-major: problem b // k
+                row = {name: float(v[b]) for name, v in scores.items()}
+                info = played.infos[b]
+                out.append({**row, "end": info.get("end", ""), "level": levels[b // k]})
+    out = _tool_figures(rows, "tool_")
+    if sampled:
+        out.update(_tool_figures(sampled, "tool_sample_"))
+    out["tool_num_problems"] = float(len(rows))
+    if with_episodes:
+        out["episodes"] = rows
+    return out
+
+
+def _tool_figures(rows: list[dict], prefix: str) -> dict[str, float]:
+    """The tool-use figures of ``rows`` (one dict per episode), keys under ``prefix``: accuracy,
+    reward, counts per episode, call rate, accuracy with and without a call, and per difficulty
+    level (when there are several) the call rate, accuracy and accuracy with a call."""
     col = {k: np.asarray([r[k] for r in rows]) for k in ("correct", "reward", "tool_calls")}
     called = col["tool_calls"] > 0
 
     def mean_of(x, sel):
         return float(x[sel].mean()) if sel.any() else float("nan")
 
+    name = {"tool_": "tool_accuracy"}.get(prefix, f"{prefix}accuracy")
     out = {
-        "tool_accuracy": float(col["correct"].mean()),
-        "tool_reward": float(col["reward"].mean()),
+        name: float(col["correct"].mean()),
+        f"{prefix}reward": float(col["reward"].mean()),
         **{
-            f"{k}_per_episode": float(np.mean([r[k] for r in rows]))
+            f"{k}_per_episode" if prefix == "tool_" else f"{prefix}{k}_per_episode": float(
+                np.mean([r[k] for r in rows])
+            )
             for k in episodes.EPISODE_COUNTS
         },
-        "tool_call_rate": float(called.mean()),
-        "tool_accuracy_with_call": mean_of(col["correct"], called),
-        "tool_accuracy_without_call": mean_of(col["correct"], ~called),
-        "tool_num_problems": float(len(rows)),
+        f"{prefix}call_rate": float(called.mean()),
+        f"{name}_with_call": mean_of(col["correct"], called),
+        f"{name}_without_call": mean_of(col["correct"], ~called),
     }
     levels = np.asarray([r["level"] for r in rows])
     if len(set(levels)) > 1:
         for level in sorted(set(levels)):
             at, slug = levels == level, level.replace(" ", "_")
-            out[f"tool_call_rate/{slug}"] = float(called[at].mean())
-            out[f"tool_accuracy/{slug}"] = float(col["correct"][at].mean())
-    if with_episodes:
-        out["episodes"] = rows
+            out[f"{prefix}call_rate/{slug}"] = float(called[at].mean())
+            out[f"{name}/{slug}"] = float(col["correct"][at].mean())
+            out[f"{name}_with_call/{slug}"] = mean_of(col["correct"], at & called)
     return out

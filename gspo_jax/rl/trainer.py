@@ -99,6 +99,8 @@ def evaluate(run: Run, params) -> dict[str, float] | None:
                     seed=ev.seed,
                     data_dir=run.config.data.data_dir or None,
                     engine=run.step.rollout_engine,
+                    samples=ev.pass_k,  # eval/tool_sample_*: the call probability
+                    temperature=run.config.rl.temperature,
                 )
             )
     scalars = {}
