@@ -103,6 +103,7 @@ def test_an_equivalence_claim_is_decided_by_tost_within_its_margin():
         r = claims.evaluate(c, {"a": a, "b": b})
         assert (r.p, r.outcome) == (pytest.approx(p), outcome)
         assert f"exact TOST p = {p:.3g} (within +-{margin:g} of 0)" in r.numbers
+        assert f"mean within +-{margin:g} of 0 by an exact TOST" in "\n".join(claims.describe(c))
     with pytest.raises(ValueError, match="margin"):
         _claim(test="tost", direction="=")  # no margin
     with pytest.raises(ValueError, match="direction"):

@@ -326,6 +326,11 @@ def describe(claim: Claim) -> list[str]:
             f"{c.direction} {c.threshold:g} by an exact one-sided Wilcoxon signed-rank "
             f"p < {c.alpha:g}"
         )
+    elif c.test == "tost":
+        test = (
+            f"mean within +-{c.margin:g} of {c.threshold:g} by an exact TOST (both one-sided "
+            f"sign-flip tests) p < {c.alpha:g}"
+        )
     else:
         test = (
             f"the {c.confidence:.0%} bootstrap interval of the mean over seeds "
