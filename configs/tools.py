@@ -18,8 +18,8 @@ tokens only. Held-out evaluation is the task's one turn, without the tool (eval/
 the tool episodes' figures are the rollout's (rollout/tool_calls, rollout/failed_calls,
 rollout/turns, rollout/correct).
 
-Needs bubblewrap (docs/tools.md "What it relies on from the OS"). Expected runtime and accuracy:
-not measured yet.
+Needs bubblewrap (docs/tools.md "What it relies on from the OS"). Runtime and accuracy of the
+warm start and of RL, measured: docs/tools.md "The experiment".
 
 The experiment (issue 51; gspo_jax/claims/entries/tool_use_where_it_helps and
 tool_gspo_matches_grpo; notebooks/tool_use_where_it_helps.ipynb): get_sweep's arms on the mixed

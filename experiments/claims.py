@@ -115,7 +115,7 @@ SWEEPS = {
         ),
         Sweep("r2_moe", "configs/arith_moe.py", "study=r2", LONG, R2),
         # issue 51's tool experiment: 60 RL steps, 200 held-out problems (about 100 per level)
-        # every 20 steps with 2 sampled episodes each, RL seeds 1-10 from one warm start
+        # every 20 steps with 2 sampled episodes each, RL seeds 11-20 from one warm start
         # (configs/tools.py MIXED)
         Sweep(
             "tools",

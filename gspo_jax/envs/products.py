@@ -33,8 +33,8 @@ DEFAULT_LIMITS = EpisodeLimits(max_turns=3)
 
 
 class ProductsEnvironment(TaskToolEnvironment):
-    """a * b with operands of ``digits`` digits (or ``min_digits``..``digits``), the Python tool
-    available."""
+    """a * b with operands of ``digits`` digits (or ``min_digits``..``digits``; a share
+    ``easy_fraction`` of them a * 10^(digits-1)), the Python tool available."""
 
     def __init__(
         self,

@@ -325,12 +325,13 @@ def _tool_figures(rows: list[dict], prefix: str) -> dict[str, float]:
     def mean_of(x, sel):
         return float(x[sel].mean()) if sel.any() else float("nan")
 
-    name = {"tool_": "tool_accuracy"}.get(prefix, f"{prefix}accuracy")
+    name = f"{prefix}accuracy"
     out = {
         name: float(col["correct"].mean()),
         f"{prefix}reward": float(col["reward"].mean()),
         **{
-            f"{k}_per_episode" if prefix == "tool_" else f"{prefix}{k}_per_episode": float(
+            # the greedy counts keep their first names (turns_per_episode, ...)
+            f"{'' if prefix == 'tool_' else prefix}{k}_per_episode": float(
                 np.mean([r[k] for r in rows])
             )
             for k in episodes.EPISODE_COUNTS

@@ -145,9 +145,7 @@ class ProductsTask(Task):
         }
 
     def generate_split(self, split: str) -> list[dict[str, Any]]:
-        lengths = range(self.min_digits, self.digits + 1)
-
-        easy = self.easy_fraction
+        lengths, easy = range(self.min_digits, self.digits + 1), self.easy_fraction
 
         def draw(rng: np.random.Generator) -> tuple[int, int]:
             # one length and no easy share: the fixed-length task's draws, seed for seed
