@@ -110,9 +110,42 @@ def pytest_xdist_make_scheduler(config, log):
     return ByGroup(config, log)
 
 
+# .ci/run's long stage survives a worker that dies in native code: with GSPO_PASSED_LOG set, each
+# test that passes (or skips) is appended to that file as it is reported, and a second session with
+# GSPO_RERUN_UNPASSED=1 deselects those, so it runs the crashed test and every test the first
+# session never reached (xdist stops at a crash under --max-worker-restart=0, and a replaced worker
+# can sit idle under group scheduling: the hang that cost a CI run its 90 minutes).
+def _passed_log() -> str | None:
+    return os.environ.get("GSPO_PASSED_LOG") or None
+
+
+def pytest_runtest_logreport(report):
+    if (path := _passed_log()) is None or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # the controller writes (it sees every worker's reports), a worker does not
+    done = (report.when == "call" and report.passed) or (report.when == "setup" and report.skipped)
+    if done:
+        with open(path, "a") as f:
+            f.write(report.nodeid + "\n")
+
+
+def _deselect_passed(config, items):
+    path = _passed_log()
+    if not os.environ.get("GSPO_RERUN_UNPASSED") or path is None:
+        return
+    if not os.path.exists(path):
+        raise pytest.UsageError(f"GSPO_RERUN_UNPASSED: no log of passed tests at {path}")
+    with open(path) as f:
+        passed = set(f.read().splitlines())
+    keep = [it for it in items if it.nodeid not in passed]
+    config.hook.pytest_deselected(items=[it for it in items if it.nodeid in passed])
+    items[:] = keep
+
+
 def pytest_collection_modifyitems(config, items):
-    """Checks that RUN_MODULES names every module using a trainer run; under xdist, puts the
-    longest groups first (every worker collects in this order)."""
+    """Checks that RUN_MODULES names every module using a trainer run; leaves out the tests a
+    first session passed when asked to (above); under xdist, puts the longest groups first (every
+    worker collects in this order)."""
+    _deselect_passed(config, items)
     for item in items:
         module = item.module.__name__
         if RUN_FIXTURES & set(item.fixturenames) and module not in RUN_MODULES:
