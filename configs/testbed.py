@@ -19,8 +19,10 @@ The pilot that calibrated it (its own draws, PILOT_DRAWS, never reused by a clai
 Arguments (``get_config("key=value,...")``): runlocal (bool), objective (str, default "grpo": the
 calibration is under GRPO's defaults), seed (int: the RL run's seed), draw (int: the warm-start
 draw, init.warmstart.seed; a claim's draws are 0, 1, ..., the pilot's PILOT_DRAWS), steps (int),
-lr (float), eps (float: eps_low = eps_high), moe (bool: the small_moe preset, its own warm
-start), routing_replay (bool, with moe).
+lr (float), eps (float: eps_low = eps_high), step_credit (float: the reward's credit for the
+share of column entries written right, tasks/chain_sum.py; 0 = the answer's value and the format
+only; it does not change the warm start), moe (bool: the small_moe preset, its own warm start),
+routing_replay (bool, with moe).
 
 Headline metrics: eval/greedy_accuracy and eval/sample_accuracy (held-out, the same worked format
 in both), base vs final in <workdir>/summary.json; rollout/response_len_mean.
@@ -99,6 +101,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         steps=config_dict.placeholder(int),
         lr=config_dict.placeholder(float),
         eps=config_dict.placeholder(float),
+        step_credit=0.0,
         moe=False,
         routing_replay=False,
     )
@@ -110,6 +113,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = base_config(a.runlocal)
     config_lib.sibling_config(__file__, "arith.py").apply_run_args(c, a)
     c.init.warmstart.seed = a.draw
+    c.task.kwargs.step_credit = a.step_credit
     if a.moe:
         c.model.preset = "tiny_moe" if a.runlocal else "small_moe"
         c.rl.routing_replay = a.routing_replay

@@ -93,6 +93,37 @@ def test_a_wrong_answer_is_never_right(task):
     assert _score(task, r, ";".join(steps[:-1]) + "A" + answer).format == 0.0
 
 
+def test_step_credit_counts_the_entries_written_right_and_never_pays_a_wrong_answer_as_right():
+    t = tasks.get_task("chainsum", num_train=400, num_test=100, step_credit=0.5)
+    r = next(x for x in t.generate_split("test") if x["num_terms"] == 4)  # 3 steps x 4 entries
+    text = t.demonstration(r, np.random.default_rng(0))
+    assert t.entries_right(r, text) == 1.0
+    assert t.verify(r, text, True).reward == pytest.approx(1.0 + 0.1 + 0.5)
+    steps, answer = text[: text.rindex("A")].split(";"), text[text.rindex("A") :]
+    # the second step's third entry miswritten: 11 of 12 right (and the format still holds)
+    cols = steps[1].split(",")
+    cols[2] = "99=18" if cols[2] != "99=18" else "00=00"
+    bad = ";".join([steps[0], ",".join(cols), steps[2]]) + answer
+    assert t.entries_right(r, bad) == pytest.approx(11 / 12)
+    # the last step dropped: 8 of 12; an entry shifted by one place earns nothing after it
+    assert t.entries_right(r, ";".join(steps[:2]) + answer) == pytest.approx(8 / 12)
+    shifted = ";".join([steps[0], "00=00," + steps[1], steps[2]]) + answer
+    assert t.entries_right(r, shifted) == pytest.approx(8 / 12)
+    # a wrong value with every step right earns the credit and the format, less than a right one
+    wrong = text[: text.rindex("A") + 1] + f"{(r['target'] + 1) % 10**4:04d}"
+    v = t.verify(r, wrong, True)
+    assert v.correct == 0.0 and v.reward == pytest.approx(0.6) and v.reward < 1.0
+    # the knob shapes the reward only: the dataset and the warm start are keyed as without it
+    plain = tasks.get_task("chainsum", num_train=400, num_test=100)
+    assert t.data_config == plain.data_config
+    from gspo_jax.models import ModelConfig
+    from gspo_jax.rl import warmstart
+
+    assert warmstart.cache_key(t, ModelConfig()) == warmstart.cache_key(plain, ModelConfig())
+    with pytest.raises(ValueError, match="step_credit"):
+        tasks.get_task("chainsum", step_credit=0.95)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet="0123456789+=,;A?x\u00e9", max_size=120))
 def test_any_string_gets_a_verdict_and_only_the_total_is_right(text):
@@ -127,6 +158,8 @@ def test_config_arguments_and_pilot_sweep():
         5,
     )
     assert c.rl.num_steps == 7 and c.model.preset == "small_moe"
+    assert c.task.kwargs.step_credit == 0.0
+    assert config_lib.load_config_file(TESTBED + ":step_credit=0.5").task.kwargs.step_credit == 0.5
     assert config_lib.load_config_file(TESTBED).objective.name == "grpo"
     with pytest.raises(config_lib.ConfigError, match="moe"):
         config_lib.load_config_file(TESTBED + ":routing_replay")

@@ -56,7 +56,7 @@ class _TaskBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     def _info(self) -> tfds.core.DatasetInfo:
         task = self.builder_config.task
         return self.dataset_info_from_configs(
-            description=f"Procedurally generated {task.name} problems: {task.config}",
+            description=f"Procedurally generated {task.name} problems: {task.data_config}",
             features=tfds.features.FeaturesDict(task.tfds_features()),
         )
 
@@ -99,9 +99,9 @@ def get_builder(task: Task, data_dir: str) -> tfds.core.DatasetBuilder:
             f"task {task.name!r} has no generated dataset builder; generated tasks are "
             f"{sorted(_BUILDERS)}."
         )
-    name = f"{task.name}_{config_hash(task.config)}"
+    name = f"{task.name}_{config_hash(task.data_config)}"
     cfg = TaskBuilderConfig(
-        name=name, description=json.dumps(task.config, sort_keys=True), task=task
+        name=name, description=json.dumps(task.data_config, sort_keys=True), task=task
     )
     return _BUILDERS[task.name](data_dir=data_dir, config=cfg)
 

@@ -184,7 +184,7 @@ def cache_key(task: Task, model_cfg: models.ModelConfig, warm_cfg: Any = None) -
     blob = json.dumps(
         dict(
             task=task.name,
-            task_config=task.config,
+            task_config=task.data_config,
             **_keyed_fields(model_cfg, warm_cfg),
             version=_CODE_VERSION,
             **({"data": data_key} if data_key else {}),

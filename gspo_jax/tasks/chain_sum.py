@@ -28,8 +28,11 @@ token-level objectives weigh responses differently.
 
 Reward: correct (1/0: the digits after the last "A" have the value of the total, and the response
 ended with eos) + format_weight * format (1/0: the whole response is num_terms - 1 well-formed
-steps of W columns each, then "A" and W digits). The steps themselves are not checked: an answer
-is right by its value alone, and a wrong value is never right.
+steps of W columns each, then "A" and W digits) + step_credit * the share of the W (num_terms - 1)
+column entries written as the worked answer writes them (0 by default). Correctness is the
+answer's value alone, and a wrong value is never right: the step credit only ranks wrong
+responses by how far they got, a denser signal for RL where every sample of a group is wrong (at
+most step_credit + format_weight < 1 for a wrong answer, the knob's bound).
 
 Dimension legend: none beyond task.py (records are scalars and a [max_terms] operand array).
 """
@@ -85,8 +88,11 @@ class ChainSumTask(Task):
 
     Knobs (all part of ``config``): min_terms, max_terms (the difficulty knob: steps per
     problem), digits (operand digits; the width of every column entry is digits + 1),
-    format_weight, num_train, num_test, seed.
+    format_weight, step_credit (the reward's credit for correct column entries), num_train,
+    num_test, seed.
     """
+
+    reward_only_fields = ("step_credit",)
 
     name = "chainsum"
     record_fields = ("operands", "num_terms", "target")
@@ -98,6 +104,7 @@ class ChainSumTask(Task):
         max_terms: int = 10,
         digits: int = 3,
         format_weight: float = 0.1,
+        step_credit: float = 0.0,
         num_train: int = 20000,
         num_test: int = 1000,
         seed: int = 0,
@@ -109,6 +116,11 @@ class ChainSumTask(Task):
             )
         if not 1 <= digits <= 6:
             raise ValueError(f"digits must lie in [1, 6], got {digits}.")
+        if not 0.0 <= step_credit < 1.0 - format_weight:
+            raise ValueError(
+                f"step_credit must lie in [0, 1 - format_weight) = [0, {1.0 - format_weight:g}) so "
+                f"that no wrong answer earns what a right one does, got {step_credit}."
+            )
         check_split_sizes(num_train, num_test)
         space = (10**digits) ** min_terms
         if num_train + num_test > 0.5 * space:
@@ -122,12 +134,13 @@ class ChainSumTask(Task):
             max_terms=max_terms,
             digits=digits,
             format_weight=format_weight,
+            step_credit=step_credit,
             num_train=num_train,
             num_test=num_test,
             seed=seed,
         )
         self.min_terms, self.max_terms, self.digits = min_terms, max_terms, digits
-        self.format_weight = format_weight
+        self.format_weight, self.step_credit = format_weight, step_credit
         self.width = digits + 1
         self.tokenizer = CharTokenizer(_ALPHABET)
         # bos + max_terms operands of `digits` digits, each followed by "+" (the last by "=").
@@ -188,8 +201,31 @@ class ChainSumTask(Task):
         well_formed = float(terminated and re.fullmatch(grammar, text) is not None)
         # A wrong value is never right: the answer's value alone decides (arithmetic.answer_is).
         correct = answer_is(text, int(record["target"]), terminated)
+        reward = correct + self.format_weight * well_formed
+        if self.step_credit:
+            reward += self.step_credit * self.entries_right(record, text)
         return Verdict(
-            reward=correct + self.format_weight * well_formed,
+            reward=reward,
             correct=correct,
             format=well_formed,
         )
+
+    def entries_right(self, record: Mapping[str, Any], text: str) -> float:
+        """The share of the problem's W (num_terms - 1) column entries that the response writes as
+        the worked answer does, entry by entry in order (step i's column j against step i's
+        column j; a missing or extra entry earns nothing)."""
+        k = int(record["num_terms"])
+        want = [
+            step.split(",")
+            for step in worked_steps(
+                [int(x) for x in np.asarray(record["operands"])[:k]], self.width
+            )
+        ]
+        got = [step.split(",") for step in text.split("A", 1)[0].split(";")]
+        # zip stops at the shorter list: missing entries earn nothing, extra ones are ignored
+        right = sum(
+            a == b
+            for want_step, got_step in zip(want, got, strict=False)
+            for a, b in zip(want_step, got_step, strict=False)
+        )
+        return right / (self.width * (k - 1))

@@ -66,6 +66,16 @@ class Task(abc.ABC):
     # The splits the task's dataset has (what evaluation and the data loader may read); known
     # before any data is generated, so a config naming another split fails at validation.
     splits: tuple[str, ...] = ("train", "test")
+    # Knobs of ``config`` that shape only the RL reward: the problems and the supervised warm start
+    # are the same whatever they are, so they name neither the dataset nor the warm-start cache
+    # entry (``data_config``).
+    reward_only_fields: tuple[str, ...] = ()
+
+    @property
+    def data_config(self) -> dict[str, Any]:
+        """``config`` without the reward-only knobs: what names the dataset on disk and keys the
+        warm-start cache."""
+        return {k: v for k, v in self.config.items() if k not in self.reward_only_fields}
 
     # ---- data ---------------------------------------------------------------------------------
     @abc.abstractmethod
