@@ -284,6 +284,30 @@ def test_shared_prefix_decode_equals_repeated_decode(chunked):
     assert int(new.lengths.min()) < T and bool((new.sample_logp > new.logp + 1e-3).any())
 
 
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 3, 0.9)])
+def test_decoding_live_rows_only_gives_the_same_tokens(temperature, top_k, top_p):
+    """shrink > 0 (each chunk after the first decodes only the narrowest of B, B / 2, ... that
+    holds the live rows) == shrink = 0, bit for bit: tokens, mask, lengths and log-probs. A random
+    model over 8 tokens ends rows early and at different steps, so the live rows fall to a half
+    of B at a chunk start (checked without truncation: a narrow loop ran)."""
+    cfg = models.get_model_config("tiny", decode_block=4, vocab_size=8)
+    m = models.Transformer(cfg, rngs=nnx.Rngs(0))
+    prompts, lengths = _prompts(cfg.vocab_size)
+    kw = dict(num_samples=8, max_new_tokens=16, rng=jax.random.key(3), eos_id=2, pad_id=PAD)
+    kw.update(temperature=temperature, top_k=top_k, top_p=top_p)
+    wide = sampler.generate(m, prompts, lengths, **kw)
+    narrow = sampler.generate(m, prompts, lengths, shrink=3, **kw)
+    for f in ("tokens", "mask", "lengths", "logp", "sample_logp"):
+        np.testing.assert_array_equal(getattr(narrow, f), getattr(wide, f), err_msg=f)
+    B, C = 24, cfg.decode_block
+    live = [int((np.asarray(wide.lengths) > p * C).sum()) for p in range(1, 4)]  # chunk starts
+    if top_k == 0:
+        assert min(live) <= B // 2 < max(live), live  # all B at first, then half or narrower
+    assert static.live_widths(B, 3) == (24, 12, 6, 3) and static.live_widths(B, 9)[-1] == 3
+    with pytest.raises(ValueError, match="shrink"):
+        sampler.generate(m, prompts, lengths, shrink=-1, **kw)
+
+
 def test_new_prompt_contents_do_not_recompile(dense):
     kw = dict(num_samples=G, max_new_tokens=T, temperature=TEMP, eos_id=EOS)
     prompts, lengths = _prompts(dense.cfg.vocab_size, seed=4)

@@ -33,6 +33,15 @@ How it works (and why):
   contents never recompile. Changing temperature does (it is a static Python float so that the
   division is bit-identical to response_logprobs'), unless it is given as an array: then it is
   a traced argument of another program (a population's per-member temperature).
+- Live rows only (shrink > 0, shared_prefix): rows that have ended still cost a full row per
+  step in a B-wide batch (a long tail of lengths leaves most of B dead for most steps). So at
+  the start of each chunk after the first, the loop narrows to the narrowest of B, B / 2, ...,
+  B / 2^shrink rows that holds the live ones (lax.switch: one loop per width and chunk, shrink + 1
+  per chunk): the live rows' generated chunks are gathered, each with its prompt's KV as a group
+  of one (P' = width, G' = 1: the same attention code), the chunk is decoded at that width, and
+  the chunks are scattered back. A narrow step reads the width's rows, not B, and its tokens are
+  the same: a row's uniform is still uniform(fold_in(rng, t), (B,))[b]. The gather and scatter
+  cost two copies of the width's KV per chunk of C steps.
 - The loop stops when every row has emitted EOS or after max_new_tokens.
 """
 
@@ -54,7 +63,7 @@ from gspo_jax.models import (
     slot_mask,
 )
 from gspo_jax.rollout.output import SampleOutput
-from gspo_jax.rollout.sampling import sample_token, static_temperature
+from gspo_jax.rollout.sampling import sample_token, sample_with_uniform, static_temperature
 
 DECODE_LAYOUTS = ("shared_prefix", "repeated")
 
@@ -155,24 +164,41 @@ def decode_step(model, cache, prev, n_b, t, prompt_len: int, response_len: int, 
     return model.logits(o["hidden"][:, 0]), o
 
 
-def _body(model, s: _LoopState, rng, n_b, eos_id, pad_id, Lp: int, T: int, settings, routes):
+def _body(
+    model, s: _LoopState, rng, n_b, eos_id, pad_id, Lp: int, T: int, settings, routes, rows=None
+):
     """One trip of the decode loop: feeds each row's token t - 1, samples token t of every row
-    (rows that ended get pad_id and mask 0) and writes it into the [B, T] buffers."""
+    (rows that ended get pad_id and mask 0) and writes it into the [B, T] buffers.
+    rows [W] (a narrow step, module docstring): the rows decoded, s.cache holding theirs (its
+    [W] rows in that order); the [B, T] buffers and done [B] stay whole and are written at rows."""
     t = s.step
     q_slot = Lp + t - 1  # slot of the token being fed (sampled at step t - 1)
-    prev = jax.lax.dynamic_slice_in_dim(s.tokens, t - 1, 1, axis=1)  # [B, 1]
-    logits, o = decode_step(model, s.cache, prev[:, 0], n_b, t, Lp, T, routes)
-    new_tok, new_lp, new_slp = sample_token(logits, jax.random.fold_in(rng, t), **settings)
-    alive = ~s.done
+    key = jax.random.fold_in(rng, t)
+    if rows is None:
+        prev = jax.lax.dynamic_slice_in_dim(s.tokens, t - 1, 1, axis=1)[:, 0]  # [B]
+        logits, o = decode_step(model, s.cache, prev, n_b, t, Lp, T, routes)
+        new_tok, new_lp, new_slp = sample_token(logits, key, **settings)
+        alive = ~s.done
+    else:  # the rows' own uniforms of the B-wide draw: the same tokens as the full-width step
+        prev = s.tokens[rows, t - 1]  # [W]
+        logits, o = decode_step(model, s.cache, prev, n_b[rows], t, Lp, T, routes)
+        u = jax.random.uniform(key, s.done.shape, jnp.float32)[rows]
+        new_tok, new_lp, new_slp = sample_with_uniform(logits, u, **settings)
+        alive = ~s.done[rows]
     new_tok = jnp.where(alive, new_tok, pad_id)
-    put = lambda buf, v: jax.lax.dynamic_update_slice_in_dim(buf, v[:, None], t, axis=1)  # noqa: E731
+    if rows is None:
+        put = lambda buf, v: jax.lax.dynamic_update_slice_in_dim(buf, v[:, None], t, axis=1)  # noqa: E731
+        done = s.done | (new_tok == eos_id)
+    else:
+        put = lambda buf, v: buf.at[rows, t].set(v)  # noqa: E731
+        done = s.done.at[rows].set(~alive | (new_tok == eos_id))
     return _LoopState(
         step=t + 1,
         tokens=put(s.tokens, new_tok),
         mask=put(s.mask, alive.astype(jnp.float32)),
         logp=put(s.logp, jnp.where(alive, new_lp, 0.0)),
         sample_logp=put(s.sample_logp, jnp.where(alive, new_slp, 0.0)),
-        done=s.done | (new_tok == eos_id),
+        done=done,
         cache=o["cache"],
         routes=jax.lax.dynamic_update_slice_in_dim(s.routes, o["routes"], q_slot, axis=2)
         if routes
@@ -196,6 +222,7 @@ def _generate(
     top_p,
     return_routes,
     decode,
+    shrink,
 ):
     _TRACES["generate"] += 1
     model = nnx.merge(graphdef, state)
@@ -230,8 +257,30 @@ def _generate(
     def body(s: _LoopState) -> _LoopState:
         return _body(model, s, rng, n_b, eos_id, pad_id, Lp, T, settings, return_routes)
 
-    def run(state: _LoopState, stop: int) -> _LoopState:  # steps until `stop` or all done
-        return jax.lax.while_loop(lambda s: (s.step < stop) & ~jnp.all(s.done), body, state)
+    def run(state: _LoopState, stop: int, rows=None) -> _LoopState:  # until `stop` or all done
+        def step(s):
+            return _body(model, s, rng, n_b, eos_id, pad_id, Lp, T, settings, return_routes, rows)
+
+        return jax.lax.while_loop(lambda s: (s.step < stop) & ~jnp.all(s.done), step, state)
+
+    widths = live_widths(B, shrink if decode == "shared_prefix" and not return_routes else 0)
+
+    def run_narrowest(state: _LoopState, stop: int) -> _LoopState:
+        """The chunk's steps at the narrowest width holding the live rows (module docstring)."""
+
+        def at_width(w):
+            def branch(state):
+                if w == B:
+                    return run(state, stop)
+                rows = jnp.argsort(state.done, stable=True)[:w].astype(jnp.int32)  # live first
+                narrow = run(state.replace(cache=narrow_cache(state.cache, rows, G)), stop, rows)
+                return narrow.replace(cache=widen_cache(state.cache, narrow.cache, rows))
+
+            return branch
+
+        live = jnp.sum(~state.done)
+        which = jnp.sum(jnp.array(widths[1:]) >= live)  # widths descend: the narrowest holding
+        return jax.lax.switch(which, [at_width(w) for w in widths], state)
 
     if decode == "shared_prefix":
         # Phase p feeds generated slots [p C, (p + 1) C) (steps p C + 1 .. (p + 1) C) with
@@ -241,7 +290,9 @@ def _generate(
         for p in range(math.ceil((T - 1) / C)):
             if p:
                 final = final.replace(cache=add_chunk(final.cache))
-            final = run(final, min(T, (p + 1) * C + 1))
+            stop = min(T, (p + 1) * C + 1)
+            # the first chunk starts with every row live: no narrower loop to compile for it
+            final = run_narrowest(final, stop) if p and len(widths) > 1 else run(final, stop)
     else:
         final = run(init, T)
     return SampleOutput(
@@ -263,6 +314,7 @@ _STATIC = (
     "top_p",
     "return_routes",
     "decode",
+    "shrink",
 )
 _generate_jit = jax.jit(_generate, static_argnames=_STATIC)
 
@@ -292,13 +344,19 @@ def generate_static(
     pad_id: int,
     return_routes: bool,
     decode: str = "shared_prefix",
+    shrink: int = 0,
 ) -> SampleOutput:
     """The static engine behind rollout.generate (which checks the arguments first).
     decode: the KV-cache layout of the decode loop, "shared_prefix" (prompt KV once per prompt,
     reads only the filled generated slots) or "repeated" (the earlier layout; module docstring).
+    shrink: each chunk after the first decodes only the narrowest of B, B / 2, ... B / 2^shrink
+    rows that holds the live ones (0: always all B; shared_prefix only, and not with
+    return_routes, which then decode all B; module docstring).
     """
     if decode not in DECODE_LAYOUTS:
         raise ValueError(f"decode={decode!r} is not one of {DECODE_LAYOUTS}.")
+    if int(shrink) < 0:
+        raise ValueError(f"shrink={shrink} must be >= 0 (the loop narrows to B / 2^shrink rows).")
     graphdef, state = nnx.split(model)
     if static_temperature(temperature):
         generate, temperature = _generate_jit, float(temperature)
@@ -320,7 +378,38 @@ def generate_static(
         top_p=float(top_p),
         return_routes=bool(return_routes),
         decode=decode,
+        shrink=int(shrink),
     )
+
+
+def live_widths(rows: int, shrink: int) -> tuple[int, ...]:
+    """The widths the loop can narrow to: rows, rows / 2, ... rows / 2^shrink, descending, each
+    a whole number of rows (halving stops at an odd width)."""
+    out = [rows]
+    while len(out) <= shrink and out[-1] % 2 == 0:
+        out.append(out[-1] // 2)
+    return tuple(out)
+
+
+def narrow_cache(cache: dict, rows: jax.Array, num_samples: int) -> dict:
+    """A shared-prefix cache of the rows [W] alone: their generated chunks ([L, W, ...]) and
+    each one's prompt KV as a group of one ("prefix_k" [L, W, ...]: P' = W, G' = 1)."""
+    prompts = rows // num_samples
+    return {
+        "prefix_k": cache["prefix_k"][:, prompts],
+        "prefix_v": cache["prefix_v"][:, prompts],
+        "k": tuple(c[:, rows] for c in cache["k"]),
+        "v": tuple(c[:, rows] for c in cache["v"]),
+    }
+
+
+def widen_cache(full: dict, narrow: dict, rows: jax.Array) -> dict:
+    """``full`` with the rows' generated chunks taken from ``narrow`` (narrow_cache's layout)."""
+    put = lambda whole, part: whole.at[:, rows].set(part)  # noqa: E731
+    out = dict(full)
+    out["k"] = tuple(map(put, full["k"], narrow["k"]))
+    out["v"] = tuple(map(put, full["v"], narrow["v"]))
+    return out
 
 
 def loop_step_for_plan(
