@@ -23,6 +23,11 @@ Each figure is averaged over the rollout's decode steps, from a schedule simulat
 geometric with mean T / 8 (the EOS coin of sampler_bench --eos-prob), capped at T.
   static      R rows; step t reads the generated chunks filled so far (compiled at 1 and 2
               chunks: bytes are affine in the chunk count), whatever rows have ended.
+  static_live the static engine with shrink = 3 (rollout/static.py): each chunk after the
+              first decodes the narrowest of R, R / 2, R / 4, R / 8 rows holding the rows live
+              at its first step (each width its own compiled step, affine in chunks as above),
+              plus, at each chunk that narrows, the narrowing's gather and scatter of the cache
+              once (compiled alone: static.narrowing_for_plan).
   continuous  N = R slots fed from a queue of 4 R rows (group-contiguous), refilled before every
               step (rollout/continuous.py); its attention's ragged loops run the trips
               trips_of gives for the step's items (the live slots' generated pages, one at least
@@ -61,7 +66,8 @@ from gspo_jax.rollout import continuous, paged, static  # noqa: E402
 
 MODELS = ("qwen3_0_6b", "qwen3_1_7b", "qwen3_30b_a3b")
 MIXES = ("uniform", "long_tail")
-ENGINES = ("static", "continuous")
+ENGINES = ("static", "static_live", "continuous")
+SHRINK = 3  # static_live's and the continuous drain's narrowest width: R / 2^3
 G = 8
 QUEUE = 4  # the continuous engine's queue: QUEUE x N rows
 FULL = dict(prompt_len=256, new_tokens=1024)
@@ -132,14 +138,30 @@ def lengths(mix: str, rows: int, T: int, seed: int = 0) -> np.ndarray:
     return np.minimum(rng.geometric(8.0 / T, rows), T).astype(np.int64)
 
 
-def static_schedule(ell: np.ndarray, group: int = G) -> list[dict]:
-    """The static engine's decode steps t = 1 .. max(ell) - 1 over all B rows: per step the live
-    rows (ell > t), their groups, their generated keys (t each)."""
+def static_schedule(ell: np.ndarray, C: int, group: int = G, shrink: int = 0) -> list[dict]:
+    """The static engine's decode steps t = 1 .. max(ell) - 1: per step the live rows (ell > t),
+    their groups, their generated keys (t each), its chunk (t - 1) // C and the rows it decodes
+    (all B; with shrink, from the second chunk on, the narrowest of static.live_widths holding
+    the rows live at the chunk's first step)."""
+    widths = static.live_widths(len(ell), shrink)
     out = []
     for t in range(1, int(ell.max())):
         live = ell > t
         groups = len(np.unique(np.nonzero(live)[0] // group))
-        out.append({"t": t, "live": int(live.sum()), "groups": groups, "gen": int(live.sum()) * t})
+        chunk = (t - 1) // C
+        at_start = int((ell > chunk * C + 1).sum())
+        width = len(ell) if chunk == 0 else min(w for w in widths if w >= at_start)
+        out.append(
+            {
+                "t": t,
+                "live": int(live.sum()),
+                "groups": groups,
+                "gen": int(live.sum()) * t,
+                "chunk": chunk,
+                "width": width,
+                "narrows": chunk > 0 and (t - 1) % C == 0 and width < len(ell),
+            }
+        )
     return out
 
 
@@ -232,13 +254,21 @@ def ledger_case(model, R: int, mix: str, Lp: int, T: int, compiled: dict) -> lis
     cfg = model.cfg
     sizes = model_sizes(model)
     rows = []
-    # static: B = R rows
+    # static: B = R rows; static_live: the narrowest width holding the live rows, by chunk
     ell = lengths(mix, R, T)
     C = cfg.decode_block
-    a, b = compiled["static_1"], compiled["static_2"]  # 1 and 2 chunks: affine in chunks
-    steps = static_schedule(ell)
-    costs = [a["base"] + (b["base"] + a["base"] * -1.0) * ((s["t"] - 1) // C) for s in steps]
-    rows.append(_row("static", cfg, sizes, steps, costs, Lp, a))
+
+    def affine(name, chunk):  # compiled at 1 and 2 chunks: affine in the chunk count
+        a, b = compiled[f"{name}_1"]["base"], compiled[f"{name}_2"]["base"]
+        return a + (b + a * -1.0) * chunk
+
+    for engine, shrink in (("static", 0), ("static_live", SHRINK)):
+        steps = static_schedule(ell, C, shrink=shrink)
+        costs = []
+        for s in steps:
+            c = affine(f"static_w{s['width']}", s["chunk"])
+            costs.append(c + affine(f"narrowing_w{s['width']}", s["chunk"]) if s["narrows"] else c)
+        rows.append(_row(engine, cfg, sizes, steps, costs, Lp, compiled[f"static_w{R}_1"]))
     # continuous: N = R slots, QUEUE * R rows
     ell = lengths(mix, QUEUE * R, T)
     ps = continuous.DEFAULT_PAGE_SIZE if Lp >= 64 else 16
@@ -278,18 +308,18 @@ def compile_steps(model, R: int, Lp: int, T: int) -> dict:
     """The engines' step programs at R rows, compiled (compiled_cost)."""
     cfg = model.cfg
     out = {}
-    for chunks in (1, 2):
-        fn, args = static.loop_step_for_plan(
-            model,
-            num_prompts=max(1, R // G),
-            prompt_len=Lp,
-            num_samples=G,
-            max_new_tokens=T,
-            chunks=chunks,
-        )
-        out[f"static_{chunks}"] = compiled_cost(fn, args)
+    shape = dict(num_prompts=max(1, R // G), prompt_len=Lp, num_samples=G)
+    for width in static.live_widths(R, SHRINK):
+        for chunks in (1, 2):
+            fn, args = static.loop_step_for_plan(
+                model, max_new_tokens=T, chunks=chunks, width=width, **shape
+            )
+            out[f"static_w{width}_{chunks}"] = compiled_cost(fn, args)
+            if width < R:
+                fn, args = static.narrowing_for_plan(model, chunks=chunks, width=width, **shape)
+                out[f"narrowing_w{width}_{chunks}"] = compiled_cost(fn, args)
     ps = continuous.DEFAULT_PAGE_SIZE if Lp >= 64 else 16
-    for width in (R, *continuous.drain_widths(R, 3)):
+    for width in (R, *continuous.drain_widths(R, SHRINK)):
         fn, args = continuous.decode_step_for_plan(
             model,
             num_prompts=max(1, QUEUE * R // G),

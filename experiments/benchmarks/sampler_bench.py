@@ -43,7 +43,9 @@ parts chosen with --parts (comma-separated):
       token comes from the prefill) / decoded slot-steps (static: B x its decode steps, the
       longest row's length - 1; continuous: N x its decode steps), hardware-independent; useful
       tokens/s = sum of lengths / wall seconds; both refill strategies of the continuous engine
-      (device loop, --chunk decode steps per call).
+      (device loop, --chunk decode steps per call); and the static engine decoding only its
+      live rows (static_live: generate's shrink=--static-shrink; its slot-steps are the widths
+      it decodes, static_slot_steps).
   uniform: the default workload above (no early stop, every row T tokens) with slots = B:
       continuous total tokens/s / static's (target >= 0.9).
   compile: compile seconds of each engine (jit lower + compile, the "tiny" model) at
@@ -394,12 +396,23 @@ class EosRate(models.Transformer):
 
 
 def _engine_fns(
-    models_by_impl, prompts, lengths, G, T, eos_id, slots, chunk, refills, page_size=None
+    models_by_impl,
+    prompts,
+    lengths,
+    G,
+    T,
+    eos_id,
+    slots,
+    chunk,
+    refills,
+    page_size=None,
+    static_shrink=0,
 ):
-    """{name: () -> (SampleOutput, decoded slot-steps)} for the static engine and the continuous
-    engine with each refill strategy of `refills` ("device", "chunked") and each paged-attention
-    implementation of models_by_impl ({implementation: model}, the same weights; the static
-    engine runs the first), at temperature 1 over the full vocabulary; page_size: the
+    """{name: () -> (SampleOutput, decoded slot-steps)} for the static engine, the static engine
+    decoding only its live rows ("static_live", shrink=static_shrink, when > 0) and the
+    continuous engine with each refill strategy of `refills` ("device", "chunked") and each
+    paged-attention implementation of models_by_impl ({implementation: model}, the same weights;
+    the static engine runs the first), at temperature 1 over the full vocabulary; page_size: the
     continuous engine's (None: continuous.DEFAULT_PAGE_SIZE)."""
     key = jax.random.key(0)
     kw = dict(num_samples=G, max_new_tokens=T, temperature=1.0, top_k=0, top_p=1.0)
@@ -409,6 +422,13 @@ def _engine_fns(
     def run_static():
         out = sampler.generate(first, prompts, lengths, rng=key, eos_id=eos_id, **kw)
         return out, B * (int(jnp.max(out.lengths)) - 1)  # its loop ran until the longest ended
+
+    def run_static_live():
+        out = sampler.generate(
+            first, prompts, lengths, rng=key, eos_id=eos_id, shrink=static_shrink, **kw
+        )
+        C = first.cfg.decode_block
+        return out, static_slot_steps(np.asarray(out.lengths), C, static_shrink)
 
     def run_continuous(model, refill):
         out, state = continuous.run(
@@ -428,6 +448,8 @@ def _engine_fns(
         return out, int(state.decoded_slots)
 
     fns = {"static": run_static}
+    if static_shrink:
+        fns["static_live"] = run_static_live
     for impl, model in models_by_impl.items():
         for refill in refills:
             name = "continuous" + ("" if refill == "device" else f"_chunked{chunk}")
@@ -457,6 +479,20 @@ def _check_same_tokens(name: str, ref, out, atol: float = 1e-4) -> None:
     )
 
 
+def static_slot_steps(ell: np.ndarray, C: int, shrink: int) -> int:
+    """Rows decoded summed over the static engine's steps with shrink (rollout/static.py): step
+    t = 1 .. max(ell) - 1 of chunk p = (t - 1) // C decodes all B rows in the first chunk, then
+    the narrowest of static.live_widths(B, shrink) holding the rows live at the chunk's first
+    step (a row of length l is live at step t while l > t)."""
+    widths = static.live_widths(len(ell), shrink)
+    total = 0
+    for t in range(1, int(ell.max())):
+        p = (t - 1) // C
+        live = int((ell > p * C + 1).sum())
+        total += len(ell) if p == 0 else min(w for w in widths if w >= live)
+    return total
+
+
 def bench_engines(
     models_by_impl,
     prompts,
@@ -470,6 +506,7 @@ def bench_engines(
     refills=("device", "chunked"),
     atol=1e-4,
     page_size=None,
+    static_shrink=0,
 ):
     """Per engine: occupancy, useful tokens/s (wall clock, and per second of this process's CPU
     time: the work, apart from how much of it ran on both cores at once), first-call seconds;
@@ -479,7 +516,17 @@ def bench_engines(
     if not isinstance(models_by_impl, dict):
         models_by_impl = {"plain": models_by_impl}
     fns = _engine_fns(
-        models_by_impl, prompts, lengths, G, T, eos_id, slots, chunk, refills, page_size
+        models_by_impl,
+        prompts,
+        lengths,
+        G,
+        T,
+        eos_id,
+        slots,
+        chunk,
+        refills,
+        page_size,
+        static_shrink,
     )
     res, ref = {}, None
     for name, fn in fns.items():  # compile + warm up
@@ -635,6 +682,7 @@ def compare_engines(a):
             refills,
             atol,
             a.page_size,
+            a.static_shrink,
         )
         results["long_tail"] = r
         print(
@@ -1021,6 +1069,13 @@ def main(argv=None):
     ap.add_argument("--slots", type=int, default=64, help="--compare-engines: continuous slots")
     ap.add_argument("--eos-prob", type=float, default=1 / 64, help="long_tail: EOS per token")
     ap.add_argument("--chunk", type=int, default=16, help="decode steps per call, chunked refill")
+    ap.add_argument(
+        "--static-shrink",
+        type=int,
+        default=3,
+        help="--compare-engines long_tail: also the static engine decoding only its live rows "
+        "(static_live, shrink=N; 0 = not)",
+    )
     ap.add_argument(
         "--page-size",
         type=int,

@@ -222,7 +222,7 @@ def _generate(
     top_p,
     return_routes,
     decode,
-    shrink,
+    shrink=0,
 ):
     _TRACES["generate"] += 1
     model = nnx.merge(graphdef, state)
@@ -423,20 +423,25 @@ def loop_step_for_plan(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
+    width: int | None = None,
 ):
     """(jitted function, abstract arguments): one trip of the shared-prefix decode loop (_body:
     the decode step, sampling and the buffers' writes) with `chunks` generated chunks of
     cfg.decode_block slots in the cache, for the ledger and the plan to lower and cost:
-    fn.lower(*args).compile(). Nothing is allocated (the model may be abstract,
-    nnx.eval_shape)."""
+    fn.lower(*args).compile(). width (< B): a narrow trip of that many rows (shrink, module
+    docstring). Nothing is allocated (the model may be abstract, nnx.eval_shape)."""
     graphdef, params = nnx.split(model)
     P, Lp, G, T = num_prompts, prompt_len, num_samples, max_new_tokens
     B = P * G
+    narrow = width is not None and width < B
     settings = dict(temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
 
     def cache_of(params):
         m = nnx.merge(graphdef, params)
-        cache = shared_prefix_cache(m.init_cache(P, Lp), G, m.cfg.decode_block)
+        if narrow:  # width rows, each its own group of one (narrow_cache's layout)
+            cache = shared_prefix_cache(m.init_cache(width, Lp), 1, m.cfg.decode_block)
+        else:
+            cache = shared_prefix_cache(m.init_cache(P, Lp), G, m.cfg.decode_block)
         for _ in range(chunks - 1):
             cache = add_chunk(cache)
         return cache
@@ -453,9 +458,33 @@ def loop_step_for_plan(
         routes=None,
     )
 
-    def one_step(params, s, rng, n_b):
+    def one_step(params, s, rng, n_b, rows):
         m = nnx.merge(graphdef, params)
-        return _body(m, s, rng, n_b, -1, 0, Lp, T, settings, False)
+        return _body(m, s, rng, n_b, -1, 0, Lp, T, settings, False, rows)
 
-    args = (params, state, jax.random.key(0), jax.ShapeDtypeStruct((B,), i32))
+    rows = jax.ShapeDtypeStruct((width,), i32) if narrow else None
+    args = (params, state, jax.random.key(0), jax.ShapeDtypeStruct((B,), i32), rows)
     return jax.jit(one_step, donate_argnums=1), args
+
+
+def narrowing_for_plan(
+    model, *, num_prompts: int, prompt_len: int, num_samples: int, chunks: int, width: int
+):
+    """(jitted function, abstract arguments): what a chunk's narrowing to `width` rows costs
+    once (narrow_cache, then widen_cache of the same rows) with `chunks` chunks in the cache, for
+    the ledger to lower and cost. Nothing is allocated."""
+    graphdef, params = nnx.split(model)
+    P, Lp, G = num_prompts, prompt_len, num_samples
+
+    def cache_of(params):
+        m = nnx.merge(graphdef, params)
+        cache = shared_prefix_cache(m.init_cache(P, Lp), G, m.cfg.decode_block)
+        for _ in range(chunks - 1):
+            cache = add_chunk(cache)
+        return cache
+
+    def both(cache, rows):
+        return widen_cache(cache, narrow_cache(cache, rows, G), rows)
+
+    args = (jax.eval_shape(cache_of, params), jax.ShapeDtypeStruct((width,), jnp.int32))
+    return jax.jit(both, donate_argnums=0), args
