@@ -288,7 +288,8 @@ def test_rollout_logp_noise_moves_only_the_reported_logp(shared):
 def test_trainer_rollout_on_the_continuous_engine_samples_the_static_tokens(shared):
     """config.rl.rollout_engine="continuous" reaches the step's rollout (make_rollout_fn, inside
     the trainer's jit): the same tokens and lengths as the static engine from the same key, with
-    fewer slots than rows; an unknown engine or a slot count below 1 is a ConfigError."""
+    fewer slots than rows; an unknown engine, a slot count below 1 or a negative shrink is a
+    ConfigError."""
     import jax
 
     from gspo_jax.rl import step as ts
@@ -321,9 +322,14 @@ def test_trainer_rollout_on_the_continuous_engine_samples_the_static_tokens(shar
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
     np.testing.assert_array_equal(np.asarray(a.lengths), np.asarray(b.lengths))
     np.testing.assert_allclose(np.asarray(a.logp), np.asarray(b.logp), atol=1e-5)
+    # the static engine's live-row decoding reaches it from the config (tokens: test_sampler.py)
+    assert dict(static.step.rollout_options) == {}
+    live = make_config(shared, num_devices=1, **small, **{"rl.rollout_shrink": 2})
+    assert dict(build.rollout_options(live)) == {"shrink": 2}
     for bad in (
         {"rl.rollout_engine": "vllm"},
         {"rl.rollout_engine": "continuous", "rl.rollout_slots": 0},
+        {"rl.rollout_shrink": -1},
     ):
         with pytest.raises(config_lib.ConfigError, match="rollout_"):
             build.build_run(make_config(shared, num_devices=1, **small, **bad))

@@ -184,6 +184,11 @@ def default_config() -> ml_collections.ConfigDict:
     # as rows end, over a paged KV cache (same tokens from the same logits: rollout/continuous.py).
     c.rl.rollout_engine = "static"
     c.rl.rollout_slots = config_dict.placeholder(int)  # continuous: decode slots (None = B)
+    # static: each decode chunk after the first runs only the narrowest of B, B/2, ... B/2^shrink
+    # rows that holds the live ones (the same tokens, fewer rows decoded on a long tail of lengths:
+    # docs/benchmarks.md). 0 = all B rows every step: the program holds shrink + 1 decode loops
+    # per chunk instead of one, so its compile time grows with T (the continuous engine's does not)
+    c.rl.rollout_shrink = 0
     # continuous: KV-cache slots per page; rollout.continuous.DEFAULT_PAGE_SIZE, which says why 64
     # (config/ does not import rollout/; tests/test_rollout_options.py ties the two)
     c.rl.rollout_page_size = 64

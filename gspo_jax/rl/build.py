@@ -434,6 +434,12 @@ def rollout_options(config) -> tuple:
             f"config.rl.rollout_engine={rl.rollout_engine!r} is not an engine; valid: "
             f"{tuple(rollout.ENGINES)}"
         )
+    if rl.rollout_shrink < 0:
+        raise ConfigError(
+            f"config.rl.rollout_shrink={rl.rollout_shrink} must be >= 0 (0 = decode all B rows)"
+        )
+    if rl.rollout_engine == "static":
+        return (("shrink", rl.rollout_shrink),) if rl.rollout_shrink else ()
     if rl.rollout_engine != "continuous":
         return ()
     if (rl.rollout_slots is not None and rl.rollout_slots < 1) or rl.rollout_page_size < 1:
