@@ -119,9 +119,17 @@ def _passed_log() -> str | None:
     return os.environ.get("GSPO_PASSED_LOG") or None
 
 
+def pytest_configure(config):
+    # the session that writes the log: the first (xdist's controller, which sees every worker's
+    # reports); workers and pytest sessions a test starts inherit its pid and do not write
+    if _passed_log() and "GSPO_PASSED_LOG_WRITER" not in os.environ:
+        os.environ["GSPO_PASSED_LOG_WRITER"] = str(os.getpid())
+
+
 def pytest_runtest_logreport(report):
-    if (path := _passed_log()) is None or os.environ.get("PYTEST_XDIST_WORKER"):
-        return  # the controller writes (it sees every worker's reports), a worker does not
+    path = _passed_log()
+    if path is None or os.environ.get("GSPO_PASSED_LOG_WRITER") != str(os.getpid()):
+        return
     done = (report.when == "call" and report.passed) or (report.when == "setup" and report.skipped)
     if done:
         with open(path, "a") as f:
