@@ -20,6 +20,7 @@ from gspo_jax import envs, models, rollout
 from gspo_jax.config import ConfigError, combinations
 from gspo_jax.rl import build, episodes, trainer
 from gspo_jax.rollout import multi_turn
+from gspo_jax.runtime import rundir
 from gspo_jax.tasks import products
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -154,6 +155,8 @@ def test_a_products_run_trains_on_the_policys_tokens_with_the_real_tool(tmp_path
     summary = trainer.train(c, str(tmp_path / "run"))
     # the final evaluation: with the tool (every scripted episode calls it and is right)
     assert summary["final"]["tool_call_rate"] == 1 and summary["final"]["tool_accuracy"] == 1
+    # the closing block reports it too (greedy_accuracy is the one turn without the tool)
+    assert "with the tool 1.000 (call rate 1.00)" in rundir.format_summary(summary)
     with open(tmp_path / "run" / "metrics.jsonl") as f:
         steps = [json.loads(line) for line in f if '"train/loss"' in line]
     assert [m["step"] for m in steps] == [1, 2]
@@ -172,6 +175,24 @@ def test_a_products_run_trains_on_the_policys_tokens_with_the_real_tool(tmp_path
         assert 0 < policy < tokens
         assert m["rollout/policy_token_frac"] == pytest.approx(policy / tokens)
         assert np.isfinite(m["train/loss"])
+
+
+def test_a_tool_runs_summary_and_log_lines_give_the_accuracy_with_the_tool():
+    """A tool-using policy opens with a call, so its one-turn greedy accuracy (no tool offered)
+    can be 0 while its calls answer: the log line, the closing block and the summary's delta
+    give the accuracy with the tool beside it; a run without tools prints as before."""
+    base = {"eval/greedy_accuracy": 0.0, "eval/tool_accuracy": 0.25, "eval/tool_call_rate": 0.5}
+    final = {"eval/greedy_accuracy": 0.0, "eval/tool_accuracy": 0.75, "eval/tool_call_rate": 1.0}
+    s = rundir.make_summary("gspo", "w", base, final, steps=2, wall_s=1, warmstart_s=0, rl_s=1)
+    assert s["delta_tool_accuracy"] == pytest.approx(0.5) and s["delta_greedy_accuracy"] == 0
+    text = rundir.format_summary(s)
+    assert "with the tool 0.750 (call rate 1.00)" in text and "+50.0 points with the tool" in text
+    assert trainer._fmt_eval(final).endswith("with the tool 0.750 (call rate 1.00)")
+    plain = rundir.make_summary(
+        "gspo", "w", {"eval/greedy_accuracy": 0.5}, {"eval/greedy_accuracy": 0.75},
+        steps=2, wall_s=1, warmstart_s=0, rl_s=1,
+    )  # fmt: skip
+    assert "delta_tool_accuracy" not in plain and "tool" not in rundir.format_summary(plain)
 
 
 @needs_sandbox

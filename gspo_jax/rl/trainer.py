@@ -556,4 +556,5 @@ def train(
 def _fmt_eval(m: dict[str, float]) -> str:
     acc = m.get("eval/greedy_accuracy", float("nan"))
     length = m.get("eval/mean_response_length", float("nan"))
-    return f"held-out greedy accuracy {acc:.3f}  mean response length {length:.1f}"
+    tools = rundir.tool_figures_text(m, "eval/")
+    return f"held-out greedy accuracy {acc:.3f}  mean response length {length:.1f}" + tools

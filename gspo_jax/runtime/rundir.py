@@ -246,10 +246,24 @@ def make_summary(
         "workdir": workdir,
     }
     if summary["base"] and summary["final"]:
-        summary["delta_greedy_accuracy"] = summary["final"].get(
-            "greedy_accuracy", np.nan
-        ) - summary["base"].get("greedy_accuracy", np.nan)
+        for key in ("greedy_accuracy", "tool_accuracy"):  # tool_accuracy: a run with tools
+            if key in summary["final"] or key == "greedy_accuracy":
+                summary[f"delta_{key}"] = summary["final"].get(key, np.nan) - summary["base"].get(
+                    key, np.nan
+                )
     return summary
+
+
+def tool_figures_text(m: dict[str, float], prefix: str = "") -> str:
+    """ "  with the tool A (call rate R)" for an evaluation with tool episodes (a run with
+    config.env), else "": greedy_accuracy is the one turn without the tool, which a policy that
+    opens with a call fails whatever its calls answer."""
+    if f"{prefix}tool_accuracy" not in m:
+        return ""
+    return (
+        f"  with the tool {m[prefix + 'tool_accuracy']:.3f} "
+        f"(call rate {m.get(prefix + 'tool_call_rate', float('nan')):.2f})"
+    )
 
 
 def write_summary(workdir: str, summary: dict, *, writer: bool) -> None:
@@ -286,9 +300,12 @@ def format_summary(s: dict) -> str:
             lines.append(
                 f"{name:5s}  held-out greedy accuracy {e.get('greedy_accuracy', float('nan')):.3f}"
                 f"  mean response length {e.get('mean_response_length', float('nan')):.1f}"
+                + tool_figures_text(e)
             )
     if "delta_greedy_accuracy" in s:
         lines.append(f"delta  {100 * s['delta_greedy_accuracy']:+.1f} points")
+    if "delta_tool_accuracy" in s:
+        lines.append(f"delta  {100 * s['delta_tool_accuracy']:+.1f} points with the tool")
     lines.append(
         f"steps {s['steps']}  wall {s['wall_s']:.0f} s  (warm start {s['warmstart_s']:.0f} s,"
         f" RL {s['rl_s']:.0f} s)"
