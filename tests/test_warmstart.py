@@ -243,6 +243,41 @@ def test_default_steps_come_from_the_task(setup):
 
 
 @pytest.mark.long  # trains a warm start with its checks (about 90 s): after the README's command
+def test_a_ceiling_returns_the_latest_check_at_or_below_it(setup, monkeypatch):
+    """With stop_ceiling, a check that meets the rule above the ceiling (a format learned in a
+    jump between checks) is not the base: the parameters of the latest check at or below the
+    ceiling are, and meta's stop_kept_step names it. Scripted check values: 0.1, 0.2, then 0.9."""
+    task, cfg, data_dir, _ = setup
+    values = iter([0.0, 0.1, 0.2, 0.9])  # the first: the metric's check when the rule is built
+    monkeypatch.setattr(
+        warmstart._StoppingRule, "_evaluate", lambda self, model, num_problems: next(values)
+    )
+    rule = dict(stop_every=3, stop_metric="greedy_format", stop_problems=16, stop_samples=1)
+    warm = {**_WARM, **rule, "steps": 20, "stop_threshold": 0.25, "stop_patience": 1}
+    seen = {}
+
+    def keep(step, model):
+        seen[step] = jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
+
+    model, stats = warmstart.train(
+        task, cfg, {**warm, "stop_ceiling": 0.45}, data_dir=data_dir, progress=False,
+        callback=keep, callback_every=3,
+    )  # fmt: skip
+    assert stats["steps"] == 9 and stats["stop_met"] and stats["stop_kept_step"] == 6
+    got = jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, got, seen[6])))
+    assert not all(jax.tree.leaves(jax.tree.map(np.array_equal, got, seen[9])))
+    # without a ceiling the key is as before; a ceiling below the threshold is refused
+    assert warmstart.cache_key(task, cfg, warm) != warmstart.cache_key(
+        task, cfg, {**warm, "stop_ceiling": 0.45}
+    )
+    assert (
+        "stop_ceiling" not in warmstart._keyed_fields(cfg, warmstart.as_warm_config(warm))["warm"]
+    )
+    with pytest.raises(ValueError, match="stop_ceiling"):
+        warmstart.as_warm_config({**warm, "stop_ceiling": 0.1})
+
+
 def test_stopping_rule_stops_after_patience_checks_and_is_recorded(setup, tmp_path, capsys):
     """The rule checks stop_metric every stop_every steps on held-out problems and stops at the
     first stop_patience passing checks in a row; a threshold never met trains to the cap, says

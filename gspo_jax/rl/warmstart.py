@@ -106,6 +106,11 @@ class WarmStartConfig:
     stop_patience: int = 2
     stop_problems: int = 256
     stop_samples: int = 4
+    # A ceiling on the base (0 = none; keys the cache only when set): a small decoder often learns
+    # a format in a jump between two checks (the testbed's 0.17 -> 0.58 in 25 steps), so the check
+    # that meets the rule can land far above the threshold. With a ceiling, the warm start then
+    # returns the parameters of the latest check at or below it (meta.json: stop_kept_step).
+    stop_ceiling: float = 0.0
     # A tool task's warm start: the share of demonstrations that are its tool episodes, played
     # with the sandboxed Python tool (warmstart_demos.py); 0 = the task's own demonstrations
     # only. Keys the cache only when > 0.
@@ -124,6 +129,11 @@ class WarmStartConfig:
             raise ValueError(f"tool_fraction={self.tool_fraction} must lie in [0, 1].")
         if self.stop_samples < 1:
             raise ValueError(f"stop_samples={self.stop_samples}; pass >= 1.")
+        if self.stop_ceiling and self.stop_ceiling < self.stop_threshold:
+            raise ValueError(
+                f"stop_ceiling={self.stop_ceiling} is below stop_threshold={self.stop_threshold}: "
+                "the ceiling bounds the base from above; raise it, or 0 for none."
+            )
         bad_steps = self.steps is not None and self.steps < 1
         if bad_steps or self.batch_size < 1 or self.learning_rate <= 0:
             raise ValueError(
@@ -173,6 +183,8 @@ def _keyed_fields(model_cfg: models.ModelConfig, warm_cfg: WarmStartConfig) -> d
         warm = {k: v for k, v in warm.items() if k not in _STOP_FIELDS}
     if not warm_cfg.tool_fraction:  # the keys of one-turn warm starts stay as they were
         del warm["tool_fraction"]
+    if not warm_cfg.stop_ceiling:  # and those of warm starts without a ceiling
+        warm.pop("stop_ceiling", None)
     return dict(model=model, warm=warm)
 
 
@@ -304,6 +316,7 @@ def train(
         mininterval=1.0,
     )
     stop = _StoppingRule(task, warm_cfg, data_dir, model)
+    kept = None  # with a ceiling: the parameters of the latest check at or below it
     for i in bar:
         params, opt_state, loss = step(params, opt_state, next(it))
         losses.append(loss)
@@ -312,6 +325,8 @@ def train(
         # evaluate() returns host floats, so it is done with `params` before the next step
         # donates them.
         met = stop.due(i + 1) and stop.check(i + 1, nnx.merge(graphdef, params, rest))
+        if stop.keep_last_check():  # at or below the ceiling: the base if the next overshoots
+            kept = jax.tree.map(jnp.copy, params)
         if callback is not None and (
             (i + 1) % callback_every == 0 or i == warm_cfg.steps - 1 or met
         ):
@@ -331,6 +346,8 @@ def train(
         print(demo_stats.summary(task), file=sys.stderr, flush=True)
     if warm_cfg.stop_every and not stop.met:
         print(stop.not_met_warning(), file=sys.stderr, flush=True)
+    if stop.met and stop.overshot():
+        params = kept  # the latest check at or below the ceiling (stop.record: its step)
     model = nnx.merge(graphdef, params, rest)
     return model, dict(
         final_loss=final_loss,
@@ -351,6 +368,7 @@ class _StoppingRule:
         self.task, self.cfg, self.data_dir = task, warm_cfg, data_dir
         self.checks: list[tuple[int, float]] = []
         self.met, self.check_s = False, 0.0
+        self.kept_step: int | None = None  # with a ceiling: the latest check at or below it
         if warm_cfg.stop_every:  # a metric the evaluation lacks fails now, not after training
             self._evaluate(model, num_problems=1)
 
@@ -384,6 +402,20 @@ class _StoppingRule:
         self.met = len(recent) == self.cfg.stop_patience and min(recent) >= self.cfg.stop_threshold
         return self.met  # NaN (no sample in the format) compares False: not met
 
+    def keep_last_check(self) -> bool:
+        """Whether the check just made is at or below the ceiling (its parameters are kept)."""
+        if not self.cfg.stop_ceiling or not self.checks or self.checks[-1][0] == self.kept_step:
+            return False
+        step, value = self.checks[-1]
+        if value <= self.cfg.stop_ceiling:
+            self.kept_step = step
+            return True
+        return False
+
+    def overshot(self) -> bool:
+        """The rule was met above the ceiling and an earlier check is kept instead."""
+        return self.kept_step is not None and self.kept_step != self.checks[-1][0]
+
     def not_met_warning(self) -> str:
         last = ", ".join(f"{v:.3f} at {s}" for s, v in self.checks[-3:])
         return (
@@ -396,7 +428,10 @@ class _StoppingRule:
     def record(self) -> dict[str, Any]:
         if not self.cfg.stop_every:
             return {}
-        return dict(stop_met=self.met, stop_checks=self.checks, stop_check_s=self.check_s)
+        out = dict(stop_met=self.met, stop_checks=self.checks, stop_check_s=self.check_s)
+        if self.cfg.stop_ceiling:  # None: the last step's parameters are the base
+            out["stop_kept_step"] = self.kept_step if self.overshot() else None
+        return out
 
 
 def default_cache_dir() -> str:
