@@ -10,6 +10,15 @@ import os
 os.environ.setdefault("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += " --xla_force_host_platform_device_count=8"
+# XLA:CPU aborts the process when a collective's 8 device threads have not all met within its
+# terminate timeout: "Termination timeout ... Exiting to ensure a consistent program
+# state". Two test workers on 2 cores, each with 8 simulated devices, can starve a thread that
+# long (the population-axis tests lost a worker to it in CI and here); they wait longer instead.
+if "xla_cpu_collective_call_terminate_timeout_seconds" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += (
+        " --xla_cpu_collective_call_terminate_timeout_seconds=600"
+        " --xla_cpu_collective_call_warn_stuck_timeout_seconds=120"
+    )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Tests compare float32 results to 1e-5; keep matmuls in full float32 precision.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
