@@ -246,11 +246,10 @@ def make_summary(
         "workdir": workdir,
     }
     if summary["base"] and summary["final"]:
-        for key in ("greedy_accuracy", "tool_accuracy"):  # tool_accuracy: a run with tools
-            if key in summary["final"] or key == "greedy_accuracy":
-                summary[f"delta_{key}"] = summary["final"].get(key, np.nan) - summary["base"].get(
-                    key, np.nan
-                )
+        keys = ["greedy_accuracy"] + ["tool_accuracy"] * ("tool_accuracy" in summary["final"])
+        for key in keys:  # tool_accuracy: a run with tools
+            base, final = summary["base"].get(key, np.nan), summary["final"].get(key, np.nan)
+            summary[f"delta_{key}"] = final - base
     return summary
 
 
