@@ -304,6 +304,16 @@ def test_decoding_live_rows_only_gives_the_same_tokens(temperature, top_k, top_p
     if top_k == 0:
         assert min(live) <= B // 2 < max(live), live  # all B at first, then half or narrower
     assert static.live_widths(B, 3) == (24, 12, 6, 3) and static.live_widths(B, 9)[-1] == 3
+    picked = [int(static.narrowest_index((24, 12, 6, 3), n)) for n in (24, 13, 12, 7, 6, 3, 1, 0)]
+    assert picked == [0, 0, 1, 1, 2, 3, 3, 3]  # the narrowest width holding the live rows
+    # the program holds a loop per width in each chunk after the first: 1 + 3 x 4 (4 without)
+    loops = [
+        str(
+            jax.make_jaxpr(lambda p, s=s: sampler.generate(m, p, lengths, shrink=s, **kw))(prompts)
+        ).count("while[")
+        for s in (0, 3)
+    ]
+    assert loops == [4, 13], loops
     with pytest.raises(ValueError, match="shrink"):
         sampler.generate(m, prompts, lengths, shrink=-1, **kw)
 

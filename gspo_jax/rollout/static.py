@@ -278,8 +278,7 @@ def _generate(
 
             return branch
 
-        live = jnp.sum(~state.done)
-        which = jnp.sum(jnp.array(widths[1:]) >= live)  # widths descend: the narrowest holding
+        which = narrowest_index(widths, jnp.sum(~state.done))
         return jax.lax.switch(which, [at_width(w) for w in widths], state)
 
     if decode == "shared_prefix":
@@ -389,6 +388,12 @@ def live_widths(rows: int, shrink: int) -> tuple[int, ...]:
     while len(out) <= shrink and out[-1] % 2 == 0:
         out.append(out[-1] // 2)
     return tuple(out)
+
+
+def narrowest_index(widths: tuple[int, ...], live) -> jax.Array:
+    """The index in ``widths`` (live_widths': descending) of the narrowest width holding ``live``
+    rows: the widest when live exceeds every narrower one."""
+    return jnp.sum(jnp.array(widths[1:]) >= live)
 
 
 def narrow_cache(cache: dict, rows: jax.Array, num_samples: int) -> dict:
