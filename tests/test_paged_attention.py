@@ -67,10 +67,14 @@ def _dense_reference(q, cache, valid, layer):
     return attention.reference_attention(q, kT, v, valid[:, None, :])
 
 
-@pytest.mark.parametrize("block_pages, chunk", [(1, None), (1, 1), (1, 3), (2, None), (4, 3)])
+@pytest.mark.parametrize(
+    "block_pages, chunk", [(1, None), (1, 1), (1, 3), (1, 7), (2, None), (4, 3)]
+)
 def test_ragged_paged_attention_reads_only_visible_pages(block_pages, chunk):
     """paged_attention over rows at different lengths (work items of block_pages pages,
     processed `chunk` at a time, chunks crossing rows) == the dense reference, at both layers.
+    The case's 16 one-page items run as trips of every width (trip_widths): chunk 1 four 4 C
+    trips, chunk 3 one 4 C and one 2 C, chunk 7 one 2 C and one C.
     With one page per item it never reads a page past a row's kv_end (the scratch page's NaN
     does not reach the output); larger items read up to block_pages - 1 pages past it, masked
     (finite scratch)."""
@@ -81,6 +85,31 @@ def test_ragged_paged_attention_reads_only_visible_pages(block_pages, chunk):
         )
         assert np.isfinite(np.asarray(got)).all()
         np.testing.assert_allclose(got, _dense_reference(q, cache, valid, layer), atol=1e-5)
+
+
+def test_trip_widths_cover_the_items_in_the_fewest_trips_padding_under_one_chunk():
+    """trip_widths(items, C) = (4 C trips, 2 C trips, C trips): by hand at C = 8, and for every
+    item count up to 40 C: they cover the items, pad fewer than C, and no covering with pads
+    under C takes fewer trips (at most items // 4 C + 2)."""
+    by_hand = {0: (0, 0, 0), 1: (0, 0, 1), 8: (0, 0, 1), 9: (0, 1, 0), 17: (0, 1, 1),
+               24: (0, 1, 1), 25: (1, 0, 0), 32: (1, 0, 0), 33: (1, 0, 1), 80: (2, 1, 0), 90: (3, 0, 0)}
+    for items, trips in by_hand.items():
+        assert paged_attention.trip_widths(items, 8) == trips, items
+    for C in (1, 3, 8):
+        for items in range(40 * C + 1):
+            wide, mid, narrow = paged_attention.trip_widths(items, C)
+            covered = (4 * wide + 2 * mid + narrow) * C
+            assert items <= covered < items + C
+            fewest = min(  # by search over every covering that pads under C
+                a + b + c
+                for a in range(items // (4 * C) + 2)
+                for b in range(3)
+                for c in range(3)
+                if items <= (4 * a + 2 * b + c) * C < items + C
+            )
+            assert wide + mid + narrow == fewest, (items, C)
+    traced = paged_attention.trip_widths(jnp.int32(33), 8)  # a traced count, as in the loop
+    assert [int(t) for t in traced] == [1, 0, 1]
 
 
 @pytest.mark.parametrize("chunk", [1, None])

@@ -30,10 +30,11 @@ geometric with mean T / 8 (the EOS coin of sampler_bench --eos-prob), capped at 
               once (compiled alone: static.narrowing_for_plan).
   continuous  N = R slots fed from a queue of 4 R rows (group-contiguous), refilled before every
               step (rollout/continuous.py); its attention's ragged loops run the trips
-              trips_of gives for the step's items (the live slots' generated pages, one at least
-              per slot), so bytes and ops are affine in each loop's trips (hlo_cost with each
-              loop at 0 and 1 trips; the ledger models the trip rule of the code it ships with:
-              the before table's single loop ran ceil(items / N) trips); once the
+              paged_attention.trip_widths gives for the step's items (the live slots' generated
+              pages, one at least per slot), so bytes and ops are affine in each loop's trips
+              (hlo_cost with each loop at 0 and 1 trips; the ledger models the trip rule of the
+              code it ships with: the first table's single loop ran ceil(items / N) trips, the
+              second's 4 N wide then N wide ones); once the
               queue is empty and at most half the slots are live, the drain decodes in one step
               of the narrowest of N / 2, N / 4, N / 8 slots that holds the live rows (each its
               own compiled step). A prompt's
@@ -61,6 +62,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import describe, write_report  # noqa: E402
 
 from gspo_jax import models  # noqa: E402
+from gspo_jax.kernels import paged_attention  # noqa: E402
 from gspo_jax.planning import hlo_cost  # noqa: E402
 from gspo_jax.rollout import continuous, paged, static  # noqa: E402
 
@@ -69,6 +71,7 @@ MIXES = ("uniform", "long_tail")
 ENGINES = ("static", "static_live", "continuous")
 SHRINK = 3  # static_live's and the continuous drain's narrowest width: R / 2^3
 G = 8
+TRIP_WIDTHS = (4, 2, 1)  # the ragged attention's trips, in C (paged_attention.trip_widths)
 QUEUE = 4  # the continuous engine's queue: QUEUE x N rows
 FULL = dict(prompt_len=256, new_tokens=1024)
 QUICK = dict(prompt_len=16, new_tokens=64)
@@ -199,14 +202,15 @@ def continuous_schedule(
     return out
 
 
-def _width_trips(wide: int, narrow: int, width: int):
-    """unknown_trips for hlo_cost: a data-dependent loop whose body has arrays of 4 x width
-    leading rows (the ragged attention's wide trips) runs `wide` trips, one of width rows
-    (its narrow trips) `narrow`, any other loop once."""
+def _width_trips(trips_by_width: dict, width: int):
+    """unknown_trips for hlo_cost: a data-dependent loop whose body has arrays of k x width
+    leading rows (the ragged attention's trips k x C wide, k in 4, 2, 1) runs
+    trips_by_width[k] trips (the widest k found), any other loop once."""
 
     def trips(body) -> int:
         lead = {tuple(hlo_cost._dims(i.shape)[:1]) for i in body}
-        return wide if (4 * width,) in lead else narrow if (width,) in lead else 1
+        k = next((k for k in TRIP_WIDTHS if (k * width,) in lead), None)
+        return 1 if k is None else trips_by_width.get(k, 0)
 
     return trips
 
@@ -214,8 +218,8 @@ def _width_trips(wide: int, narrow: int, width: int):
 def compiled_cost(fn, args, width: int | None = None) -> dict:
     """Lowers and compiles fn at args (abstract), for this backend: XLA's cost_analysis and
     hlo_cost's trip-counted figures; with width (the continuous engine's step) the ragged
-    attention's wide and narrow trips apart (rollout schedule: trips_of): the cost with none of
-    either ("base") and what one more trip of each adds."""
+    attention's trips of each width apart (TRIP_WIDTHS): the cost with none of
+    them ("base") and what one more trip of each width adds ("per_<k>")."""
     t0 = time.perf_counter()
     traced = fn.trace(*args)
     compiled = traced.lower().compile()
@@ -230,22 +234,21 @@ def compiled_cost(fn, args, width: int | None = None) -> dict:
     if width is None:
         out["base"] = hlo_cost.program_cost(compiled, 1, traced.jaxpr)
         return out
-    cost = lambda w, n: hlo_cost.program_cost(compiled, _width_trips(w, n, width), traced.jaxpr)  # noqa: E731
-    base = cost(0, 0)
-    out.update(base=base, per_wide=cost(1, 0) + base * -1.0, per_narrow=cost(0, 1) + base * -1.0)
+    cost = lambda trips: hlo_cost.program_cost(compiled, _width_trips(trips, width), traced.jaxpr)  # noqa: E731
+    base = cost({})
+    out["base"] = base
+    for k in TRIP_WIDTHS:  # what one more trip k x C wide adds
+        out[f"per_{k}"] = cost({k: 1}) + base * -1.0
     return out
 
 
-def trips_of(items: int, width: int) -> tuple[int, int]:
-    """(wide, narrow) trips of kernels/paged_attention._ragged_pages over `items` items with
-    C = width: wide trips of 4 C while that many remain, then C-wide ones."""
-    wide = items // (4 * width)
-    return wide, -(-(items - wide * 4 * width) // width)
-
-
 def _at(c: dict, items: int, width: int) -> hlo_cost.Cost:
-    wide, narrow = trips_of(items, width)
-    return c["base"] + c["per_wide"] * wide + c["per_narrow"] * narrow
+    """The continuous step's cost at `items` ragged items with C = width: the trips the code
+    runs (paged_attention.trip_widths: 4 C, 2 C and C wide)."""
+    cost = c["base"]
+    for k, n in zip(TRIP_WIDTHS, paged_attention.trip_widths(items, width), strict=True):
+        cost = cost + c[f"per_{k}"] * n
+    return cost
 
 
 def ledger_case(model, R: int, mix: str, Lp: int, T: int, compiled: dict) -> list[dict]:

@@ -244,9 +244,10 @@ def _ragged_pages(qg, cache, table, key_valid, kv_end, layer, stats, block_pages
 
     The items' rows, pages and masks are listed once, before the trips (they do not depend on
     the layer: XLA hoists them out of the layer scan), so a trip only slices its part of the
-    list. Trips are WIDE = 4 C items wide while at least that many items remain, then C wide:
-    a long step runs a quarter of the trips (fewer, larger ops), and the last trip pads at most
-    C - 1 items, as before."""
+    list. The items, rounded up to m whole C-wide pieces, run as m // 4 trips 4 C wide, then
+    at most one 2 C wide and one C wide (trip_widths): a long step runs a quarter of the trips
+    (fewer, larger ops), a short one at most two, and the last trip pads at most C - 1 items,
+    as C-wide trips alone would."""
     N, K, Gq, Dh = qg.shape
     Pt = table.shape[1]
     ps, cdt = cache["k_pages"].shape[-1], qg.dtype
@@ -298,11 +299,21 @@ def _ragged_pages(qg, cache, table, key_valid, kv_end, layer, stats, block_pages
         acc = (acc * corr[..., None]).at[r].add(pv * w[..., None])
         return m_new, den, acc
 
-    n_wide = total // wide
-    stats = jax.lax.fori_loop(0, n_wide, lambda c, x: trip(c * wide, wide, x), stats)
-    rest = (total - n_wide * wide + C - 1) // C
-    done = n_wide * wide
-    return jax.lax.fori_loop(0, rest, lambda c, x: trip(done + c * C, C, x), stats)
+    done = 0
+    for width, trips in zip((wide, 2 * C, C), trip_widths(total, C), strict=True):
+        stats = jax.lax.fori_loop(
+            0, trips, lambda c, x, w=width, d=done: trip(d + c * w, w, x), stats
+        )
+        done = done + trips * width
+    return stats
+
+
+def trip_widths(items, C: int):
+    """(trips 4 C wide, 2 C wide, C wide) that cover `items` items (an int or a traced int32)
+    in the fewest trips whose padding stays under C: the items rounded up to m C-wide pieces,
+    m // 4 wide trips, then the remainder (0-3 pieces) as at most one 2 C and one C trip."""
+    m = (items + C - 1) // C
+    return m // 4, (m % 4) // 2, m % 2
 
 
 def attend_pages(

@@ -218,6 +218,17 @@ _PRESETS: dict[str, dict] = {
         mlp_dim=384,
         max_seq_len=512,
     ),
+    # The testbed's room-to-learn arm (docs/testbed.md): ~2.4M parameters, ~3x small's step.
+    "medium": dict(
+        vocab_size=256,
+        hidden_size=192,
+        num_layers=6,
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=32,
+        mlp_dim=512,
+        max_seq_len=512,
+    ),
     "small_moe": dict(
         vocab_size=256,
         hidden_size=128,
