@@ -91,8 +91,19 @@ def test_trip_widths_cover_the_items_in_the_fewest_trips_padding_under_one_chunk
     """trip_widths(items, C) = (4 C trips, 2 C trips, C trips): by hand at C = 8, and for every
     item count up to 40 C: they cover the items, pad fewer than C, and no covering with pads
     under C takes fewer trips (at most items // 4 C + 2)."""
-    by_hand = {0: (0, 0, 0), 1: (0, 0, 1), 8: (0, 0, 1), 9: (0, 1, 0), 17: (0, 1, 1),
-               24: (0, 1, 1), 25: (1, 0, 0), 32: (1, 0, 0), 33: (1, 0, 1), 80: (2, 1, 0), 90: (3, 0, 0)}
+    by_hand = {
+        0: (0, 0, 0),
+        1: (0, 0, 1),
+        8: (0, 0, 1),
+        9: (0, 1, 0),
+        17: (0, 1, 1),
+        24: (0, 1, 1),
+        25: (1, 0, 0),
+        32: (1, 0, 0),
+        33: (1, 0, 1),
+        80: (2, 1, 0),
+        90: (3, 0, 0),
+    }
     for items, trips in by_hand.items():
         assert paged_attention.trip_widths(items, 8) == trips, items
     for C in (1, 3, 8):
