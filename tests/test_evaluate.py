@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -208,6 +209,25 @@ def test_hf_folder_and_run_checkpoint_evaluate_to_the_same_numbers(tiny):
         np.testing.assert_array_equal(from_run[k], from_hf[k], err_msg=k)
     assert ev.summary(from_run, (1, 4), "a") == dict(ev.summary(from_hf, (1, 4), "a"))
     assert len(set(from_run["sample_length"].ravel().tolist())) > 1  # lengths tell models apart
+
+
+def test_a_run_written_before_a_config_section_existed_still_evaluates(tiny, tmp_path):
+    """A run directory whose config.json predates fields the schema has since gained (here the
+    whole `env` section and rl.rollout_shrink, as runs written before them) loads with those
+    fields at their defaults and evaluates to the same numbers as the current run."""
+    old = tmp_path / "old_run"
+    shutil.copytree(tiny["run"], old)
+    with open(old / "config.json") as f:
+        written = json.load(f)
+    del written["env"], written["rl"]["rollout_shrink"]
+    with open(old / "config.json", "w") as f:
+        json.dump(written, f)
+    task = ArithmeticTask(**KNOBS)
+    s = settings(task, samples=2)
+    got = evaluate_path(str(old), task, s, tiny["data"])
+    want = evaluate_path(tiny["run"], task, s, tiny["data"])
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
 
 
 def test_data_parallel_and_continuous_engine_sample_the_same_problems(tiny):

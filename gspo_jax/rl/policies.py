@@ -21,6 +21,7 @@ import os
 import ml_collections
 from flax import nnx
 
+from gspo_jax.config import schema
 from gspo_jax.errors import CheckpointError, ConfigError
 from gspo_jax.rl import adapters, build
 from gspo_jax.runtime import checkpoint as checkpoint_lib
@@ -63,8 +64,22 @@ def check_step(workdir: str, step: int | None) -> int:
 
 
 def read_run_config(workdir: str) -> ml_collections.ConfigDict:
+    """The run's config.json, with the fields added to the schema since it was written at their
+    defaults (a new field defaults to the behaviour before it), so an older run still loads."""
     with open(os.path.join(workdir, CONFIG_FILE)) as f:
-        return ml_collections.ConfigDict(json.load(f))
+        written = json.load(f)
+    return ml_collections.ConfigDict(_filled(schema.default_config().to_dict(), written))
+
+
+def _filled(defaults: dict, written: dict) -> dict:
+    """written, plus every key of defaults it lacks (recursively); written's values win."""
+    out = dict(written)
+    for key, value in defaults.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(value, dict) and isinstance(out[key], dict):
+            out[key] = _filled(value, out[key])
+    return out
 
 
 class _NoData:
