@@ -24,7 +24,7 @@ from gspo_jax.errors import ConfigError
 from gspo_jax.rl import adapters, build, evaluation
 from gspo_jax.runtime import checkpoint as checkpoint_lib
 from gspo_jax.runtime import rundir
-from gspo_jax.tasks import ArithmeticTask, Verdict, math_problems
+from gspo_jax.tasks import ArithmeticTask, ChainSumTask, Verdict, math_problems
 
 # ------------------------------------------------------------------------------ the estimator
 
@@ -95,6 +95,9 @@ def test_figures_intervals_levels_and_paired_difference():
 def test_difficulty_levels_of_the_tasks():
     assert ArithmeticTask(**KNOBS).difficulty({"a": 7, "b": 42}) == "2 digits"
     assert ArithmeticTask(**KNOBS).difficulty({"a": 7, "b": 0}) == "1 digit"
+    chain = ChainSumTask(min_terms=4, max_terms=10, num_train=8, num_test=8)
+    assert chain.difficulty({"num_terms": 7, "operands": [1] * 10}) == "07 terms"
+    assert chain.difficulty({"num_terms": 10, "operands": [1] * 10}) == "10 terms"  # sorts last
     row = {"problem": "p", "solution": r"so \boxed{1}"}
     assert "level" not in math_problems.record_from_example(row)
     math_row = math_problems.record_from_example({**row, "level": "Level 4"})  # MATH
@@ -198,6 +201,14 @@ def test_in_run_figures_equal_the_commands_on_the_same_samples(tiny):
     assert in_run["mean_response_length"] == figures["greedy_length_mean"]
     assert in_run["sample_mean_response_length"] == figures["length_mean"]
     assert in_run["num_problems"] == figures["num_problems"] == KNOBS["num_test"]
+    levels = np.asarray(results["level"])
+    assert set(levels.tolist()) == {"1 digit", "2 digits"}
+    for level in ("1 digit", "2 digits"):  # the in-run figures by difficulty, by hand
+        sel, name = levels == level, level.replace(" ", "_")
+        want = np.mean(results["greedy_correct"][sel])  # float32 scores: rtol 1e-6
+        np.testing.assert_allclose(in_run[f"greedy_accuracy/{name}"], want, rtol=1e-6)
+        want = np.mean(np.asarray(results["sample_correct"])[sel])
+        np.testing.assert_allclose(in_run[f"sample_accuracy/{name}"], want, rtol=1e-6)
 
 
 def test_hf_folder_and_run_checkpoint_evaluate_to_the_same_numbers(tiny):

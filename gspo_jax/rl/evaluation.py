@@ -13,6 +13,9 @@ Returns floats:
     pass@k                    fraction of problems with at least one correct sample among k (the
                               unbiased estimator with n = k samples)
     sample_mean_response_length
+    greedy_accuracy/<level>, sample_accuracy/<level>   the same per difficulty (task.difficulty,
+                              spaces as "_": "greedy_accuracy/07_terms"), for a task whose
+                              problems have several levels: which problems RL is solving
     and, for tasks with several response formats (arith: worked vs direct),
     <fmt>_fraction            share of samples in that format (and greedy_<fmt>_fraction)
     <fmt>_accuracy            accuracy of the samples in that format (NaN if there are none)
@@ -189,30 +192,32 @@ def evaluate(
         raise ValueError(f"pass_k={pass_k} must be >= 1.")
     model = process_local_copy(model)
     T = max_new_tokens or task.max_response_len
-    parts = [
-        sample_batch(
-            model,
+    parts, levels = [], []  # levels [num]: each problem's task.difficulty
+    for i, (batch, n) in enumerate(
+        data.make_eval_batches(
             task,
-            batch,
-            n,
-            i,
-            pass_k=pass_k,
-            max_new_tokens=T,
-            temperature=temperature,
-            seed=seed,
-            engine=engine,
+            split,
+            batch_size=batch_size,
+            num_problems=num_problems,
+            data_dir=data_dir,
+            first=first,
         )
-        for i, (batch, n) in enumerate(
-            data.make_eval_batches(
+    ):
+        parts.append(
+            sample_batch(
+                model,
                 task,
-                split,
-                batch_size=batch_size,
-                num_problems=num_problems,
-                data_dir=data_dir,
-                first=first,
+                batch,
+                n,
+                i,
+                pass_k=pass_k,
+                max_new_tokens=T,
+                temperature=temperature,
+                seed=seed,
+                engine=engine,
             )
         )
-    ]
+        levels += [task.difficulty(task.record_from_batch(batch, p)) for p in range(n)]
     g = {k: np.concatenate([p["greedy"][k] for p in parts]) for k in parts[0]["greedy"]}
     s = {k: np.concatenate([p["samples"][k] for p in parts]) for k in parts[0]["samples"]}
     num = len(g["correct"])
@@ -238,6 +243,13 @@ def evaluate(
     for k in task.score_keys:
         if k not in ("reward", "correct", "format"):
             metrics[f"greedy_{k}"] = float(g[k].mean())
+    levels = np.asarray(levels)
+    if len(set(levels.tolist()) - {""}) > 1:  # where accuracy moves: by difficulty
+        per_sample = s["correct"].reshape(num, pass_k).mean(-1)
+        for level in sorted(set(levels.tolist())):
+            sel, name = levels == level, level.replace(" ", "_")
+            metrics[f"greedy_accuracy/{name}"] = float(g["correct"][sel].mean())
+            metrics[f"sample_accuracy/{name}"] = float(per_sample[sel].mean())
     if task.formats:
         gf, sf = g["format_name"], s["format_name"]
         for fmt in task.formats:

@@ -185,6 +185,10 @@ class ChainSumTask(Task):
             for ops in problems
         ]
 
+    def difficulty(self, record: Mapping[str, Any]) -> str:
+        """The number of terms (the knob the problems are drawn by; a response's length)."""
+        return f"{int(record['num_terms']):02d} terms"
+
     # ---- warm start ---------------------------------------------------------------------------
     def demonstration(self, record: Mapping[str, Any], rng: np.random.Generator) -> str:
         """The correct worked response: the base is mediocre by how far it was trained
