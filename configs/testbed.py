@@ -40,7 +40,7 @@ from gspo_jax import config as config_lib
 PILOT_DRAWS = (900, 901, 902)
 
 # The task: 4-10 operands of 3 digits (3-9 worked steps of 4 columns; tasks/chain_sum.py).
-TASK = dict(min_terms=4, max_terms=10, digits=3, num_train=20000, num_test=1000)
+TASK = dict(min_terms=4, max_terms=10, digits=3, tagged=False, num_train=20000, num_test=1000)
 
 # The warm start: configs/arith.py's pinned recipe (the same supervised training), with a
 # stopping rule that is a ceiling, not a convergence test: training stops at the first check where

@@ -48,6 +48,29 @@ def test_worked_text_adds_column_by_column():
     )
 
 
+def test_tagged_steps_name_their_operand_and_score_like_untagged():
+    """tagged: each operand's letter in the prompt, each step led by its operand's letter (by
+    hand); the demonstration is right and well formed at the length response_length says; a
+    step with the wrong letter is malformed; the entries' credit ignores the letters; untagged
+    keys are unchanged (no "tagged" in the config unless set)."""
+    assert chain_sum.worked_text([492, 438, 127, 5], 4, tagged=True) == (
+        "b28=10,93=13,44=09,00=00;c07=07,32=05,91=10,00=01;d75=12,50=06,00=00,10=01A1062"
+    )
+    t = tasks.get_task("chainsum", tagged=True, step_credit=0.5, num_train=200, num_test=50)
+    assert t.config["tagged"] and "tagged" not in tasks.get_task("chainsum").config
+    rng = np.random.default_rng(0)
+    for r in t.generate_split("test")[:20]:
+        k, ops = int(r["num_terms"]), [int(x) for x in r["operands"][: int(r["num_terms"])]]
+        assert r["prompt"] == "+".join(f"{'abcdefghij'[i]}{x:03d}" for i, x in enumerate(ops)) + "="
+        demo = t.demonstration(r, rng)
+        assert len(t.tokenizer.encode(demo, add_eos=True)) == chain_sum.response_length(k, 3, True)
+        v = _score(t, r, demo)
+        assert (v.correct, v.format) == (1.0, 1.0) and v.reward == pytest.approx(1.6)
+        bad = demo.replace("b", "c", 1)  # the first step names the wrong operand
+        assert _score(t, r, bad).format == 0.0 and t.entries_right(r, bad) == 1.0
+    assert t.max_response_len == chain_sum.response_length(10, 3, True) == 230
+
+
 @pytest.mark.parametrize("lo,hi", [(4, 4), (7, 10), (2, 3)])
 def test_difficulty_knob_sets_the_number_of_terms(lo, hi):
     t = tasks.get_task("chainsum", min_terms=lo, max_terms=hi, num_train=300, num_test=50)

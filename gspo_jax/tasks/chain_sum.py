@@ -34,6 +34,14 @@ answer's value alone, and a wrong value is never right: the step credit only ran
 responses by how far they got, a denser signal for RL where every sample of a group is wrong (at
 most step_credit + format_weight < 1 for a wrong answer, the knob's bound).
 
+Tagged (``tagged=True``): each operand carries its letter in the prompt and each step starts
+with the letter of the operand it adds ("a492+b438+c127+d005=" -> "b28=10,...;c07=07,...;d75=
+12,...A1062"). Untagged, the operand's digit an entry copies sits in the prompt at a place that
+depends on the step's index, which the model must count; the pilot found accuracy falling off a
+cliff with the number of terms (docs/testbed.md). Tagged, the step's letter follows the letter a
+fixed 6 W + 1 positions back, and the operand is found by its letter's content: every lookup is
+local or by content, whatever the step. One token more per step and per operand.
+
 Dimension legend: none beyond task.py (records are scalars and a [max_terms] operand array).
 """
 
@@ -50,6 +58,7 @@ from gspo_jax.tasks.task import Task, Verdict, check_split_sizes, disjoint_probl
 from gspo_jax.tasks.tokenizer import CharTokenizer
 
 _ALPHABET = "0123456789+=,;A"
+_TAGS = "abcdefghij"  # the operands' letters (tagged): one per operand, _MAX_TERMS of them
 _MAX_TERMS = 10  # W = digits + 1 holds a sum of at most ten operands of `digits` digits
 
 
@@ -58,29 +67,30 @@ def _digits_lsd(x: int, n: int) -> list[int]:
     return [(x // 10**i) % 10 for i in range(n)]
 
 
-def worked_steps(operands: list[int], width: int) -> list[str]:
-    """The correct worked steps of operands[0] + operands[1] + ..., one string per addition."""
+def worked_steps(operands: list[int], width: int, tagged: bool = False) -> list[str]:
+    """The correct worked steps of operands[0] + operands[1] + ..., one string per addition
+    (tagged: each starting with its operand's letter)."""
     total, steps = operands[0], []
-    for x in operands[1:]:
+    for j, x in enumerate(operands[1:], start=1):
         carry, cols = 0, []
         for da, db in zip(_digits_lsd(total, width), _digits_lsd(x, width), strict=True):
             s = da + db + carry
             cols.append(f"{da}{db}={s:02d}")
             carry = s // 10
-        steps.append(",".join(cols))
+        steps.append(_TAGS[j] * tagged + ",".join(cols))
         total += x
     return steps
 
 
-def worked_text(operands: list[int], width: int) -> str:
+def worked_text(operands: list[int], width: int, tagged: bool = False) -> str:
     """The correct response (without eos) for the sum of ``operands`` at ``width`` digits."""
-    return ";".join(worked_steps(operands, width)) + f"A{sum(operands):0{width}d}"
+    return ";".join(worked_steps(operands, width, tagged)) + f"A{sum(operands):0{width}d}"
 
 
-def response_length(num_terms: int, digits: int) -> int:
+def response_length(num_terms: int, digits: int, tagged: bool = False) -> int:
     """Tokens of the worked response to a num_terms-operand problem, eos included."""
     width = digits + 1
-    return 6 * width * (num_terms - 1) + width + 1
+    return (6 * width + tagged) * (num_terms - 1) + width + 1
 
 
 class ChainSumTask(Task):
@@ -88,8 +98,8 @@ class ChainSumTask(Task):
 
     Knobs (all part of ``config``): min_terms, max_terms (the difficulty knob: steps per
     problem), digits (operand digits; the width of every column entry is digits + 1),
-    format_weight, step_credit (the reward's credit for correct column entries), num_train,
-    num_test, seed.
+    format_weight, step_credit (the reward's credit for correct column entries), tagged (the
+    operands' letters in the prompt and the steps, module docstring), num_train, num_test, seed.
     """
 
     reward_only_fields = ("step_credit",)
@@ -105,6 +115,7 @@ class ChainSumTask(Task):
         digits: int = 3,
         format_weight: float = 0.1,
         step_credit: float = 0.0,
+        tagged: bool = False,
         num_train: int = 20000,
         num_test: int = 1000,
         seed: int = 0,
@@ -139,13 +150,17 @@ class ChainSumTask(Task):
             num_test=num_test,
             seed=seed,
         )
+        if tagged:  # only when set: the untagged task's datasets and warm starts keep their keys
+            self.config["tagged"] = True
+        self.tagged = tagged
         self.min_terms, self.max_terms, self.digits = min_terms, max_terms, digits
         self.format_weight, self.step_credit = format_weight, step_credit
         self.width = digits + 1
-        self.tokenizer = CharTokenizer(_ALPHABET)
-        # bos + max_terms operands of `digits` digits, each followed by "+" (the last by "=").
-        self.max_prompt_len = 1 + max_terms * (digits + 1)
-        self.max_response_len = response_length(max_terms, digits)
+        self.tokenizer = CharTokenizer(_ALPHABET + _TAGS * tagged)
+        # bos + max_terms operands of `digits` digits (tagged: and a letter), each followed by "+"
+        # (the last by "=").
+        self.max_prompt_len = 1 + max_terms * (digits + 1 + tagged)
+        self.max_response_len = response_length(max_terms, digits, tagged)
         w = self.width
         col = r"[0-9]{2}=[0-9]{2}"
         self._step_re = rf"{col}(?:,{col}){{{w - 1}}}"
@@ -170,7 +185,8 @@ class ChainSumTask(Task):
         """The question from the operands (what batches carry, record_fields; zero after
         num_terms): the environments render it as the user's message."""
         ops = [int(x) for x in record["operands"][: int(record["num_terms"])]]
-        return "+".join(f"{x:0{self.digits}d}" for x in ops) + "="
+        tags = _TAGS if self.tagged else [""] * len(ops)
+        return "+".join(f"{t}{x:0{self.digits}d}" for t, x in zip(tags, ops, strict=False)) + "="
 
     def generate_split(self, split: str) -> list[dict[str, Any]]:
         problems = disjoint_problems(self._draw, self.config["seed"], split, self.config)
@@ -196,12 +212,15 @@ class ChainSumTask(Task):
         del rng
         k = int(record["num_terms"])
         operands = [int(x) for x in np.asarray(record["operands"])[:k]]
-        return worked_text(operands, self.width)
+        return worked_text(operands, self.width, self.tagged)
 
     # ---- verifier -----------------------------------------------------------------------------
     def verify(self, record: Mapping[str, Any], text: str, terminated: bool) -> Verdict:
         k = int(record["num_terms"])
-        grammar = rf"{self._step_re}(?:;{self._step_re}){{{k - 2}}}{self._answer_re}"
+        if self.tagged:  # each step led by its own operand's letter
+            grammar = ";".join(_TAGS[j] + self._step_re for j in range(1, k)) + self._answer_re
+        else:
+            grammar = rf"{self._step_re}(?:;{self._step_re}){{{k - 2}}}{self._answer_re}"
         well_formed = float(terminated and re.fullmatch(grammar, text) is not None)
         # A wrong value is never right: the answer's value alone decides (arithmetic.answer_is).
         correct = answer_is(text, int(record["target"]), terminated)
@@ -222,10 +241,12 @@ class ChainSumTask(Task):
         want = [
             step.split(",")
             for step in worked_steps(
-                [int(x) for x in np.asarray(record["operands"])[:k]], self.width
+                [int(x) for x in np.asarray(record["operands"])[:k]], self.width, self.tagged
             )
         ]
         got = [step.split(",") for step in text.split("A", 1)[0].split(";")]
+        if self.tagged:  # the entries alone: a step's letter is the format's, not an entry
+            want, got = ([[s[0].lstrip(_TAGS), *s[1:]] for s in steps] for steps in (want, got))
         # zip stops at the shorter list: missing entries earn nothing, extra ones are ignored
         right = sum(
             a == b
