@@ -218,7 +218,8 @@ _PRESETS: dict[str, dict] = {
         mlp_dim=384,
         max_seq_len=512,
     ),
-    # The testbed's room-to-learn arm (docs/testbed.md): ~2.4M parameters, ~3x small's step.
+    # A wider, deeper small model (docs/testbed.md: the room-to-learn arm): about 3x the matmul
+    # parameters of "small".
     "medium": dict(
         vocab_size=256,
         hidden_size=192,
