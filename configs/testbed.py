@@ -36,8 +36,9 @@ from ml_collections import config_dict
 from gspo_jax import config as config_lib
 
 # The pilot's warm-start draws and RL seeds: far from a claim's 0, 1, ... so that no claim reuses
-# them (issue 52: the calibration is a pilot, never evidence).
-PILOT_DRAWS = (900, 901, 902)
+# them (issue 52: the calibration is a pilot, never evidence). Eight, a design's worth, so that the
+# pilot can tell a recipe's spread over draws before any claim runs on it.
+PILOT_DRAWS = tuple(range(900, 908))
 
 # The task: 4-10 operands of 3 digits (3-9 worked steps of 4 columns; tasks/chain_sum.py).
 TASK = dict(min_terms=4, max_terms=10, digits=3, tagged=False, num_train=20000, num_test=1000)
