@@ -61,3 +61,14 @@ def test_ledger_runs_at_tiny_shapes():
         assert r["steps"] > 0 and r["ideal_bytes"] > 0 and r["compiled_bytes"] > 0
         assert r["ops_per_token"] > 0
     assert "ops/tok" in decode_ledger.format_table(table)
+
+
+def test_float32_ledger_counts_four_byte_weights_and_kv():
+    """--dtype float32: the ideal counts the weights and the KV at 4 bytes, twice bfloat16's."""
+    bf16, f32 = (
+        decode_ledger.model_sizes(decode_ledger.abstract_model("qwen3_0_6b", 80, True, dt))
+        for dt in ("bfloat16", "float32")
+    )
+    assert (bf16["itemsize"], f32["itemsize"]) == (2, 4)
+    assert f32["kv_bytes_per_token"] == 2 * bf16["kv_bytes_per_token"]
+    assert f32["read_params"] == bf16["read_params"]

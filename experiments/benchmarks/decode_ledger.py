@@ -7,7 +7,9 @@ one token's keys and values (every layer), V vocab, D hidden, C the static engin
 decode_block, ps the continuous engine's page size.
 
 Per model (qwen3_0_6b, qwen3_1_7b, qwen3_30b_a3b: random weights, bfloat16, abstract: nothing is
-allocated or run), per R in {64, 256} and per length mix, per engine:
+allocated or run; ``--dtype float32`` for the same programs without XLA:CPU's bf16 -> f32
+converts around every matmul and cache access, which a TPU or GPU does not emit: the engines' own
+bytes, apart from the backend's), per R in {64, 256} and per length mix, per engine:
   ideal    bytes of one step: the weights once (an MoE's experts that R tokens route to, in
            expectation) + each live row's KV (its prompt's once per group with a live row, and
            its generated tokens) + the live rows' float32 logits once; FLOPs: 2 x active
@@ -77,9 +79,9 @@ FULL = dict(prompt_len=256, new_tokens=1024)
 QUICK = dict(prompt_len=16, new_tokens=64)
 
 
-def abstract_model(name: str, max_seq_len: int, quick: bool = False):
-    """The preset's model in bfloat16 (weights and compute), abstract (nnx.eval_shape)."""
-    over = dict(dtype="bfloat16", param_dtype="bfloat16", max_seq_len=max_seq_len)
+def abstract_model(name: str, max_seq_len: int, quick: bool = False, dtype: str = "bfloat16"):
+    """The preset's model in `dtype` (weights and compute), abstract (nnx.eval_shape)."""
+    over = dict(dtype=dtype, param_dtype=dtype, max_seq_len=max_seq_len)
     if quick:  # tiny stand-ins of the same kinds (dense / MoE) for tests and --quick
         name = "tiny_moe" if "a3b" in name else "tiny"
         over.update(decode_block=16)
@@ -342,12 +344,14 @@ def compile_steps(model, R: int, Lp: int, T: int) -> dict:
     return out
 
 
-def run(model_names, rows_list, quick: bool = False, log=print) -> list[dict]:
+def run(
+    model_names, rows_list, quick: bool = False, log=print, dtype: str = "bfloat16"
+) -> list[dict]:
     shape = QUICK if quick else FULL
     Lp, T = shape["prompt_len"], shape["new_tokens"]
     table = []
     for name in model_names:
-        model = abstract_model(name, Lp + T, quick)
+        model = abstract_model(name, Lp + T, quick, dtype)
         for R in rows_list:
             t0 = time.perf_counter()
             compiled = compile_steps(model, R, Lp, T)
@@ -381,6 +385,12 @@ def main(argv=None):
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--rows", default="64,256")
     ap.add_argument("--quick", action="store_true", help="tiny stand-in shapes (seconds)")
+    ap.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=("bfloat16", "float32"),
+        help="weights, KV and compute (float32: no backend upcasts, module docstring)",
+    )
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     names = [m for m in a.models.split(",") if m]
@@ -388,11 +398,13 @@ def main(argv=None):
     if unknown:
         raise SystemExit(f"--models {unknown} not among {MODELS}; pick from them.")
     rows = [int(r) for r in a.rows.split(",") if r]
-    table = run(names, rows, a.quick, log=lambda m: print(m, file=sys.stderr, flush=True))
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    table = run(names, rows, a.quick, log=log, dtype=a.dtype)
     print(format_table(table))
     shape = QUICK if a.quick else FULL
     if a.out:
-        report = {"machine": describe(shape={"G": G, "queue": QUEUE, **shape}), "ledger": table}
+        shape = {"G": G, "queue": QUEUE, "dtype": a.dtype, **shape}
+        report = {"machine": describe(shape=shape), "ledger": table}
         write_report(report, a.out)
     return table
 

@@ -749,7 +749,8 @@ def compare_engines(a):
 
 
 def compare_peers(a):
-    """--compare-peers: at the long uniform shape (every row --new-tokens tokens, no early stop),
+    """--compare-peers: at a uniform shape (every row --new-tokens tokens, no early stop; the
+    issue's long one is --P 8 --G 8 --prompt-len 256 --new-tokens 512, its short one the defaults),
     our engines (static, continuous with slots = B) against the peers installed, in this process:
     transformers' generate with its static and its dynamic cache, Tunix's sampler. Ours are timed
     before and after the peers (the load drifts over minutes); the ratio takes the slower pass."""
@@ -773,7 +774,7 @@ def compare_peers(a):
     after = ours()
     tps = {k: min(before[k], after[k]) for k in before}
     print(
-        f"\nlong uniform shape: P={P} x G={G} = {B} rows, prompt {Lp}, {T} new tokens, no early "
+        f"\nuniform shape: P={P} x G={G} = {B} rows, prompt {Lp}, {T} new tokens, no early "
         f"stop, shape {a.engine_shape}, float32 ({platform}); total tokens/s (B x T / wall)"
     )
     for k in before:
