@@ -298,9 +298,11 @@ def test_stopping_rule_stops_after_patience_checks_and_is_recorded(setup, tmp_pa
     _, stats = warmstart.train(task, cfg, never, data_dir=data_dir, progress=False)
     assert stats["steps"] == 7 and stats["stop_met"] is False
     assert [s for s, _ in stats["stop_checks"]] == [3, 6]
-    assert "stopping rule (greedy_format >= 1.5 at 2 checks in a row) was not met" in (
-        capsys.readouterr().err
-    )
+    err = capsys.readouterr().err
+    assert "stopping rule (greedy_format >= 1.5 at 2 checks in a row) was not met" in err
+    # no progress bar (a log file): one line per check says how far the warm start is
+    for s, v in stats["stop_checks"]:
+        assert f"warm start step {s}/7: greedy_format {v:.3f} (stops at 1.5)" in err
     with pytest.raises(ValueError, match="stop_metric='worked_accuracy' is not one of"):
         warmstart.train(
             task,

@@ -324,7 +324,15 @@ def train(
             bar.set_postfix(loss=f"{float(loss):.4f}")
         # evaluate() returns host floats, so it is done with `params` before the next step
         # donates them.
-        met = stop.due(i + 1) and stop.check(i + 1, nnx.merge(graphdef, params, rest))
+        checked = stop.due(i + 1)
+        met = checked and stop.check(i + 1, nnx.merge(graphdef, params, rest))
+        if checked and not progress:  # no bar (a log file): a line per check says how far it is
+            print(
+                f"warm start step {i + 1}/{warm_cfg.steps}: {warm_cfg.stop_metric} "
+                f"{stop.checks[-1][1]:.3f} (stops at {warm_cfg.stop_threshold})",
+                file=sys.stderr,
+                flush=True,
+            )
         if stop.keep_last_check():  # at or below the ceiling: the base if the next overshoots
             kept = jax.tree.map(jnp.copy, params)
         if callback is not None and (
