@@ -21,8 +21,10 @@ calibration is under GRPO's defaults), seed (int: the RL run's seed), draw (int:
 draw, init.warmstart.seed; a claim's draws are 0, 1, ..., the pilot's PILOT_DRAWS), steps (int),
 lr (float), eps (float: eps_low = eps_high), step_credit (float: the reward's credit for the
 share of column entries written right, tasks/chain_sum.py; 0 = the answer's value and the format
-only; it does not change the warm start), moe (bool: the small_moe preset, its own warm start),
-routing_replay (bool, with moe).
+only; it does not change the warm start), tagged (bool: operands lettered in the prompt and each
+step led by its operand's letter, tasks/chain_sum.py), ceiling (float: the warm start's stopping
+rule keeps the latest check at or below it, rl/warmstart.py; 0 = off), moe (bool: the small_moe
+preset, its own warm start), routing_replay (bool, with moe).
 
 Headline metrics: eval/greedy_accuracy and eval/sample_accuracy (held-out, the same worked format
 in both), base vs final in <workdir>/summary.json; rollout/response_len_mean.
@@ -106,6 +108,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         lr=config_dict.placeholder(float),
         eps=config_dict.placeholder(float),
         step_credit=0.0,
+        tagged=False,
+        ceiling=0.0,
         moe=False,
         routing_replay=False,
     )
@@ -118,6 +122,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     config_lib.sibling_config(__file__, "arith.py").apply_run_args(c, a)
     c.init.warmstart.seed = a.draw
     c.task.kwargs.step_credit = a.step_credit
+    c.task.kwargs.tagged = a.tagged
+    c.init.warmstart.stop_ceiling = a.ceiling
     if a.moe:
         c.model.preset = "tiny_moe" if a.runlocal else "small_moe"
         c.rl.routing_replay = a.routing_replay

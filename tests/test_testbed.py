@@ -183,6 +183,9 @@ def test_config_arguments_and_pilot_sweep():
     assert c.rl.num_steps == 7 and c.model.preset == "small_moe"
     assert c.task.kwargs.step_credit == 0.0
     assert config_lib.load_config_file(TESTBED + ":step_credit=0.5").task.kwargs.step_credit == 0.5
+    tagged = config_lib.load_config_file(TESTBED + ":tagged,ceiling=0.45")
+    assert tagged.task.kwargs.tagged and tagged.init.warmstart.stop_ceiling == 0.45
+    assert not c.task.kwargs.tagged and c.init.warmstart.stop_ceiling == 0.0
     assert config_lib.load_config_file(TESTBED).objective.name == "grpo"
     with pytest.raises(config_lib.ConfigError, match="moe"):
         config_lib.load_config_file(TESTBED + ":routing_replay")
