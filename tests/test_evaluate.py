@@ -348,6 +348,16 @@ def test_bad_input_is_one_line_before_any_work(tiny, tmp_path):
 # ------------------------------------------------------------------------------ the command
 
 
+def test_config_may_name_a_run_directory_for_the_base_it_started_from(tiny, tmp_path):
+    """--config RUN_DIR: the base under the run's own config.json (its overrides included), not a
+    checkpoint; a folder without config.json is a one-line error."""
+    source = ev.resolve_source(None, None, tiny["run"], "config")
+    assert (source.kind, source.label) == ("config", "base")
+    assert source.config.init.kind == "random" and source.config.task.kwargs.max_digits == 2
+    with pytest.raises(ConfigError, match="without config.json"):
+        ev.resolve_source(None, None, str(tmp_path), "config")
+
+
 def test_command_end_to_end(tiny, tmp_path):
     out = tmp_path / "ev.json"
     cmd = [

@@ -11,7 +11,8 @@ What it evaluates (--checkpoint, else the base of --config): a run directory (co
 checkpoints/; the newest checkpoint or --step; the run's task and knobs unless --task says
 otherwise), a Hugging Face checkpoint folder (dense or MoE; its tokenizer and chat template when
 the folder has them; --task needed), or with --config alone the policy that config's runs start
-from (its warm start, trained and cached first if need be). --compare (and --compare_step) names
+from (its warm start, trained and cached first if need be; --config RUN_DIR: the one that run
+started from, under the run's own config.json, overrides included). --compare (and --compare_step) names
 a second one, evaluated on the same problems with the same samples' keys; the table and the JSON
 then add the difference (second minus first) with its paired interval.
 
@@ -65,7 +66,10 @@ _CHECKPOINT = flags.DEFINE_string(
 )
 _STEP = flags.DEFINE_integer("step", None, "The run's checkpoint step (default: the newest).")
 _CONFIG = flags.DEFINE_string(
-    "config", None, "Without --checkpoint: evaluate the base policy of this config (path[:args])."
+    "config",
+    None,
+    "Without --checkpoint: evaluate the base policy of this config (path[:args]) or of this run "
+    "directory (the policy the run started from, under its own config.json).",
 )
 _COMPARE = flags.DEFINE_string(
     "compare", None, "A second run directory or HF folder, compared on the same problems."

@@ -49,7 +49,15 @@ def resolve_source(path: str | None, step: int | None, config_spec: str | None, 
             raise ConfigError(
                 "pass --checkpoint PATH (a run directory or an HF folder) or --config"
             )
-        config = config_lib.load_config_file(config_spec)
+        if os.path.isdir(config_spec):  # a run directory: the base that run started from
+            if not os.path.isfile(os.path.join(config_spec, policies.CONFIG_FILE)):
+                raise ConfigError(
+                    f"--config={config_spec!r} is a folder without {policies.CONFIG_FILE}; pass "
+                    "a config file (configs/arith.py[:args]) or a run directory"
+                )
+            config = policies.read_run_config(config_spec)
+        else:
+            config = config_lib.load_config_file(config_spec)
         return Source("config", config_spec, config=config, label="base")
     if not os.path.isdir(path):
         raise ConfigError(
