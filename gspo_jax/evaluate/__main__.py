@@ -12,9 +12,9 @@ checkpoints/; the newest checkpoint or --step; the run's task and knobs unless -
 otherwise), a Hugging Face checkpoint folder (dense or MoE; its tokenizer and chat template when
 the folder has them; --task needed), or with --config alone the policy that config's runs start
 from (its warm start, trained and cached first if need be; --config RUN_DIR: the one that run
-started from, under the run's own config.json, overrides included). --compare (and --compare_step) names
-a second one, evaluated on the same problems with the same samples' keys; the table and the JSON
-then add the difference (second minus first) with its paired interval.
+started from, under the run's own config.json, overrides included). --compare (and
+--compare_step) names a second one, evaluated on the same problems with the same samples' keys;
+the table and the JSON then add the difference (second minus first) with its paired interval.
 
 Figures (eval_figures.py, the same code as the trainer's in-run evaluation): greedy_accuracy,
 avg@n, pass@k for each --k (k <= --samples), the sampled responses' length_mean and length_std
