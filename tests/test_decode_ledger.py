@@ -7,6 +7,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 sys.path.insert(
@@ -52,6 +53,8 @@ def test_the_ledgers_schedule_is_the_continuous_engines():
     assert any(s["width"] < N for s in steps)
 
 
+# long: compiles every engine's step at tiny shapes (~45 s); the schedule's test stays quick
+@pytest.mark.long
 def test_ledger_runs_at_tiny_shapes():
     table = decode_ledger.run(["qwen3_0_6b"], [8], quick=True, log=lambda m: None)
     assert {(r["mix"], r["engine"]) for r in table} == {

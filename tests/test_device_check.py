@@ -12,6 +12,8 @@ sys.path.insert(0, os.path.join(HERE, "benchmarks"))
 import device_check  # noqa: E402
 
 
+# long: the whole check end to end (~60 s); the README's command stays under 15 minutes
+@pytest.mark.long
 def test_device_check_quick_measures_every_part_against_its_roofline(tmp_path):
     out = tmp_path / "dc.json"
     res = device_check.main(
