@@ -23,7 +23,9 @@ lr (float), eps (float: eps_low = eps_high), step_credit (float: the reward's cr
 share of column entries written right, tasks/chain_sum.py; 0 = the answer's value and the format
 only; it does not change the warm start), tagged (bool: operands lettered in the prompt and each
 step led by its operand's letter, tasks/chain_sum.py), ceiling (float: the warm start's stopping
-rule keeps the latest check at or below it, rl/warmstart.py; 0 = off), moe (bool: the small_moe
+rule keeps the latest check at or below it, rl/warmstart.py; 0 = off), lookback (int: with a
+ceiling, the parameters also kept every N steps between checks, the latest at or below the
+ceiling then the base; 0 = off), moe (bool: the small_moe
 preset, its own warm start), routing_replay (bool, with moe).
 
 Headline metrics: eval/greedy_accuracy and eval/sample_accuracy (held-out, the same worked format
@@ -62,6 +64,7 @@ STOPPING = dict(
     # a ceiling on the base (rl/warmstart.py): off in the calibrated recipe so far; the pilot's
     # next runs set it (docs/testbed.md)
     stop_ceiling=0.0,
+    stop_lookback=0,  # with a ceiling: the parameters kept every N steps between checks
 )
 
 
@@ -110,6 +113,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         step_credit=0.0,
         tagged=False,
         ceiling=0.0,
+        lookback=0,
         moe=False,
         routing_replay=False,
     )
@@ -124,6 +128,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.task.kwargs.step_credit = a.step_credit
     c.task.kwargs.tagged = a.tagged
     c.init.warmstart.stop_ceiling = a.ceiling
+    c.init.warmstart.stop_lookback = a.lookback
     if a.moe:
         c.model.preset = "tiny_moe" if a.runlocal else "small_moe"
         c.rl.routing_replay = a.routing_replay

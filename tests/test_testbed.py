@@ -186,6 +186,8 @@ def test_config_arguments_and_pilot_sweep():
     tagged = config_lib.load_config_file(TESTBED + ":tagged,ceiling=0.45")
     assert tagged.task.kwargs.tagged and tagged.init.warmstart.stop_ceiling == 0.45
     assert not c.task.kwargs.tagged and c.init.warmstart.stop_ceiling == 0.0
+    looked = config_lib.load_config_file(TESTBED + ":tagged,ceiling=0.35,lookback=10")
+    assert looked.init.warmstart.stop_lookback == 10 and c.init.warmstart.stop_lookback == 0
     assert config_lib.load_config_file(TESTBED).objective.name == "grpo"
     with pytest.raises(config_lib.ConfigError, match="moe"):
         config_lib.load_config_file(TESTBED + ":routing_replay")

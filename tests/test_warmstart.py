@@ -278,6 +278,45 @@ def test_a_ceiling_returns_the_latest_check_at_or_below_it(setup, monkeypatch):
         warmstart.as_warm_config({**warm, "stop_ceiling": 0.1})
 
 
+@pytest.mark.long  # trains a warm start with its checks (about 90 s): after the README's command
+def test_a_look_back_returns_the_latest_parameters_at_or_below_the_ceiling(setup, monkeypatch):
+    """With stop_lookback, the parameters kept every few steps between the kept check and the
+    one that overshot are evaluated newest first, and the first at or below the ceiling is the
+    base (meta: stop_kept_step and stop_lookback_checks). Scripted values: check 4 at 0.2, check 8
+    at 0.9 (met above the ceiling 0.45), then step 7 at 0.6 and step 6 at 0.3."""
+    task, cfg, data_dir, _ = setup
+    values = iter([0.0, 0.2, 0.9, 0.6, 0.3])  # the first: the metric's check when built
+    monkeypatch.setattr(
+        warmstart._StoppingRule, "_evaluate", lambda self, model, num_problems: next(values)
+    )
+    rule = dict(stop_every=4, stop_metric="greedy_format", stop_problems=16, stop_samples=1)
+    warm = {**_WARM, **rule, "steps": 20, "stop_threshold": 0.25, "stop_patience": 1}
+    warm = {**warm, "stop_ceiling": 0.45, "stop_lookback": 1}
+    seen = {}
+
+    def keep(step, model):
+        seen[step] = jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
+
+    model, stats = warmstart.train(
+        task, cfg, warm, data_dir=data_dir, progress=False, callback=keep, callback_every=1
+    )
+    assert stats["steps"] == 8 and stats["stop_met"] and stats["stop_kept_step"] == 6
+    assert stats["stop_lookback_checks"] == [(7, 0.6), (6, 0.3)]
+    got = jax.tree.map(np.asarray, nnx.state(model, nnx.Param))
+    assert all(jax.tree.leaves(jax.tree.map(np.array_equal, got, seen[6])))
+    assert not all(jax.tree.leaves(jax.tree.map(np.array_equal, got, seen[4])))
+    # the look back keys the cache; one without a ceiling, or not dividing the checks, is refused
+    no_look = {**warm, "stop_lookback": 0}
+    assert warmstart.cache_key(task, cfg, warm) != warmstart.cache_key(task, cfg, no_look)
+    assert (
+        "stop_lookback"
+        not in warmstart._keyed_fields(cfg, warmstart.as_warm_config(no_look))["warm"]
+    )
+    for bad in ({"stop_ceiling": 0.0}, {"stop_lookback": 3}, {"stop_lookback": 4}):
+        with pytest.raises(ValueError, match="stop_lookback"):
+            warmstart.as_warm_config({**warm, **bad})
+
+
 def test_stopping_rule_stops_after_patience_checks_and_is_recorded(setup, tmp_path, capsys):
     """The rule checks stop_metric every stop_every steps on held-out problems and stops at the
     first stop_patience passing checks in a row; a threshold never met trains to the cap, says

@@ -130,6 +130,7 @@ def default_config() -> ml_collections.ConfigDict:
             stop_problems=256,
             stop_samples=4,
             stop_ceiling=0.0,  # 0 = none; else the base is the latest check at or below it
+            stop_lookback=0,  # with a ceiling: parameters kept every N steps between checks
             # A tool environment's warm start (config.env.name set; rl/warmstart_demos.py): the
             # share of demonstrations played as episodes that call the tool; 0 = the task's own
             # one-turn demonstrations only

@@ -111,6 +111,13 @@ class WarmStartConfig:
     # that meets the rule can land far above the threshold. With a ceiling, the warm start then
     # returns the parameters of the latest check at or below it (meta.json: stop_kept_step).
     stop_ceiling: float = 0.0
+    # With a ceiling, a finer look back (0 = off; keys the cache only when set): the parameters
+    # are also kept every stop_lookback steps between two checks, and when the rule is met above
+    # the ceiling they are evaluated newest first; the first at or below the ceiling is the base.
+    # Why: the jump can span most of the band between two checks (0.000 -> 0.445 in 50 steps),
+    # so the checks alone keep a base at its edge or below it; checking every few steps
+    # throughout would cost an evaluation each. Holds stop_every / stop_lookback copies.
+    stop_lookback: int = 0
     # A tool task's warm start: the share of demonstrations that are its tool episodes, played
     # with the sandboxed Python tool (warmstart_demos.py); 0 = the task's own demonstrations
     # only. Keys the cache only when > 0.
@@ -129,6 +136,16 @@ class WarmStartConfig:
             raise ValueError(f"tool_fraction={self.tool_fraction} must lie in [0, 1].")
         if self.stop_samples < 1:
             raise ValueError(f"stop_samples={self.stop_samples}; pass >= 1.")
+        if self.stop_lookback and not (
+            self.stop_ceiling
+            and 0 < self.stop_lookback < self.stop_every
+            and self.stop_every % self.stop_lookback == 0
+        ):
+            raise ValueError(
+                f"stop_lookback={self.stop_lookback} needs a ceiling (stop_ceiling > 0) and must "
+                f"divide stop_every={self.stop_every} into shorter intervals (e.g. "
+                f"{max(self.stop_every // 10, 1)}); or 0 for no look back."
+            )
         if self.stop_ceiling and self.stop_ceiling < self.stop_threshold:
             raise ValueError(
                 f"stop_ceiling={self.stop_ceiling} is below stop_threshold={self.stop_threshold}: "
@@ -185,6 +202,8 @@ def _keyed_fields(model_cfg: models.ModelConfig, warm_cfg: WarmStartConfig) -> d
         del warm["tool_fraction"]
     if not warm_cfg.stop_ceiling:  # and those of warm starts without a ceiling
         warm.pop("stop_ceiling", None)
+    if not warm_cfg.stop_lookback:  # or without a look back
+        warm.pop("stop_lookback", None)
     return dict(model=model, warm=warm)
 
 
@@ -317,6 +336,7 @@ def train(
     )
     stop = _StoppingRule(task, warm_cfg, data_dir, model)
     kept = None  # with a ceiling: the parameters of the latest check at or below it
+    between: list[tuple[int, Any]] = []  # with a look back: (step, parameters) since then
     for i in bar:
         params, opt_state, loss = step(params, opt_state, next(it))
         losses.append(loss)
@@ -334,7 +354,9 @@ def train(
                 flush=True,
             )
         if stop.keep_last_check():  # at or below the ceiling: the base if the next overshoots
-            kept = jax.tree.map(jnp.copy, params)
+            kept, between = jax.tree.map(jnp.copy, params), []
+        elif warm_cfg.stop_lookback and (i + 1) % warm_cfg.stop_lookback == 0 and not checked:
+            between.append((i + 1, jax.tree.map(jnp.copy, params)))
         if callback is not None and (
             (i + 1) % callback_every == 0 or i == warm_cfg.steps - 1 or met
         ):
@@ -356,6 +378,10 @@ def train(
         print(stop.not_met_warning(), file=sys.stderr, flush=True)
     if stop.met and stop.overshot():
         params = kept  # the latest check at or below the ceiling (stop.record: its step)
+        for step_j, params_j in reversed(between):  # a finer look back, newest first
+            if stop.look_back(step_j, nnx.merge(graphdef, params_j, rest)):
+                params = params_j
+                break
     model = nnx.merge(graphdef, params, rest)
     return model, dict(
         final_loss=final_loss,
@@ -377,6 +403,7 @@ class _StoppingRule:
         self.checks: list[tuple[int, float]] = []
         self.met, self.check_s = False, 0.0
         self.kept_step: int | None = None  # with a ceiling: the latest check at or below it
+        self.lookback_checks: list[tuple[int, float]] = []  # with a look back: newest first
         if warm_cfg.stop_every:  # a metric the evaluation lacks fails now, not after training
             self._evaluate(model, num_problems=1)
 
@@ -424,6 +451,18 @@ class _StoppingRule:
         """The rule was met above the ceiling and an earlier check is kept instead."""
         return self.kept_step is not None and self.kept_step != self.checks[-1][0]
 
+    def look_back(self, step: int, model: nnx.Module) -> bool:
+        """After an overshoot: whether the parameters kept at ``step`` (between the kept check
+        and the last one) are at or below the ceiling; if so they become the kept step."""
+        t0 = time.time()
+        value = self._evaluate(model, self.cfg.stop_problems)
+        self.lookback_checks.append((step, value))
+        self.check_s += time.time() - t0
+        if value <= self.cfg.stop_ceiling:
+            self.kept_step = step
+            return True
+        return False
+
     def not_met_warning(self) -> str:
         last = ", ".join(f"{v:.3f} at {s}" for s, v in self.checks[-3:])
         return (
@@ -439,6 +478,8 @@ class _StoppingRule:
         out = dict(stop_met=self.met, stop_checks=self.checks, stop_check_s=self.check_s)
         if self.cfg.stop_ceiling:  # None: the last step's parameters are the base
             out["stop_kept_step"] = self.kept_step if self.overshot() else None
+        if self.cfg.stop_lookback:
+            out["stop_lookback_checks"] = self.lookback_checks
         return out
 
 
