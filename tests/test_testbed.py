@@ -252,3 +252,43 @@ def test_pilot_summary_checks_the_issue_criteria(tmp_path):
     assert out["criteria"] == dict(
         base_in_band=True, final_in_band=True, no_jump=False, steps=False
     )
+
+
+def _errors_module():
+    import importlib.util
+
+    path = os.path.join(REPO, "experiments", "testbed_errors.py")
+    spec = importlib.util.spec_from_file_location("testbed_errors", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_error_table_counts_each_wrong_response_at_its_first_wrong_entry():
+    """experiments/testbed_errors.py: a right response counts as right; a wrong one counts once,
+    at its first wrong column entry (a tens digit in step 0 -> column 1, step 0; a wrong answer
+    after right steps -> column W; a response that stops early -> the first missing entry)."""
+    errors = _errors_module()
+    tagged = tasks.get_task("chainsum", num_train=400, num_test=100, tagged=True)
+    ops = [492, 438, 127, 5]
+    want = chain_sum.worked_text(ops, 4, tagged=True)  # b28=10,93=13,...;c07=07,...A1062
+    steps = want.split(";")
+    tens = steps[0].split(",")
+    tens[1] = "83=11"
+    wrong_tens = ";".join([",".join(tens)] + steps[1:])
+    wrong_answer = want[:-4] + "1052"
+    early = ";".join(steps[:2])
+    assert errors.first_wrong_entry(want, want) is None
+    assert errors.first_wrong_entry(want, wrong_tens) == (0, 1)
+    assert errors.first_wrong_entry(want, wrong_answer) == (2, 4)
+    assert errors.first_wrong_entry(want, early) == (2, 0)
+    texts = [want, wrong_tens, wrong_answer]
+    encoded = [tagged.tokenizer.encode(t) for t in texts]
+    width = max(map(len, encoded))
+    tokens = np.array([e + [0] * (width - len(e)) for e in encoded])
+    mask = np.array([[1] * len(e) + [0] * (width - len(e)) for e in encoded])
+    record = dict(operands=np.array(ops + [0] * 6), num_terms=4)
+    table = errors.error_table(tagged, tokens, mask, [record] * 3)
+    assert table["right"] == 1 and table["problems"] == 3
+    assert table["first_wrong_by_column"] == {1: 1, 4: 1}
+    assert table["first_wrong_by_step"] == {0: 1, 2: 1}
