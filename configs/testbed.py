@@ -25,8 +25,9 @@ only; it does not change the warm start), tagged (bool: operands lettered in the
 step led by its operand's letter, tasks/chain_sum.py), ceiling (float: the warm start's stopping
 rule keeps the latest check at or below it, rl/warmstart.py; 0 = off), lookback (int: with a
 ceiling, the parameters also kept every N steps between checks, the latest at or below the
-ceiling then the base; 0 = off), moe (bool: the small_moe
-preset, its own warm start), routing_replay (bool, with moe).
+ceiling then the base; 0 = off), loss_norm (str: the warm start's, "sequence" or "token": every
+token weighed the same, so long chains weigh more; rl/warmstart.py sft_loss), moe (bool: the
+small_moe preset, its own warm start), routing_replay (bool, with moe).
 
 Headline metrics: eval/greedy_accuracy and eval/sample_accuracy (held-out, the same worked format
 in both), base vs final in <workdir>/summary.json; rollout/response_len_mean.
@@ -114,6 +115,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         tagged=False,
         ceiling=0.0,
         lookback=0,
+        loss_norm="sequence",
         moe=False,
         routing_replay=False,
     )
@@ -129,6 +131,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.task.kwargs.tagged = a.tagged
     c.init.warmstart.stop_ceiling = a.ceiling
     c.init.warmstart.stop_lookback = a.lookback
+    c.init.warmstart.loss_norm = a.loss_norm
     if a.moe:
         c.model.preset = "tiny_moe" if a.runlocal else "small_moe"
         c.rl.routing_replay = a.routing_replay

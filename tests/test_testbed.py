@@ -188,6 +188,8 @@ def test_config_arguments_and_pilot_sweep():
     assert not c.task.kwargs.tagged and c.init.warmstart.stop_ceiling == 0.0
     looked = config_lib.load_config_file(TESTBED + ":tagged,ceiling=0.35,lookback=10")
     assert looked.init.warmstart.stop_lookback == 10 and c.init.warmstart.stop_lookback == 0
+    tok = config_lib.load_config_file(TESTBED + ":loss_norm=token")
+    assert tok.init.warmstart.loss_norm == "token" and c.init.warmstart.loss_norm == "sequence"
     assert config_lib.load_config_file(TESTBED).objective.name == "grpo"
     with pytest.raises(config_lib.ConfigError, match="moe"):
         config_lib.load_config_file(TESTBED + ":routing_replay")
