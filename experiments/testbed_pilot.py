@@ -22,7 +22,8 @@ It prints the calibration table and a design's cost from the measured CPU second
 
 The criteria (issue 52): base held-out accuracy in [0.15, 0.45] greedy and sampled; under GRPO's
 defaults a rise to [0.6, 0.9] over at least 200 steps with no evaluation-to-evaluation rise above
-0.15.
+0.15 (``no_jump``: greedy or sampled; ``no_jump_sampled``, the proposed criterion: sampled only,
+docs/testbed.md says why).
 """
 
 from __future__ import annotations
@@ -186,15 +187,20 @@ def _summarise(wd: str, root: str) -> dict:
     if curve:
         g = [c["greedy"] for c in curve]
         s = [c["sample"] for c in curve]
-        jumps = [max(b - a, d - c) for a, b, c, d in zip(g, g[1:], s, s[1:], strict=False)]
         out["base"] = dict(greedy=g[0], sample=s[0])
         out["final"] = dict(greedy=g[-1], sample=s[-1], step=curve[-1]["step"])
-        out["max_jump"] = max(jumps, default=0.0)
+        # greedy and sampled apart: greedy accuracy is a threshold on each token's probability,
+        # so a base whose errors share one rule flips them all in one evaluation while its
+        # sampled accuracy rises step by step (docs/testbed.md)
+        out["max_jump_greedy"] = max(np.diff(g), default=0.0)
+        out["max_jump_sampled"] = max(np.diff(s), default=0.0)
+        out["max_jump"] = max(out["max_jump_greedy"], out["max_jump_sampled"])
         out["criteria"] = dict(
             base_in_band=all(BASE_BAND[0] <= x <= BASE_BAND[1] for x in (g[0], s[0])),
             final_in_band=out["finished"]
             and all(FINAL_BAND[0] <= x <= FINAL_BAND[1] for x in (g[-1], s[-1])),
             no_jump=out["max_jump"] <= MAX_JUMP,
+            no_jump_sampled=out["max_jump_sampled"] <= MAX_JUMP,  # the proposed criterion
             steps=out["last_step"] >= MIN_STEPS,
         )
     return out
@@ -284,7 +290,7 @@ def collect(args) -> None:
         _plot(runs, os.path.join(args.out, "curves.png"))
     print(
         "| run | status | warm start steps | base greedy | base sampled | final greedy "
-        "| final sampled | max jump | step s (median) | CPU s |"
+        "| final sampled | max jump greedy / sampled | step s (median) | CPU s |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
@@ -294,7 +300,9 @@ def collect(args) -> None:
             f"| {r['name']} | {status} | {r['warm_start'].get('steps', '?')} "
             f"| {b.get('greedy', float('nan')):.3f} | {b.get('sample', float('nan')):.3f} "
             f"| {f.get('greedy', float('nan')):.3f} | {f.get('sample', float('nan')):.3f} "
-            f"| {r.get('max_jump', float('nan')):.3f} | {r['step_s_median'] or float('nan'):.1f} "
+            f"| {r.get('max_jump_greedy', float('nan')):.3f} / "
+            f"{r.get('max_jump_sampled', float('nan')):.3f} "
+            f"| {r['step_s_median'] or float('nan'):.1f} "
             f"| {r.get('cost', {}).get('cpu_s', float('nan')):.0f} |"
         )
     print(json.dumps(pilot["demonstration_lengths"]))

@@ -226,7 +226,8 @@ def test_runlocal_trains_a_couple_of_steps(tmp_path, arg):
 
 def test_pilot_summary_checks_the_issue_criteria(tmp_path):
     """experiments/testbed_pilot.py reads a run folder into base/final accuracy, the largest
-    evaluation-to-evaluation rise and the issue's criteria (a jump above 0.15 fails one)."""
+    evaluation-to-evaluation rise, greedy and sampled apart, and the issue's criteria (a jump
+    above 0.15 fails one; here greedy's 0.20, with every sampled rise at most 0.14)."""
     pilot = config_lib.import_config_module(os.path.join(REPO, "experiments", "testbed_pilot.py"))
     wd = tmp_path / "grpo_d900"
     wd.mkdir()
@@ -234,7 +235,7 @@ def test_pilot_summary_checks_the_issue_criteria(tmp_path):
     c.unlock()
     c.init.cache_dir = str(tmp_path / "cache")  # no warm start there: meta is {}
     (wd / "config.json").write_text(c.to_json())
-    curve = [(0, 0.30, 0.20), (25, 0.40, 0.30), (50, 0.60, 0.50), (250, 0.75, 0.70)]
+    curve = [(0, 0.30, 0.20), (25, 0.40, 0.32), (50, 0.60, 0.46), (250, 0.75, 0.60)]
     lines = [
         {
             "step": s,
@@ -251,8 +252,10 @@ def test_pilot_summary_checks_the_issue_criteria(tmp_path):
     out = pilot._summarise(str(wd), str(tmp_path))
     assert out["base"] == {"greedy": 0.30, "sample": 0.20} and out["final"]["greedy"] == 0.75
     assert out["max_jump"] == pytest.approx(0.20) and out["warm_start"] == {}
+    assert out["max_jump_greedy"] == pytest.approx(0.20)
+    assert out["max_jump_sampled"] == pytest.approx(0.14)
     assert out["criteria"] == dict(
-        base_in_band=True, final_in_band=True, no_jump=False, steps=False
+        base_in_band=True, final_in_band=True, no_jump=False, no_jump_sampled=True, steps=False
     )
 
 
