@@ -17,7 +17,8 @@ entries they start from, and writes into ``--out``: the record of each finished 
 (notebooks/reporting/records.py, as the claims keep theirs), ``pilot.json`` (per run: the warm
 start's checks and cost, base and final held-out accuracy greedy and sampled, the evaluation
 curve, the largest evaluation-to-evaluation rise, response lengths, time and CPU seconds, and the
-issue's criteria checked), and ``curves.png`` (accuracy and response length against RL steps).
+issue's criteria checked; the runs of an earlier collect whose folders are elsewhere are kept),
+and ``curves.png`` (accuracy and response length against RL steps, this root's runs).
 It prints the calibration table and a design's cost from the measured CPU seconds.
 
 The criteria (issue 52): base held-out accuracy in [0.15, 0.45] greedy and sampled; under GRPO's
@@ -268,13 +269,32 @@ def _design_cost(runs: list[dict]) -> dict:
     )
 
 
+def _previous_runs(path: str) -> list[dict]:
+    """The runs an earlier ``collect`` wrote into ``path`` (none when it does not exist)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return json.load(f)["runs"]
+
+
+def _merged(previous: list[dict], current: list[dict]) -> list[dict]:
+    """The runs of an earlier collect whose folders are not under this root (another machine's,
+    or removed) kept as they were, then this root's, which replace any of the same name: a
+    pilot spans sessions and machines, and its table must not lose a run it once had."""
+    names = {r["name"] for r in current}
+    return [r for r in previous if r["name"] not in names] + current
+
+
 def collect(args) -> None:
     rec = _load("_pilot_records", os.path.join(REPO, "notebooks", "reporting", "records.py"))
     folders = sorted(p for p in glob.glob(os.path.join(args.root, "grpo_d*")) if os.path.isdir(p))
-    runs = [_summarise(wd, args.root) for wd in folders]
+    runs = _merged(
+        _previous_runs(os.path.join(args.out, "pilot.json")),
+        [_summarise(wd, args.root) for wd in folders],
+    )
     os.makedirs(args.out, exist_ok=True)
     for r in runs:
-        if r["finished"]:
+        if r["finished"] and os.path.isdir(os.path.join(args.root, r["name"])):
             rec.write(os.path.join(args.root, r["name"]), args.out)
     pilot = dict(
         criteria=dict(
@@ -286,8 +306,10 @@ def collect(args) -> None:
     )
     with open(os.path.join(args.out, "pilot.json"), "w") as f:
         json.dump(pilot, f, indent=1)
-    if any(r["curve"] for r in runs):  # no empty figure before the first evaluation
-        _plot(runs, os.path.join(args.out, "curves.png"))
+    # the figure: this root's runs (the latest arms; every run's curve stays in pilot.json)
+    here = [r for r in runs if os.path.isdir(os.path.join(args.root, r["name"]))]
+    if any(r["curve"] for r in here):  # no empty figure before the first evaluation
+        _plot(here, os.path.join(args.out, "curves.png"))
     print(
         "| run | status | warm start steps | base greedy | base sampled | final greedy "
         "| final sampled | max jump greedy / sampled | step s (median) | CPU s |"

@@ -259,6 +259,23 @@ def test_pilot_summary_checks_the_issue_criteria(tmp_path):
     )
 
 
+def test_pilot_collect_keeps_the_runs_an_earlier_collect_wrote(tmp_path):
+    """A pilot spans machines: collect keeps the runs of an earlier pilot.json whose folders are
+    not under this root, and a run of the same name under the root replaces its old entry."""
+    pilot = config_lib.import_config_module(os.path.join(REPO, "experiments", "testbed_pilot.py"))
+    path = tmp_path / "pilot.json"
+    assert pilot._previous_runs(str(path)) == []
+    old = [{"name": "grpo_d901", "final": 0.4}, {"name": "grpo_d903", "final": 0.3}]
+    path.write_text(json.dumps({"runs": old}))
+    new = [{"name": "grpo_d903", "final": 0.8}, {"name": "grpo_d905", "final": 0.6}]
+    merged = pilot._merged(pilot._previous_runs(str(path)), new)
+    assert [(r["name"], r["final"]) for r in merged] == [
+        ("grpo_d901", 0.4),
+        ("grpo_d903", 0.8),
+        ("grpo_d905", 0.6),
+    ]
+
+
 def _errors_module():
     import importlib.util
 
