@@ -193,8 +193,8 @@ def _summarise(wd: str, root: str) -> dict:
         # greedy and sampled apart: greedy accuracy is a threshold on each token's probability,
         # so a base whose errors share one rule flips them all in one evaluation while its
         # sampled accuracy rises step by step (docs/testbed.md)
-        out["max_jump_greedy"] = max(np.diff(g), default=0.0)
-        out["max_jump_sampled"] = max(np.diff(s), default=0.0)
+        out["max_jump_greedy"] = float(max(np.diff(g), default=0.0))
+        out["max_jump_sampled"] = float(max(np.diff(s), default=0.0))
         out["max_jump"] = max(out["max_jump_greedy"], out["max_jump_sampled"])
         out["criteria"] = dict(
             base_in_band=all(BASE_BAND[0] <= x <= BASE_BAND[1] for x in (g[0], s[0])),
@@ -304,8 +304,11 @@ def collect(args) -> None:
         runs=runs,
         design=_design_cost(runs),
     )
-    with open(os.path.join(args.out, "pilot.json"), "w") as f:
-        json.dump(pilot, f, indent=1)
+    # serialised first and replaced whole: a failure never leaves the earlier pilot.json cut
+    text, path = json.dumps(pilot, indent=1), os.path.join(args.out, "pilot.json")
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
     # the figure: this root's runs (the latest arms; every run's curve stays in pilot.json)
     here = [r for r in runs if os.path.isdir(os.path.join(args.root, r["name"]))]
     if any(r["curve"] for r in here):  # no empty figure before the first evaluation

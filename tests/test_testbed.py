@@ -254,6 +254,7 @@ def test_pilot_summary_checks_the_issue_criteria(tmp_path):
     assert out["max_jump"] == pytest.approx(0.20) and out["warm_start"] == {}
     assert out["max_jump_greedy"] == pytest.approx(0.20)
     assert out["max_jump_sampled"] == pytest.approx(0.14)
+    json.dumps(out)  # plain numbers: collect writes it into pilot.json
     assert out["criteria"] == dict(
         base_in_band=True, final_in_band=True, no_jump=False, no_jump_sampled=True, steps=False
     )
