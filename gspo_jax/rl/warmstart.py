@@ -114,9 +114,9 @@ class WarmStartConfig:
     # With a ceiling, a finer look back (0 = off; keys the cache only when set): the parameters
     # are also kept every stop_lookback steps between two checks, and when the rule is met above
     # the ceiling they are evaluated newest first; the first at or below the ceiling is the base.
-    # Why: the jump can span most of the band between two checks (0.000 -> 0.445 in 50 steps),
-    # so the checks alone keep a base at its edge or below it; checking every few steps
-    # throughout would cost an evaluation each. Holds stop_every / stop_lookback copies.
+    # Why: the jump can span most of the band between two checks (docs/warmstart.md), so the
+    # checks alone keep a base at its edge or below it; checking every few steps throughout
+    # would cost an evaluation each. Holds up to stop_every / stop_lookback copies.
     stop_lookback: int = 0
     # A tool task's warm start: the share of demonstrations that are its tool episodes, played
     # with the sandboxed Python tool (warmstart_demos.py); 0 = the task's own demonstrations
