@@ -261,6 +261,7 @@ def test_tool_evaluation_breaks_the_call_rate_and_accuracy_down_by_difficulty(
 
 
 @needs_sandbox
+@pytest.mark.long  # a products run per engine (about 30 s each): after the README's command
 @pytest.mark.parametrize("engine", sorted(multi_turn.ENGINES))
 def test_a_products_run_with_the_multi_turn_engine(tmp_path, engine):
     """The real engine (each of rollout/multi_turn.py's) on a random tiny policy: 2 RL steps;

@@ -241,6 +241,7 @@ def test_a_run_written_before_a_config_section_existed_still_evaluates(tiny, tmp
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
 
 
+@pytest.mark.long  # two engines and a mesh end to end (about 45 s): after the README's command
 def test_data_parallel_and_continuous_engine_sample_the_same_problems(tiny):
     """Four devices (rows of a batch split over the data axis) and the continuous engine give
     the single-device static engine's per-problem results."""

@@ -214,6 +214,7 @@ def test_continuous_equals_static_reprefill_over_random_tool_schedules(
     assert stats["prefills"] > 0  # observations were prefilled into kept pages
 
 
+@pytest.mark.long  # the MoE model through both engines (about 35 s): after the README's command
 def test_moe_continuous_equals_static_reprefill():
     """The same over a mixture-of-experts model."""
     model, eos = _peaked("tiny_moe")

@@ -105,6 +105,7 @@ def _trainer_logp(run, params, prompts, lengths, out):
 
 
 @pytest.mark.slow
+@pytest.mark.long  # about 35 s: after the README's command
 def test_int8_rollout_logp_differs_from_the_trainer_within_the_measured_bound(shared):
     """The int8 rollout's log-probs are the quantized policy's: not the float32 trainer's (the
     quantization is real) but within a bound of them (random init of the runlocal model, this key:

@@ -284,7 +284,10 @@ def test_shared_prefix_decode_equals_repeated_decode(chunked):
     assert int(new.lengths.min()) < T and bool((new.sample_logp > new.logp + 1e-3).any())
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 3, 0.9)])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p",
+    [(1.0, 0, 1.0), pytest.param(0.8, 3, 0.9, marks=pytest.mark.long)],  # ~25 s each
+)
 def test_decoding_live_rows_only_gives_the_same_tokens(temperature, top_k, top_p):
     """shrink > 0 (each chunk after the first decodes only the narrowest of B, B / 2, ... that
     holds the live rows) == shrink = 0, bit for bit: tokens, mask, lengths and log-probs. A random

@@ -140,6 +140,7 @@ def _max_param_diff(a, b) -> float:
     )
 
 
+@pytest.mark.long  # about 35 s: after the README's command
 def test_routing_replay_update_uses_the_routes():
     """The update's forward takes its experts from batch.routes.
 
