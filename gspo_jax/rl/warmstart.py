@@ -116,7 +116,7 @@ class WarmStartConfig:
     # the ceiling they are evaluated newest first; the first at or below the ceiling is the base.
     # Why: the jump can span most of the band between two checks (docs/warmstart.md), so the
     # checks alone keep a base at its edge or below it; checking every few steps throughout
-    # would cost an evaluation each. Holds up to stop_every / stop_lookback copies.
+    # would cost an evaluation each. Holds one copy per stop_lookback steps since the kept check.
     stop_lookback: int = 0
     # A tool task's warm start: the share of demonstrations that are its tool episodes, played
     # with the sandboxed Python tool (warmstart_demos.py); 0 = the task's own demonstrations
