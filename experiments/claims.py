@@ -56,6 +56,8 @@ class Sweep(NamedTuple):
     arg: str = ""
     flags: tuple[str, ...] = ()  # --config.x=y flags after FULL_FLAGS (the later flag wins)
     seeds: int = 0  # the design's seed count (round 2: 12); 0: the launcher's --seeds or SEEDS
+    # FULL_FLAGS (the laptop-scale budget) first; False: the config's own budget (the testbed's)
+    laptop: bool = True
 
     def sweep_arg(self, seeds: int) -> str:
         return ",".join(a for a in (self.arg, f"seeds={seeds}") if a)
@@ -67,6 +69,19 @@ class Sweep(NamedTuple):
 R2 = 12
 ARITH_CONVERGED = "configs/arith.py:warmstart=converged"
 LONG = ("--config.rl.num_steps=200", "--config.eval.every=20")
+
+# Round 3 (issue 52): 12 warm-start draws per design (the drafts' draws 0-11), one RL seed each
+R3 = 12
+ROUND3_STUDIES = (
+    "r3_minibatch",
+    "r3_moe",
+    "r3_sequence",
+    "r3_gmpo",
+    "r3_dapo",
+    "r3_drgrpo",
+    "r3_eps",
+    "r3_staleness",
+)
 
 SWEEPS = {
     s.name: s
@@ -123,6 +138,13 @@ SWEEPS = {
             "",
             ("--config.eval.every=20", "--config.eval.num_problems=200", "--config.eval.pass_k=2"),
             10,
+        ),
+        # round 3 (issue 52): the drafts' studies on the testbed (configs/testbed.py
+        # round3_studies), from the claim draws 0-11 (seeds = draws), at the testbed's own budget
+        # (300 RL steps, 200 held-out problems every 25)
+        *(
+            Sweep(name, "configs/testbed.py", f"study={name}", (), R3, laptop=False)
+            for name in ROUND3_STUDIES
         ),
     )
 }
@@ -311,7 +333,7 @@ def run_sweeps(
             runs = [r for r in runs if any(fnmatch.fnmatch(r["name"], p) for p in patterns)]
             if not runs:
                 continue
-        flags = [*FULL_FLAGS, *s.flags, *extra]
+        flags = [*(FULL_FLAGS if s.laptop else ()), *s.flags, *extra]
         entries: list[str] = []
         if results_dir:
             kept = os.path.join(results_dir, s.name)

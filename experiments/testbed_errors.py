@@ -1,7 +1,7 @@
 """Where a chainsum policy's greedy answers first go wrong (issue 52, docs/testbed.md).
 
     python experiments/testbed_errors.py --config RUN_DIR [--step N] [--problems 128]
-    python experiments/testbed_errors.py --config configs/testbed.py:draw=902,tagged,ceiling=0.45
+    python experiments/testbed_errors.py --config configs/testbed.py:draw=902
 
 With a run folder, ``--step`` picks its checkpoint (none: the policy the run started from, its
 warm start, under the run's own config.json); with a config file, its base. Each greedy response

@@ -371,6 +371,12 @@ def test_round2_sweeps_draw_the_warm_start_per_seed_and_keep_the_old_sweeps():
             assert {r["overrides"]["seed"] for r in runs} == {11, 12, 13}
             assert all("init.warmstart.seed" not in r["overrides"] for r in runs)
             continue
+        if name.startswith("r3_"):  # round 3: the seed is the draw (tests/test_testbed.py)
+            assert claims.seeds_of(sweep) == 12
+            assert all(
+                r["overrides"]["init.warmstart.seed"] == r["overrides"]["seed"] for r in runs
+            )
+            continue
         if not name.startswith("r2_"):
             assert claims.seeds_of(sweep) == claims.SEEDS
             assert {r["overrides"]["seed"] for r in runs} == {0, 1, 2}

@@ -2,6 +2,7 @@
 lengths, a scorer that never scores a wrong answer as right, and configs/testbed.py."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -10,9 +11,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from trainer_runs import load_repo_module
 
 from gspo_jax import config as config_lib
 from gspo_jax import tasks
+from gspo_jax.config import checks
 from gspo_jax.tasks import chain_sum
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -183,13 +186,17 @@ def test_config_arguments_and_pilot_sweep():
     assert c.rl.num_steps == 7 and c.model.preset == "small_moe"
     assert c.task.kwargs.step_credit == 0.0
     assert config_lib.load_config_file(TESTBED + ":step_credit=0.5").task.kwargs.step_credit == 0.5
-    tagged = config_lib.load_config_file(TESTBED + ":tagged,ceiling=0.45")
-    assert tagged.task.kwargs.tagged and tagged.init.warmstart.stop_ceiling == 0.45
-    assert not c.task.kwargs.tagged and c.init.warmstart.stop_ceiling == 0.0
-    looked = config_lib.load_config_file(TESTBED + ":tagged,ceiling=0.35,lookback=10")
-    assert looked.init.warmstart.stop_lookback == 10 and c.init.warmstart.stop_lookback == 0
-    tok = config_lib.load_config_file(TESTBED + ":loss_norm=token")
-    assert tok.init.warmstart.loss_norm == "token" and c.init.warmstart.loss_norm == "sequence"
+    # the calibrated recipe is the default: tagged, token-weighted, ceiling 0.40, look back 5
+    assert c.task.kwargs.tagged and c.init.warmstart.loss_norm == "token"
+    assert (c.init.warmstart.stop_ceiling, c.init.warmstart.stop_lookback) == (0.40, 5)
+    assert c.init.warmstart.stop_every % c.init.warmstart.stop_lookback == 0
+    untagged = config_lib.load_config_file(TESTBED + ":tagged=False,ceiling=0.45,lookback=0")
+    assert not untagged.task.kwargs.tagged and untagged.init.warmstart.stop_ceiling == 0.45
+    assert untagged.init.warmstart.stop_lookback == 0
+    seq = config_lib.load_config_file(TESTBED + ":loss_norm=sequence,ceiling=0,lookback=0")
+    assert seq.init.warmstart.loss_norm == "sequence" and seq.init.warmstart.stop_ceiling == 0
+    with pytest.raises(config_lib.ConfigError, match="lookback=0 with it"):  # no ceiling
+        config_lib.load_config_file(TESTBED + ":ceiling=0")
     assert config_lib.load_config_file(TESTBED).objective.name == "grpo"
     with pytest.raises(config_lib.ConfigError, match="moe"):
         config_lib.load_config_file(TESTBED + ":routing_replay")
@@ -197,6 +204,46 @@ def test_config_arguments_and_pilot_sweep():
     runs = mod.get_sweep("draws=2")
     assert [r["overrides"]["init.warmstart.seed"] for r in runs] == list(mod.PILOT_DRAWS[:2])
     assert min(mod.PILOT_DRAWS) >= 100  # never a claim's draw 0, 1, ...
+
+
+def test_round3_sweeps_run_each_arm_from_each_draw_and_every_arm_builds():
+    """Round 3's studies (configs/testbed.py round3_studies): every arm from each claim draw (or
+    pilot draw), named <arm>_s<draw> with the RL seed = the draw; every arm's overrides name real
+    fields and give a config that validates; experiments/claims.py runs exactly these studies at
+    the testbed's own budget (no laptop-scale flags)."""
+    mod = config_lib.sibling_config(TESTBED, "testbed.py")
+    runs = mod.get_sweep("study=r3_minibatch,seeds=3")
+    assert [r["name"] for r in runs] == [
+        f"{arm}_s{d}" for d in range(3) for arm in ("gspo_mb16", "grpo_nokl_mb16")
+    ]
+    for r in runs:
+        o = r["overrides"]
+        assert o["seed"] == o["init.warmstart.seed"] == int(r["name"].rsplit("_s", 1)[1])
+        assert (o["rl.num_minibatches"], o["rl.num_epochs"]) == (16, 2)
+    assert runs[1]["overrides"]["objective.kl_coef"] == 0.0  # GRPO compared without its KL
+    pilot = mod.get_sweep("study=r3_eps,pilot,draws=2")
+    assert {r["overrides"]["init.warmstart.seed"] for r in pilot} == set(mod.PILOT_DRAWS[:2])
+    with pytest.raises(ValueError, match="study must be one of"):
+        mod.get_sweep("study=r3_nothing")
+    studies = mod.round3_studies()
+    gmpo = dict(studies["r3_gmpo"])["grpo_nokl_w0.4"]  # GRPO at GMPO's range (e^-0.4, e^0.4)
+    assert gmpo["objective.eps_high"] == pytest.approx(math.exp(0.4) - 1)
+    stale = dict(studies["r3_staleness"])
+    assert stale["gspo_k4_tis"]["objective.rollout_correction"] == "seq_tis"
+    assert "objective.rollout_correction" not in stale["gspo_k4"]
+    assert stale["grpo_nokl_k0"]["rl.max_staleness"] == 0
+    for study in studies:
+        for r in mod.get_sweep(f"study={study},seeds=1"):
+            c = config_lib.load_config_file(TESTBED)
+            for k, v in r["overrides"].items():
+                config_lib.set_field(c, k, v)
+            checks.validate(c)
+    claims = load_repo_module("experiments/claims.py")
+    r3 = {n: s for n, s in claims.SWEEPS.items() if n.startswith("r3_")}
+    assert sorted(r3) == sorted(studies)
+    for name, s in r3.items():
+        assert s.config == "configs/testbed.py" and s.seeds == 12 and not s.laptop
+        assert len(claims.sweep_runs(s, 2)) == 2 * len(studies[name])
 
 
 @pytest.mark.parametrize(
