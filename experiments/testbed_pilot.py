@@ -17,7 +17,9 @@ entries they start from, and writes into ``--out``: the record of each finished 
 (notebooks/reporting/records.py, as the claims keep theirs), ``pilot.json`` (per run: the warm
 start's checks and cost, base and final held-out accuracy greedy and sampled, the evaluation
 curve, the largest evaluation-to-evaluation rise, response lengths, time and CPU seconds, and the
-issue's criteria checked; the runs of an earlier collect whose folders are elsewhere are kept),
+issue's criteria checked; the runs of an earlier collect whose folders are elsewhere are kept;
+per recipe, the runs that differ only in their draw, the share of draws passing each criterion
+and each figure's mean and draw-to-draw sd),
 and ``curves.png`` (accuracy and response length against RL steps, this root's runs).
 It prints the calibration table and a design's cost from the measured CPU seconds.
 
@@ -269,6 +271,64 @@ def _design_cost(runs: list[dict]) -> dict:
     )
 
 
+def _recipe_of(name: str) -> str:
+    """A run's recipe: its name without the draw (grpo_d903_lr0.0002_tagtok50 -> lr0.0002_tagtok50;
+    grpo_d901 -> the config's defaults, "")."""
+    return name.split("_", 2)[2] if name.count("_") >= 2 else ""
+
+
+def _final_statistic(run: dict) -> float | None:
+    """Round 3's primary statistic on a run: held-out greedy accuracy, the mean of the last 3
+    evaluations (the drafts' "final held-out greedy accuracy")."""
+    g = [c["greedy"] for c in run["curve"]]
+    return float(np.mean(g[-3:])) if run.get("finished") and len(g) >= 3 else None
+
+
+def _recipes(runs: list[dict]) -> dict:
+    """Per recipe (runs that differ only in their draw): how many draws, how many of them pass
+    each criterion, and the figures' mean and draw-to-draw sd (ddof 1) over its finished runs:
+    the spread the power calculation of round 3's designs starts from (a level's sd; the sd of a
+    paired difference needs two arms on the same draws)."""
+    out = {}
+    for recipe in sorted({_recipe_of(r["name"]) for r in runs}):
+        done = [
+            r
+            for r in runs
+            if _recipe_of(r["name"]) == recipe and r.get("finished") and r.get("curve")
+        ]
+        if not done:
+            continue
+        g = [[c["greedy"] for c in r["curve"]] for r in done]  # (from the curves: pilot.json's
+        x = [[c["sample"] for c in r["curve"]] for r in done]  # older runs lack later keys)
+        figures = dict(
+            base_greedy=[v[0] for v in g],
+            base_sampled=[v[0] for v in x],
+            final_greedy=[v[-1] for v in g],
+            final_sampled=[v[-1] for v in x],
+            final_last3_greedy=[_final_statistic(r) for r in done],
+            max_jump_greedy=[float(max(np.diff(v), default=0.0)) for v in g],
+            max_jump_sampled=[float(max(np.diff(v), default=0.0)) for v in x],
+        )
+        out[recipe or "(defaults)"] = dict(
+            draws=len(done),
+            passed={
+                k: sum(bool(r["criteria"].get(k)) for r in done)
+                for k in sorted({k for r in done for k in r["criteria"]})
+            },
+            **{
+                k: dict(
+                    mean=float(np.mean(v)),
+                    sd=float(np.std(v, ddof=1)) if len(v) > 1 else None,
+                    min=float(min(v)),
+                    max=float(max(v)),
+                )
+                for k, v in figures.items()
+                if None not in v
+            },
+        )
+    return out
+
+
 def _previous_runs(path: str) -> list[dict]:
     """The runs an earlier ``collect`` wrote into ``path`` (none when it does not exist)."""
     if not os.path.exists(path):
@@ -302,6 +362,7 @@ def collect(args) -> None:
         ),
         demonstration_lengths=_demonstration_lengths(),
         runs=runs,
+        recipes=_recipes(runs),
         design=_design_cost(runs),
     )
     # serialised first and replaced whole: a failure never leaves the earlier pilot.json cut
@@ -330,6 +391,13 @@ def collect(args) -> None:
             f"| {r['step_s_median'] or float('nan'):.1f} "
             f"| {r.get('cost', {}).get('cpu_s', float('nan')):.0f} |"
         )
+    for recipe, fig in pilot["recipes"].items():
+        spread = ", ".join(
+            f"{k} {v['mean']:.3f} (sd {v['sd'] if v['sd'] is None else round(v['sd'], 3)})"
+            for k, v in fig.items()
+            if isinstance(v, dict) and "mean" in v
+        )
+        print(f"recipe {recipe}: {fig['draws']} draws; passed {fig['passed']}; {spread}")
     print(json.dumps(pilot["demonstration_lengths"]))
     print(json.dumps(pilot["design"]))
 

@@ -324,6 +324,57 @@ def test_pilot_collect_keeps_the_runs_an_earlier_collect_wrote(tmp_path):
     ]
 
 
+def test_pilot_recipes_count_the_draws_that_pass_and_their_spread():
+    """collect's per-recipe table: runs that differ only in their draw are one recipe; a draw
+    passes a criterion or not; each figure's mean and draw-to-draw sd (ddof 1) by hand; the
+    final statistic is the mean of the last 3 evaluations; unfinished runs are not counted."""
+    pilot = config_lib.import_config_module(os.path.join(REPO, "experiments", "testbed_pilot.py"))
+
+    def run(name, greedy, sample, finished=True, jump_ok=True):
+        curve = [
+            dict(step=25 * i, greedy=g, sample=x)
+            for i, (g, x) in enumerate(zip(greedy, sample, strict=True))
+        ]
+        return dict(
+            name=name,
+            finished=finished,
+            curve=curve,
+            base=dict(greedy=greedy[0], sample=sample[0]),
+            final=dict(greedy=greedy[-1], sample=sample[-1]),
+            max_jump_greedy=float(max(np.diff(greedy))),
+            max_jump_sampled=float(max(np.diff(sample))),
+            criteria=dict(base_in_band=greedy[0] >= 0.15, no_jump_sampled=jump_ok),
+        )
+
+    runs = [
+        run("grpo_d900_lr0.0002_tagtok40lb", [0.2, 0.5, 0.6, 0.7], [0.1, 0.2, 0.3, 0.4]),
+        run(
+            "grpo_d901_lr0.0002_tagtok40lb",
+            [0.1, 0.3, 0.4, 0.5],
+            [0.1, 0.1, 0.2, 0.2],
+            jump_ok=False,
+        ),
+        run("grpo_d902_lr0.0002_tagtok40lb", [0.3, 0.9, 0.9, 0.9], [0.3] * 4, finished=False),
+        run("grpo_d903_lr0.0001_tagtok50", [0.25, 0.5, 0.6, 0.6], [0.2, 0.3, 0.3, 0.4]),
+    ]
+    assert pilot._recipe_of("grpo_d903_lr0.0002_tagtok50") == "lr0.0002_tagtok50"
+    assert pilot._recipe_of("grpo_d901") == ""
+    table = pilot._recipes(runs)
+    assert sorted(table) == ["lr0.0001_tagtok50", "lr0.0002_tagtok40lb"]
+    r = table["lr0.0002_tagtok40lb"]
+    assert r["draws"] == 2  # draw 902 has not finished
+    assert r["passed"] == {"base_in_band": 1, "no_jump_sampled": 1}
+    assert r["base_greedy"]["mean"] == pytest.approx(0.15)
+    assert r["base_greedy"]["sd"] == pytest.approx(math.sqrt(0.005))  # (0.2 - 0.1)^2 / 2
+    # the last 3 evaluations: (0.5 + 0.6 + 0.7) / 3 = 0.6 and (0.3 + 0.4 + 0.5) / 3 = 0.4
+    assert r["final_last3_greedy"]["mean"] == pytest.approx(0.5)
+    assert (r["final_last3_greedy"]["min"], r["final_last3_greedy"]["max"]) == pytest.approx(
+        (0.4, 0.6)
+    )
+    assert r["max_jump_greedy"]["max"] == pytest.approx(0.3)
+    assert table["lr0.0001_tagtok50"]["base_greedy"]["sd"] is None  # one draw: no spread
+
+
 def _errors_module():
     import importlib.util
 
