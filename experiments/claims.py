@@ -79,7 +79,6 @@ ROUND3_STUDIES = (
     "r3_gmpo",
     "r3_dapo",
     "r3_drgrpo",
-    "r3_eps",
     "r3_staleness",
 )
 

@@ -67,8 +67,8 @@ def test_every_notebook_has_an_entry_and_prints_it():
 def _arm_names(arm: str) -> list[str]:
     """The sweep arms an entry's arm string names: "a", or each x of "pair(a, b)" / "trend(a,
     b, c)" (a statistic the notebook derives from those arms per seed)."""
-    m = re.fullmatch(r"(\w+)\((.*)\)", arm)
-    return [x.strip() for x in m.group(2).split(",")] if m else [arm]
+    m = re.fullmatch(r"(\w+)\((.*)\)", arm)  # "pair(a - b, c - d)": each of a, b, c, d
+    return [y.strip() for x in m.group(2).split(",") for y in x.split(" - ")] if m else [arm]
 
 
 def _arms_of(e) -> set[str]:
@@ -98,6 +98,17 @@ def test_registry_is_consistent_and_its_arms_are_in_its_sweeps():
         assert wanted <= _sweep_arms(e.sweeps), (e.name, wanted - _sweep_arms(e.sweeps))
     planned = {s for sweeps in claims.PLANNED.values() for s in sweeps}
     assert planned <= set(claims.SWEEPS)
+
+
+def test_round3_drafts_read_arms_their_sweeps_run():
+    """Each round-3 draft names its testbed sweeps (experiments/claims.py r3_*), and every arm
+    its primary, preconditions and harm read is an arm those sweeps run."""
+    from gspo_jax import claims as registry_lib
+
+    for d in registry_lib.drafts():
+        assert d.sweeps and all(s.startswith("r3_") for s in d.sweeps), d.name
+        wanted = _arms_of(d) | ({x for x in _arm_names(d.harm.arm)} if d.harm else set())
+        assert wanted <= _sweep_arms(d.sweeps), (d.name, wanted - _sweep_arms(d.sweeps))
 
 
 def test_paired_sign_test_reproduced_and_not():

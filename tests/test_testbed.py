@@ -214,14 +214,16 @@ def test_round3_sweeps_run_each_arm_from_each_draw_and_every_arm_builds():
     mod = config_lib.sibling_config(TESTBED, "testbed.py")
     runs = mod.get_sweep("study=r3_minibatch,seeds=3")
     assert [r["name"] for r in runs] == [
-        f"{arm}_s{d}" for d in range(3) for arm in ("gspo_mb16", "grpo_nokl_mb16")
+        f"{arm}_s{d}"
+        for d in range(3)
+        for arm in ("gspo_mb16", "grpo_nokl_mb16", "gspo_eps0.2_mb16")
     ]
     for r in runs:
         o = r["overrides"]
         assert o["seed"] == o["init.warmstart.seed"] == int(r["name"].rsplit("_s", 1)[1])
         assert (o["rl.num_minibatches"], o["rl.num_epochs"]) == (16, 2)
     assert runs[1]["overrides"]["objective.kl_coef"] == 0.0  # GRPO compared without its KL
-    pilot = mod.get_sweep("study=r3_eps,pilot,draws=2")
+    pilot = mod.get_sweep("study=r3_sequence,pilot,draws=2")
     assert {r["overrides"]["init.warmstart.seed"] for r in pilot} == set(mod.PILOT_DRAWS[:2])
     with pytest.raises(ValueError, match="study must be one of"):
         mod.get_sweep("study=r3_nothing")
@@ -231,7 +233,15 @@ def test_round3_sweeps_run_each_arm_from_each_draw_and_every_arm_builds():
     stale = dict(studies["r3_staleness"])
     assert stale["gspo_k4_tis"]["objective.rollout_correction"] == "seq_tis"
     assert "objective.rollout_correction" not in stale["gspo_k4"]
-    assert stale["grpo_nokl_k0"]["rl.max_staleness"] == 0
+    # the dose's k = 0 arms are the sequence study's, at the config's staleness 0
+    sequence = dict(studies["r3_sequence"])
+    assert config_lib.load_config_file(TESTBED).rl.max_staleness == 0
+    for name in ("gspo", "grpo_nokl"):
+        k0 = {k: v for k, v in stale[f"{name}_k4"].items() if k != "rl.max_staleness"}
+        assert sequence[name] == k0
+    # an arm is run once: no two studies hold the same overrides
+    arms = [tuple(sorted(o.items())) for study in studies.values() for _, o in study]
+    assert len(arms) == len(set(arms))
     for study in studies:
         for r in mod.get_sweep(f"study={study},seeds=1"):
             c = config_lib.load_config_file(TESTBED)
