@@ -152,7 +152,18 @@ def _warm_start_meta(wd: str) -> dict:
         return {}
     with open(meta_path) as f:
         meta = json.load(f)
-    keep = ("steps", "wall_s", "final_loss", "stop_met", "stop_checks", "stop_check_s")
+    keep = (
+        "steps",
+        "wall_s",
+        "final_loss",
+        "stop_met",
+        "stop_checks",
+        "stop_check_metrics",
+        "stop_check_s",
+        "stop_kept_step",
+        "stop_lookback_checks",
+        "stop_lookback_metrics",
+    )
     return {k: meta[k] for k in keep if k in meta} | {"entry": os.path.basename(path)}
 
 

@@ -332,6 +332,9 @@ def test_stopping_rule_stops_after_patience_checks_and_is_recorded(setup, tmp_pa
     assert meta["steps"] == 6 and meta["stop_met"] is True
     assert [s for s, _ in meta["stop_checks"]] == [3, 6] and meta["warm"]["stop_every"] == 3
     assert model is not None
+    # each check's headline metrics from the same evaluation: the rule's, and the sampled ones
+    for (s, v), (s_m, m) in zip(meta["stop_checks"], meta["stop_check_metrics"], strict=True):
+        assert s == s_m and m["greedy_format"] == v and 0.0 <= m["sample_accuracy"] <= 1.0
 
     never = {**always, "steps": 7, "stop_threshold": 1.5}
     _, stats = warmstart.train(task, cfg, never, data_dir=data_dir, progress=False)

@@ -404,6 +404,11 @@ class _StoppingRule:
         self.met, self.check_s = False, 0.0
         self.kept_step: int | None = None  # with a ceiling: the latest check at or below it
         self.lookback_checks: list[tuple[int, float]] = []  # with a look back: newest first
+        # every check's headline metrics (e.g. greedy and sampled accuracy from the same
+        # evaluation, at no extra cost): the rule reads one, the pilot's band reads both
+        self.last_metrics: dict[str, float] = {}
+        self.check_metrics: list[tuple[int, dict[str, float]]] = []
+        self.lookback_metrics: list[tuple[int, dict[str, float]]] = []
         if warm_cfg.stop_every:  # a metric the evaluation lacks fails now, not after training
             self._evaluate(model, num_problems=1)
 
@@ -423,6 +428,9 @@ class _StoppingRule:
                 f"{self.task.name} evaluation's metrics {sorted(metrics)}; set "
                 "init.warmstart.stop_metric to one of them (or stop_every=0: no stopping rule)."
             )
+        self.last_metrics = {
+            k: float(v) for k, v in metrics.items() if "/" not in k and np.ndim(v) == 0
+        }
         return float(metrics[self.cfg.stop_metric])
 
     def due(self, step: int) -> bool:
@@ -432,6 +440,7 @@ class _StoppingRule:
         t0 = time.time()
         value = self._evaluate(model, self.cfg.stop_problems)
         self.checks.append((step, value))
+        self.check_metrics.append((step, self.last_metrics))
         self.check_s += time.time() - t0
         recent = [v for _, v in self.checks[-self.cfg.stop_patience :]]
         self.met = len(recent) == self.cfg.stop_patience and min(recent) >= self.cfg.stop_threshold
@@ -457,6 +466,7 @@ class _StoppingRule:
         t0 = time.time()
         value = self._evaluate(model, self.cfg.stop_problems)
         self.lookback_checks.append((step, value))
+        self.lookback_metrics.append((step, self.last_metrics))
         self.check_s += time.time() - t0
         if value <= self.cfg.stop_ceiling:
             self.kept_step = step
@@ -475,11 +485,17 @@ class _StoppingRule:
     def record(self) -> dict[str, Any]:
         if not self.cfg.stop_every:
             return {}
-        out = dict(stop_met=self.met, stop_checks=self.checks, stop_check_s=self.check_s)
+        out = dict(
+            stop_met=self.met,
+            stop_checks=self.checks,
+            stop_check_metrics=self.check_metrics,
+            stop_check_s=self.check_s,
+        )
         if self.cfg.stop_ceiling:  # None: the last step's parameters are the base
             out["stop_kept_step"] = self.kept_step if self.overshot() else None
         if self.cfg.stop_lookback:
             out["stop_lookback_checks"] = self.lookback_checks
+            out["stop_lookback_metrics"] = self.lookback_metrics
         return out
 
 
