@@ -194,6 +194,12 @@ def _summarise(wd: str, root: str) -> dict:
         else None,
         warm_start=_warm_start_meta(wd),
     )
+    summary_path = os.path.join(wd, "summary.json")
+    if out["finished"]:  # the RL loop's own CPU seconds (runs from 2026-12-07 on)
+        with open(summary_path) as f:
+            rl_cpu = json.load(f).get("rl_cpu_s")
+        if rl_cpu is not None:
+            out["rl_cpu_s"] = rl_cpu
     cpu_path = os.path.join(root, name + ".cpu.json")
     if os.path.exists(cpu_path):
         with open(cpu_path) as f:
@@ -267,14 +273,22 @@ def _plot(runs: list[dict], path: str) -> None:
 
 
 def _design_cost(runs: list[dict]) -> dict:
-    """A design's cost (DESIGN_DRAWS warm starts + DESIGN_DRAWS x DESIGN_ARMS runs) from the
-    measured CPU seconds, spread over CORES cores."""
-    rl = [r["cost"]["cpu_s"] for r in runs if r.get("finished") and "cost" in r]
+    """A design's RL cost (DESIGN_DRAWS x DESIGN_ARMS runs) from the measured CPU seconds,
+    spread over CORES cores: the RL loop's own (summary.json rl_cpu_s) where the runs recorded
+    it, else the whole process's (<run>.cpu.json, which counts a warm start trained inside the
+    run: an upper bound)."""
+    finished = [r for r in runs if r.get("finished")]
+    rl = [r["rl_cpu_s"] for r in finished if "rl_cpu_s" in r]
+    source = "rl_cpu_s"
+    if not rl:
+        rl, source = [r["cost"]["cpu_s"] for r in finished if "cost" in r], "process cpu_s"
     if not rl:
         return {}
     run_cpu = float(np.mean(rl))
     design_cpu = DESIGN_DRAWS * DESIGN_ARMS * run_cpu
     return dict(
+        source=source,
+        runs_measured=len(rl),
         run_cpu_s_mean=run_cpu,
         design_runs=DESIGN_DRAWS * DESIGN_ARMS,
         design_rl_hours_on_cores=design_cpu / CORES / 3600,

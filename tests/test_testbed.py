@@ -383,6 +383,21 @@ def test_pilot_recipes_count_the_draws_that_pass_and_their_spread():
     )
     assert r["max_jump_greedy"]["max"] == pytest.approx(0.3)
     assert table["lr0.0001_tagtok50"]["base_greedy"]["sd"] is None  # one draw: no spread
+    # the design's cost: the RL loop's CPU seconds where recorded, else the whole process's
+    for r, cpu in zip(runs, (1000.0, 1400.0, 900.0, 5000.0), strict=True):
+        r["cost"] = dict(cpu_s=cpu)
+    cost = pilot._design_cost(runs)
+    assert cost["source"] == "process cpu_s" and cost["run_cpu_s_mean"] == pytest.approx(
+        2466.67, abs=0.01
+    )
+    runs[0]["rl_cpu_s"], runs[1]["rl_cpu_s"] = 900.0, 1100.0
+    cost = pilot._design_cost(runs)
+    assert (cost["source"], cost["runs_measured"], cost["run_cpu_s_mean"]) == (
+        "rl_cpu_s",
+        2,
+        1000.0,
+    )
+    assert cost["design_rl_hours_on_cores"] == pytest.approx(16 * 1000.0 / 2 / 3600)
 
 
 def _errors_module():

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import shutil
+import time
 
 import pytest
 import trainer_runs as runs
@@ -74,6 +75,8 @@ def test_run_writes_metrics_tensorboard_checkpoints_summary(single):
     assert json.load(open(os.path.join(wd, "config.json")))["objective"]["name"] == "gspo"
     on_disk = json.load(open(os.path.join(wd, "summary.json")))
     assert on_disk["steps"] == STEPS and on_disk["wall_s"] > 0
+    # CPU seconds, the cost on a shared machine: the whole process's and the RL loop's within it
+    assert on_disk["cpu_s"] >= on_disk["rl_cpu_s"] > 0 and on_disk["warmstart_cpu_s"] >= 0
     assert set(on_disk["base"]) >= {"greedy_accuracy", "mean_response_length"}
     assert on_disk["final"]["greedy_accuracy"] == summary["final"]["greedy_accuracy"]
 
@@ -85,8 +88,11 @@ def test_interrupted_run_resumes_exactly(shared, single):
     assert [r["step"] for r in records(wd)] == [0, 1, 2, 3]
     assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["2"]  # step 3 is lost
     assert not os.path.exists(os.path.join(wd, "summary.json"))
+    c0 = time.process_time()
     summary = trainer.train(cfg, wd)  # the same command again: resumes from step 2
     assert summary["steps"] == STEPS
+    # the CPU seconds carry over the resume: more than this invocation's alone
+    assert summary["cpu_s"] > time.process_time() - c0
     assert_trees(final_params(wd), final_params(single[0]))
     assert_records(records(wd), records(single[0]))
 

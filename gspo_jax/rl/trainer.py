@@ -192,6 +192,10 @@ class Session:
         start_fresh: bool,
     ):
         self.t_start = time.time()
+        # CPU seconds (every thread of this process): the cost of a run on a shared machine, whose
+        # wall time depends on who else is on the cores; cumulative over resumes (checkpoint meta)
+        self.cpu_start, self.cpu_loop = time.process_time(), None
+        self.prior_cpu = self.prior_rl_cpu = self.warm_cpu_s = 0.0
         # printed above the progress bar, which starts after the warm start
         self.notes: list[str] = []
         self.stepper = _checked_stepper(config, workdir, start_fresh=start_fresh, notes=self.notes)
@@ -282,6 +286,8 @@ class Session:
         """The restored state and counts; the base loads again where the policy needs it back
         (LoRA: under the saved adapters) or the reference keeps a copy of it."""
         self.prior_wall = float(meta.get("wall_s", 0.0))
+        self.prior_cpu = float(meta.get("cpu_s", 0.0))
+        self.prior_rl_cpu = float(meta.get("rl_cpu_s", 0.0))
         if self.stepper.is_population:
             self.frozen_at = list(meta["frozen_at"])
             self.collapsed_at = list(meta.get("collapsed_at") or self.collapsed_at)
@@ -307,10 +313,12 @@ class Session:
         """Step 0: the base policy (also the reference), evaluated when config.eval.at_start."""
         if no_checkpoint and self.writers[0].metrics_aside:
             self.notes.append(f"no checkpoint in {self.ckpt_dir}: starting from step 0")
+        c0 = time.process_time()
         params, own, self.warm_s = pod.together(
             "loading the warm start",
             lambda: self.stepper.load_base(build.cache_dir_of(self.config)),
         )
+        self.warm_cpu_s = time.process_time() - c0  # training it, when it was not cached
         if adapters.keeps_reference_copy(self.run):  # (LoRA: the policy holds the reference)
             self.ref_params = jax.tree.map(jnp.copy, params)
         self.state = self.stepper.initial_state(params, own)
@@ -408,8 +416,15 @@ class Session:
         self.log.write(f"step {done:4d}{who} " + _fmt_eval(result))
         return result
 
+    def cpu_figures(self) -> dict[str, float]:
+        """CPU seconds so far, over every invocation: the whole process (warm start, base
+        evaluation, RL) and the RL loop's alone."""
+        now = time.process_time()
+        loop = now - self.cpu_loop if self.cpu_loop is not None else 0.0
+        return dict(cpu_s=self.prior_cpu + now - self.cpu_start, rl_cpu_s=self.prior_rl_cpu + loop)
+
     def save(self, done: int, force: bool) -> None:
-        meta = {"wall_s": self.prior_wall + time.time() - self.t_start}
+        meta = {"wall_s": self.prior_wall + time.time() - self.t_start, **self.cpu_figures()}
         if self.stepper.is_population:  # each member's counts and end
             meta.update(
                 frozen_at=self.frozen_at,
@@ -452,6 +467,9 @@ class Session:
                 wall_s=self.prior_wall + time.time() - self.t_start,
                 warmstart_s=self.warm_s,
                 rl_s=time.time() - t_loop,
+                # (a population's members share one process: each reports the population's)
+                warmstart_cpu_s=self.warm_cpu_s,
+                **self.cpu_figures(),
             )
             if self.stepper.is_population:
                 summary.update(member.summary_fields, frozen=frozen is not None)
@@ -530,6 +548,7 @@ def train(
     s = Session(config, workdir, allow_config_change=allow_config_change, start_fresh=start_fresh)
     rl = s.config.rl
     start, t_loop = s.steps_done(), time.time()
+    s.cpu_loop = time.process_time()
     try:
         with StopSignals() as signals:
             for step in range(start, rl.num_steps):

@@ -237,7 +237,8 @@ def make_summary(
     **figures: float,
 ) -> dict:
     """The closing summary: base and final evaluation (eval/ prefixes dropped), their greedy
-    accuracy difference when both exist, and ``figures`` (steps, wall_s, warmstart_s, rl_s)."""
+    accuracy difference when both exist, and ``figures`` (steps, wall_s, warmstart_s, rl_s, and
+    the CPU seconds cpu_s, warmstart_cpu_s, rl_cpu_s)."""
     summary = {
         "base": _eval_summary(base_eval),
         "final": _eval_summary(last_eval),
@@ -308,5 +309,6 @@ def format_summary(s: dict) -> str:
     lines.append(
         f"steps {s['steps']}  wall {s['wall_s']:.0f} s  (warm start {s['warmstart_s']:.0f} s,"
         f" RL {s['rl_s']:.0f} s)"
+        + (f"  CPU {s['cpu_s']:.0f} s (RL {s['rl_cpu_s']:.0f} s)" if "cpu_s" in s else "")
     )
     return "\n".join(lines)
