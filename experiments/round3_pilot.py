@@ -1,0 +1,113 @@
+"""Round 3's precondition pilot (issue 52, item 5): each draft's mechanism preconditions, harm
+and primary statistic on runs of its arms from the pilot's own draws, before it is registered.
+
+    python experiments/sweep.py --config configs/testbed.py \\
+        --sweep study=r3_minibatch,pilot,draws=2 --workdir runs/r3_pilot/r3_minibatch
+    python experiments/round3_pilot.py --runs runs/r3_pilot [--key gspo_minibatch_stability]
+
+``--runs`` holds one folder per round-3 sweep (as experiments/claims.py lays out its runs).
+For every draft with runs there, per draw: each precondition's and the harm's value against its
+threshold (the statistics the verdict will read, notebooks/reporting/round3.py), the primary
+statistic (a comparison's per-draw difference), and its spread over the draws: what the
+thresholds marked "calibrate" and the power's sd are read from. Unfinished runs are left out
+unless ``--unfinished`` (their statistics over the steps they have). Nothing here is a verdict: the
+pilot's draws are never a claim's.
+
+This file holds launcher logic only; no library code (docs/design.md "Layout").
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import os
+import sys
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [REPO, os.path.join(REPO, "notebooks")]
+
+
+def _passes(value: float, direction: str, threshold: float) -> bool:
+    return math.isfinite(value) and (value > threshold if direction == ">" else value < threshold)
+
+
+def _line(name: str, arm: str, direction: str, threshold: float, per_seed: dict) -> str:
+    cells = [
+        f"d{s} {v:.4g} {'ok' if _passes(v, direction, threshold) else 'NO'}"
+        for s, v in sorted(per_seed.items())
+    ]
+    return f"  {name} [{arm} {direction} {threshold:g}]: " + (", ".join(cells) or "no runs")
+
+
+def primary_per_draw(entry, values: dict) -> dict[int, float]:
+    """The primary statistic per draw: a two-arm comparison's difference (first arm minus
+    second), else the one arm's value (a level, or a pair's own statistic)."""
+    arms = list(entry.primary.arms)
+    if len(arms) == 2:
+        a, b = values[arms[0]], values[arms[1]]
+        return {s: a[s] - b[s] for s in sorted(set(a) & set(b))}
+    return dict(values[arms[0]])
+
+
+def report(entry, arms: dict) -> list[str]:
+    from reporting import round3
+
+    values, pre = round3.inputs(entry, arms)
+    lines = [f"{entry.name}: {entry.claim}"]
+    for p in entry.preconditions:
+        lines.append(_line(p.name, p.arm, p.direction, p.threshold, pre[p.name]))
+    if entry.harm is not None:
+        h = entry.harm
+        lines.append(_line(f"harm: {h.name}", h.arm, h.direction, h.threshold, pre[h.name]))
+    per_draw = primary_per_draw(entry, values)
+    finite = [v for v in per_draw.values() if math.isfinite(v)]
+    spread = (
+        f"; mean {np.mean(finite):.4g}, sd {np.std(finite, ddof=1):.4g} over {len(finite)} draws"
+        if len(finite) > 1
+        else ""
+    )
+    c = entry.primary
+    cells = ", ".join(f"d{s} {v:.4g}" for s, v in sorted(per_draw.items())) or "no runs"
+    lines.append(
+        f"  primary [{' vs '.join(c.arms)} {c.direction} {c.threshold:g}]: {cells}{spread}"
+    )
+    return lines
+
+
+def main(argv=None) -> int:
+    from reporting import analysis
+
+    from gspo_jax import claims
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", required=True, help="a folder of round-3 sweep folders")
+    ap.add_argument("--key", default="", help="one draft (default: every draft with runs)")
+    ap.add_argument("--unfinished", action="store_true", help="count runs still going")
+    a = ap.parse_args(argv)
+    drafts = [d for d in claims.drafts() if not a.key or d.key == a.key]
+    if not drafts:
+        raise SystemExit(
+            f"no round-3 draft named {a.key!r}; drafts: {[d.key for d in claims.drafts()]}"
+        )
+    shown = 0
+    for d in drafts:
+        runs = {}
+        for sweep in d.sweeps:
+            folder = os.path.join(a.runs, sweep)
+            if glob.glob(os.path.join(folder, "*", "config.json")):
+                found = analysis.load_runs(folder, finished=False)
+                runs.update({k: r for k, r in found.items() if a.unfinished or r.summary is not None})
+        if not runs:
+            continue
+        print("\n".join(report(d, analysis.by_arm(runs))) + "\n")
+        shown += 1
+    if not shown:
+        print(f"no runs of any draft's sweeps under {a.runs} (folders named as the sweeps: r3_*)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
