@@ -155,6 +155,7 @@ def _warm_start_meta(wd: str) -> dict:
     keep = (
         "steps",
         "wall_s",
+        "cpu_s",
         "final_loss",
         "stop_met",
         "stop_checks",

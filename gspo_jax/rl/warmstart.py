@@ -304,7 +304,7 @@ def train(
             f"{task.tokenizer.vocab_size}; build it with get_model_config(..., "
             f"vocab_size=task.tokenizer.vocab_size)."
         )
-    t0, callback_s = time.time(), 0.0
+    t0, callback_s, c0 = time.time(), 0.0, time.process_time()
     model = models.create_model(model_cfg, seed=warm_cfg.seed)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = make_optimizer(warm_cfg)
@@ -386,6 +386,8 @@ def train(
     return model, dict(
         final_loss=final_loss,
         wall_s=time.time() - t0 - callback_s,
+        # CPU seconds of every thread (the callback's included): the cost on a shared machine
+        cpu_s=time.process_time() - c0,
         steps=len(losses),
         demonstrations_dropped=demo_stats.dropped,
         demonstrations_seen=demo_stats.seen,
