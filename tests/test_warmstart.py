@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+import os
 import time
 
 import jax
@@ -355,3 +356,52 @@ def test_stopping_rule_stops_after_patience_checks_and_is_recorded(setup, tmp_pa
         )
     with pytest.raises(ValueError, match="stop_patience"):
         warmstart.as_warm_config({**always, "stop_patience": 0})
+
+
+class _Killed(Exception):
+    pass
+
+
+@pytest.mark.long  # three short trainings with their checks (~35 s): after the README's command
+def test_an_interrupted_warm_start_resumes_to_the_same_parameters(setup, tmp_path, capsys):
+    """A warm start killed part way resumes from its progress (<entry>.progress: saved at each
+    stopping check) and ends with the parameters, checks and loss of the uninterrupted one: the
+    data iterator's position, the optimizer's state and the rule's checks all carry over; the
+    progress is gone once the entry is written."""
+    task, cfg, data_dir, _ = setup
+    rule = dict(stop_every=3, stop_metric="greedy_format", stop_problems=8, stop_samples=1)
+    warm = {**_WARM, **rule, "steps": 10, "stop_threshold": 1.5, "stop_patience": 1}
+    whole, whole_stats = warmstart.train(task, cfg, warm, data_dir=data_dir, progress=False)
+
+    def kill_at_7(step, model):
+        if step == 7:
+            raise _Killed  # after the progress of step 6 was saved
+
+    cache = str(tmp_path / "cache")
+    path = warmstart.cache_path(task, cfg, warm, cache)
+    with pytest.raises(_Killed):
+        warmstart.train(
+            task,
+            cfg,
+            warm,
+            data_dir=data_dir,
+            progress=False,
+            callback=kill_at_7,
+            callback_every=1,
+            progress_dir=f"{path}.progress",
+        )
+    with open(f"{path}.progress/state.json") as f:
+        assert json.load(f)["step"] == 6
+    resumed = warmstart.get_base_model(task, cfg, warm, cache, data_dir=data_dir, progress=False)
+    assert "resuming at step 6" in capsys.readouterr().err
+    for x, y in zip(
+        jax.tree.leaves(nnx.state(whole, nnx.Param)),
+        jax.tree.leaves(nnx.state(resumed, nnx.Param)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert not os.path.exists(f"{path}.progress")
+    with open(f"{path}/meta.json") as f:
+        meta = json.load(f)
+    assert meta["steps"] == 10 and meta["final_loss"] == pytest.approx(whole_stats["final_loss"])
+    assert meta["stop_checks"] == [list(c) for c in whole_stats["stop_checks"]]

@@ -23,6 +23,11 @@ Stopping rule (WarmStartConfig.stop_*, off by default): train until a held-out m
 format (arith: the worked format's sampled accuracy) passes a threshold at a few checks in a row,
 with ``steps`` as the cap; docs/warmstart.md says why the default experiment uses it.
 
+A training killed part way keeps its progress in ``<entry>.progress`` (parameters, optimizer
+state, data position, the stopping rule's state; at every check, or every PROGRESS_EVERY steps
+without a rule): the next run asking for the entry resumes it and ends with the parameters the
+uninterrupted training would have had.
+
 Runs started together train it once: the first trains under a file lock (``<entry>.lock``, see
 filelock.py) while the others wait, then load its entry. An entry is written into a
 private folder and renamed into place, so it is either absent or complete; one that cannot be
@@ -284,9 +289,16 @@ def train(
     progress: bool = True,
     callback: Callable[[int, nnx.Module], Any] | None = None,
     callback_every: int = 0,
+    progress_dir: str | None = None,
 ) -> tuple[nnx.Module, dict[str, Any]]:
     """Train a base policy from scratch (no cache). Returns (model, stats) with stats
-    final_loss, wall_s, steps.
+    final_loss, wall_s, cpu_s, steps.
+
+    ``progress_dir``: where the training's progress is kept (at every stopping check, or every
+    PROGRESS_EVERY steps without a rule): parameters, optimizer state, the data iterator's
+    position and the rule's state. A training that finds progress there resumes from it, and
+    ends with the parameters the uninterrupted training would have (tests/test_warmstart.py):
+    a warm start killed after an hour loses at most one interval.
 
     ``callback(step, model)`` runs after every ``callback_every`` steps (and after the last one),
     e.g. to evaluate a learning curve (experiments/warmstart_curve.py); its time is not counted
@@ -327,19 +339,37 @@ def train(
         task, warm_cfg.batch_size, warm_cfg.seed, data_dir, demo_stats, **tools
     )
     losses = []
+    stop = _StoppingRule(task, warm_cfg, data_dir, model)
+    kept = None  # with a ceiling: the parameters of the latest check at or below it
+    between: list[tuple[int, Any]] = []  # with a look back: (step, parameters) since then
+    start, prior = 0, dict(wall_s=0.0, cpu_s=0.0)
+    saved = _load_progress(progress_dir, params, opt_state) if progress_dir else None
+    if saved is not None:
+        start, params, opt_state, kept, between, state = saved
+        it.set_state(state["iterator"])
+        demo_stats.seen, demo_stats.dropped = state["seen"], state["dropped"]
+        losses = [jnp.float32(x) for x in state["losses"]]
+        stop.restore(state["stop"])
+        prior = dict(wall_s=state["wall_s"], cpu_s=state["cpu_s"])
+        print(
+            f"warm start ({task.name}): resuming at step {start} from {progress_dir}",
+            file=sys.stderr,
+            flush=True,
+        )
     bar = tqdm(
-        range(warm_cfg.steps),
+        range(start, warm_cfg.steps),
         desc=f"warm start ({task.name})",
         disable=not progress,
         file=sys.stderr,
         mininterval=1.0,
+        initial=start,
+        total=warm_cfg.steps,
     )
-    stop = _StoppingRule(task, warm_cfg, data_dir, model)
-    kept = None  # with a ceiling: the parameters of the latest check at or below it
-    between: list[tuple[int, Any]] = []  # with a look back: (step, parameters) since then
+    done = start
     for i in bar:
         params, opt_state, loss = step(params, opt_state, next(it))
         losses.append(loss)
+        done = i + 1
         if progress and (i % 50 == 0 or i == warm_cfg.steps - 1):
             bar.set_postfix(loss=f"{float(loss):.4f}")
         # evaluate() returns host floats, so it is done with `params` before the next step
@@ -367,6 +397,21 @@ def train(
             callback_s += time.time() - tc
         if met:
             break
+        if (
+            progress_dir
+            and done < warm_cfg.steps
+            and (checked if warm_cfg.stop_every else done % PROGRESS_EVERY == 0)
+        ):
+            state = dict(
+                iterator=it.get_state(),
+                seen=demo_stats.seen,
+                dropped=demo_stats.dropped,
+                losses=[float(x) for x in jax.device_get(losses[-50:])],
+                stop=stop.state(),
+                wall_s=prior["wall_s"] + time.time() - t0 - callback_s,
+                cpu_s=prior["cpu_s"] + time.process_time() - c0,
+            )
+            _save_progress(progress_dir, done, params, opt_state, kept, between, state)
     final_loss = float(np.mean(jax.device_get(losses[-50:])))
     if not np.isfinite(final_loss):
         raise FloatingPointError(
@@ -385,14 +430,75 @@ def train(
     model = nnx.merge(graphdef, params, rest)
     return model, dict(
         final_loss=final_loss,
-        wall_s=time.time() - t0 - callback_s,
+        wall_s=prior["wall_s"] + time.time() - t0 - callback_s,
         # CPU seconds of every thread (the callback's included): the cost on a shared machine
-        cpu_s=time.process_time() - c0,
-        steps=len(losses),
+        cpu_s=prior["cpu_s"] + time.process_time() - c0,
+        steps=done,
         demonstrations_dropped=demo_stats.dropped,
         demonstrations_seen=demo_stats.seen,
         **stop.record(),
     )
+
+
+# ------------------------------------------------------------------- progress (resumable)
+
+PROGRESS_EVERY = 100  # steps between progress saves of a warm start without a stopping rule
+
+
+def _save_progress(
+    folder: str, step: int, params, opt_state, kept, between: list, state: Mapping[str, Any]
+) -> None:
+    """The training's state at ``step`` into ``folder`` (module: train's progress_dir): every
+    array's leaves in one .npz (exact bits), the rest as JSON; written aside and renamed into
+    place, so a kill mid-save leaves the previous progress whole."""
+    trees = {"params": params, "opt_state": opt_state}
+    if kept is not None:
+        trees["kept"] = kept
+    trees.update({f"between{s}": p for s, p in between})
+    arrays = {
+        f"{name}:{j}": np.asarray(leaf)
+        for name, tree in trees.items()
+        for j, leaf in enumerate(jax.tree.leaves(tree))
+    }
+    tmp = f"{folder}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    np.savez(os.path.join(tmp, "trees.npz"), **arrays)
+    meta = dict(state, step=step, has_kept=kept is not None, between=[s for s, _ in between])
+    with open(os.path.join(tmp, "state.json"), "w") as f:
+        json.dump(meta, f, default=str)
+    old = f"{folder}.old-{os.getpid()}"
+    if os.path.exists(folder):
+        os.rename(folder, old)
+    os.rename(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _load_progress(folder: str, params, opt_state):
+    """(step, params, opt_state, kept, between, state) saved by _save_progress, or None when
+    ``folder`` holds no progress. ``params`` and ``opt_state`` give the trees' structure."""
+    if not os.path.exists(os.path.join(folder, "state.json")):
+        return None
+    with open(os.path.join(folder, "state.json")) as f:
+        state = json.load(f)
+    with np.load(os.path.join(folder, "trees.npz")) as z:
+
+        def tree(name, like):
+            leaves, treedef = jax.tree.flatten(like)
+            return jax.tree.unflatten(
+                treedef, [jnp.asarray(z[f"{name}:{j}"]) for j in range(len(leaves))]
+            )
+
+        kept = tree("kept", params) if state["has_kept"] else None
+        between = [(s, tree(f"between{s}", params)) for s in state["between"]]
+        return (
+            state["step"],
+            tree("params", params),
+            tree("opt_state", opt_state),
+            kept,
+            between,
+            state,
+        )
 
 
 class _StoppingRule:
@@ -434,6 +540,20 @@ class _StoppingRule:
             k: float(v) for k, v in metrics.items() if "/" not in k and np.ndim(v) == 0
         }
         return float(metrics[self.cfg.stop_metric])
+
+    def state(self) -> dict[str, Any]:
+        """What a resumed training needs of the rule (JSON): its checks and the kept step."""
+        return dict(
+            checks=self.checks,
+            check_metrics=self.check_metrics,
+            kept_step=self.kept_step,
+            check_s=self.check_s,
+        )
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.checks = [tuple(c) for c in state["checks"]]
+        self.check_metrics = [tuple(c) for c in state["check_metrics"]]
+        self.kept_step, self.check_s = state["kept_step"], state["check_s"]
 
     def due(self, step: int) -> bool:
         return bool(self.cfg.stop_every) and step % self.cfg.stop_every == 0
@@ -655,7 +775,15 @@ def get_base_model(
                 file=sys.stderr,
                 flush=True,
             )
-        model, stats = train(task, model_cfg, warm_cfg, data_dir=data_dir, progress=progress)
+        done_so_far = f"{path}.progress"  # an interrupted training's, resumed (train)
+        model, stats = train(
+            task,
+            model_cfg,
+            warm_cfg,
+            data_dir=data_dir,
+            progress=progress,
+            progress_dir=done_so_far,
+        )
         meta = dict(
             task=task.name,
             task_config=task.config,
@@ -664,6 +792,7 @@ def get_base_model(
             **stats,
         )
         _write_entry(path, model, meta)
+        shutil.rmtree(done_so_far, ignore_errors=True)
     if progress:
         print(
             f"warm start ({task.name}): {stats['wall_s']:.0f} s, final loss "
