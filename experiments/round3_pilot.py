@@ -99,7 +99,9 @@ def main(argv=None) -> int:
             folder = os.path.join(a.runs, sweep)
             if glob.glob(os.path.join(folder, "*", "config.json")):
                 found = analysis.load_runs(folder, finished=False)
-                runs.update({k: r for k, r in found.items() if a.unfinished or r.summary is not None})
+                runs.update(
+                    {k: r for k, r in found.items() if a.unfinished or r.summary is not None}
+                )
         if not runs:
             continue
         print("\n".join(report(d, analysis.by_arm(runs))) + "\n")
