@@ -405,3 +405,45 @@ def test_an_interrupted_warm_start_resumes_to_the_same_parameters(setup, tmp_pat
         meta = json.load(f)
     assert meta["steps"] == 10 and meta["final_loss"] == pytest.approx(whole_stats["final_loss"])
     assert meta["stop_checks"] == [list(c) for c in whole_stats["stop_checks"]]
+
+
+def test_a_screen_skips_the_full_check_while_none_of_its_problems_is_right(setup, monkeypatch):
+    """With stop_screen, each check first evaluates the first stop_screen of its problems; a
+    screen with none right is recorded as that 0 (marked screened) without the full
+    evaluation, any other runs the full check as before. Scripted values by problem count: the
+    screens read 0, 0, then 0.25; the full check then 0.5 (the rule met). The parameters are
+    those of the same training without a screen (training never reads a check)."""
+    task, cfg, data_dir, _ = setup
+    calls = []
+    script = {1: iter([0.0]), 8: iter([0.0, 0.0, 0.25]), 32: iter([0.5])}  # 1: the build's
+
+    def scripted(self, model, num_problems):
+        calls.append(num_problems)
+        self.last_metrics = {"greedy_format": -1.0}
+        return next(script[num_problems])
+
+    monkeypatch.setattr(warmstart._StoppingRule, "_evaluate", scripted)
+    rule = dict(stop_every=2, stop_metric="greedy_format", stop_problems=32, stop_samples=1)
+    warm = {**_WARM, **rule, "steps": 12, "stop_threshold": 0.4, "stop_patience": 1}
+    model, stats = warmstart.train(
+        task, cfg, {**warm, "stop_screen": 8}, data_dir=data_dir, progress=False
+    )
+    assert calls == [1, 8, 8, 8, 32]  # the build's check, three screens, one full check
+    assert stats["steps"] == 6 and stats["stop_met"]
+    assert stats["stop_checks"] == [(2, 0.0), (4, 0.0), (6, 0.5)]
+    assert [m.get("screened") for _, m in stats["stop_check_metrics"]] == [1.0, 1.0, None]
+    script.update({1: iter([0.0]), 32: iter([0.0, 0.0, 0.5])})
+    plain, _ = warmstart.train(task, cfg, warm, data_dir=data_dir, progress=False)
+    for x, y in zip(
+        jax.tree.leaves(nnx.state(model, nnx.Param)),
+        jax.tree.leaves(nnx.state(plain, nnx.Param)),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    # keyed only when set; a screen as large as the check is refused
+    assert warmstart.cache_key(task, cfg, warm) != warmstart.cache_key(
+        task, cfg, {**warm, "stop_screen": 8}
+    )
+    assert "stop_screen" not in warmstart._keyed_fields(cfg, warmstart.as_warm_config(warm))["warm"]
+    with pytest.raises(ValueError, match="stop_screen"):
+        warmstart.as_warm_config({**warm, "stop_screen": 32})
