@@ -48,9 +48,6 @@ from gspo_jax import config as config_lib
 # them (issue 52: the calibration is a pilot, never evidence). Eight, a design's worth, so that the
 # pilot can tell a recipe's spread over draws before any claim runs on it.
 PILOT_DRAWS = tuple(range(900, 908))
-# The pilot's warm starts were trained before the check's screen (STOPPING["stop_screen"]), which
-# changes their cost, not their parameters: its runs name it off, so they find those in the cache.
-PILOT_WARMSTART = {"init.warmstart.stop_screen": 0}
 
 # The task: 4-10 operands of 3 digits (3-9 worked steps of 4 columns; tasks/chain_sum.py), the
 # operands lettered (tagged): each step names the operand it adds, so the model can find it.
@@ -78,9 +75,6 @@ STOPPING = dict(
     stop_samples=1,
     stop_ceiling=0.40,
     stop_lookback=5,
-    # a check first screens 32 of its problems and reads 0 when none is right (rl/warmstart.py):
-    # the same parameters for about half the warm start's time (docs/testbed.md "The budget")
-    stop_screen=32,
     loss_norm="token",
 )
 
@@ -113,7 +107,7 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
             dict(min_terms=2, max_terms=3, digits=2, num_train=2000, num_test=200)
         )
         c.model.preset = "tiny"
-        c.init.warmstart.update(dict(steps=40, stop_every=20, stop_problems=16, stop_screen=4))
+        c.init.warmstart.update(dict(steps=40, stop_every=20, stop_problems=16))
         c.rl.update(dict(num_steps=2, prompts_per_step=8, group_size=4))
         c.eval.update(dict(every=1, num_problems=8))
         c.checkpoint.every = 2
@@ -247,15 +241,7 @@ def round3_sweep(study: str, draws) -> list[dict]:
     if study not in studies:
         raise ValueError(f"study must be one of {sorted(studies)}, got {study!r}")
     return [
-        dict(
-            name=f"{name}_s{d}",
-            overrides={
-                **o,
-                "seed": d,
-                "init.warmstart.seed": d,
-                **(PILOT_WARMSTART if d in PILOT_DRAWS else {}),
-            },
-        )
+        dict(name=f"{name}_s{d}", overrides={**o, "seed": d, "init.warmstart.seed": d})
         for d in draws
         for name, o in studies[study]
     ]
@@ -282,7 +268,7 @@ def get_sweep(arg: str | None = None) -> list[dict]:
         return round3_sweep(a.study, PILOT_DRAWS[: a.draws] if a.pilot else range(a.seeds))
     runs = []
     for d in PILOT_DRAWS[: a.draws]:
-        overrides, name = {"seed": d, "init.warmstart.seed": d, **PILOT_WARMSTART}, f"grpo_d{d}"
+        overrides, name = {"seed": d, "init.warmstart.seed": d}, f"grpo_d{d}"
         if a.lr is not None:
             overrides["optimizer.learning_rate"], name = a.lr, f"{name}_lr{a.lr:g}"
         runs.append(dict(name=name, overrides=overrides))

@@ -123,15 +123,6 @@ class WarmStartConfig:
     # checks alone keep a base at its edge or below it; checking every few steps throughout
     # would cost an evaluation each. Holds one copy per stop_lookback steps since the kept check.
     stop_lookback: int = 0
-    # A screen before each check (0 = off; keys the cache only when set): the stopping metric on
-    # the first stop_screen of the check's problems first, and when none of them is right the
-    # check is recorded as that 0 without the full evaluation. Why: a warm start reads 0 for
-    # most of its checks before it learns (the testbed's: ~1,000 steps), and each full check
-    # decodes stop_problems full-length answers twice (greedy and sampled), up to two thirds of
-    # the warm start's time. Training never reads a check, so the parameters are the same; only
-    # a check the full evaluation would have passed while its screen found none right (at an
-    # accuracy p, (1 - p) ** stop_screen: 1e-4 at p = 0.25 with 32) would differ.
-    stop_screen: int = 0
     # A tool task's warm start: the share of demonstrations that are its tool episodes, played
     # with the sandboxed Python tool (warmstart_demos.py); 0 = the task's own demonstrations
     # only. Keys the cache only when > 0.
@@ -150,11 +141,6 @@ class WarmStartConfig:
             raise ValueError(f"tool_fraction={self.tool_fraction} must lie in [0, 1].")
         if self.stop_samples < 1:
             raise ValueError(f"stop_samples={self.stop_samples}; pass >= 1.")
-        if not 0 <= self.stop_screen < self.stop_problems:
-            raise ValueError(
-                f"stop_screen={self.stop_screen} must lie in [0, stop_problems="
-                f"{self.stop_problems}): the screen is a subset of the check's problems (0 = none)."
-            )
         if self.stop_lookback and not (
             self.stop_ceiling
             and 0 < self.stop_lookback < self.stop_every
@@ -223,8 +209,6 @@ def _keyed_fields(model_cfg: models.ModelConfig, warm_cfg: WarmStartConfig) -> d
         warm.pop("stop_ceiling", None)
     if not warm_cfg.stop_lookback:  # or without a look back
         warm.pop("stop_lookback", None)
-    if not warm_cfg.stop_screen:  # or without a screen
-        warm.pop("stop_screen", None)
     return dict(model=model, warm=warm)
 
 
@@ -576,13 +560,7 @@ class _StoppingRule:
 
     def check(self, step: int, model: nnx.Module) -> bool:
         t0 = time.time()
-        value = None
-        if self.cfg.stop_screen:  # none of the screen's problems right: the check reads that 0
-            screen = self._evaluate(model, self.cfg.stop_screen)
-            if screen == 0.0:
-                value, self.last_metrics = 0.0, {**self.last_metrics, "screened": 1.0}
-        if value is None:
-            value = self._evaluate(model, self.cfg.stop_problems)
+        value = self._evaluate(model, self.cfg.stop_problems)
         self.checks.append((step, value))
         self.check_metrics.append((step, self.last_metrics))
         self.check_s += time.time() - t0
