@@ -375,6 +375,8 @@ def train(
         # evaluate() returns host floats, so it is done with `params` before the next step
         # donates them.
         checked = stop.due(i + 1)
+        if checked:  # the steps queued so far belong to training, not to the check's time
+            jax.block_until_ready(params)
         met = checked and stop.check(i + 1, nnx.merge(graphdef, params, rest))
         if checked and not progress:  # no bar (a log file): a line per check says how far it is
             print(
