@@ -95,9 +95,6 @@ def base_config(runlocal: bool) -> ml_collections.ConfigDict:
     # P = 8 prompts x G = 8 samples: half the library's P, for the budget (docs/testbed.md: a
     # step's cost is its B x T tokens; a design's 16+ runs must fit 4 hours of the 2-core CPU)
     c.rl.prompts_per_step = 8
-    # twice the library's 1e-4, as in the pilot's runs (docs/testbed.md): with half its prompts
-    # per step, and 1e-4 climbed from the same base more slowly (0.675 against 0.750 at step 75)
-    c.optimizer.learning_rate = 2e-4
     c.eval.every = 25
     c.eval.num_problems = 200  # the first 200 test problems; the stopping rule reads the last 128
     c.eval.pass_k = 1  # eval/sample_accuracy: one temperature-1 sample per problem
