@@ -6,25 +6,29 @@
     python experiments/claims.py luspo_length --runs_only    # only the runs
     python experiments/claims.py luspo_length --notebook_only
     python experiments/claims.py gmpo_ratio_range --runs_only --only '*_k16x2_*'   # some runs
+    python experiments/claims.py --sweeps r3_minibatch --warm_starts_only --only '*_s0,*_s1'
 
 Runs go to <runs_dir>/<sweep>/<run> (default runs/claims; a run that finished is skipped, an
 interrupted one resumes); each finished run is kept as a committed record,
 <results_dir>/<sweep>/<run>.json.gz (default results/claims; notebooks/reporting/records.py), so a
-run recorded earlier on another machine is not run again, and the notebooks are
-executed on the records. The warm starts the runs start from are kept beside the records
+run recorded earlier on another machine is not run again, and the notebooks are executed on the
+records. The warm starts the runs start from are kept beside the records
 (<results_dir>/warmstart/<entry>, copied into the cache where it lacks them before a sweep), so
-every machine's runs of a design start from the same base. At laptop scale: 5 seeds (paired: seed s
-of every arm has the same prompts and base), 60 RL steps (a sweep's own flags may say more: the clip
-sweep runs 150), held-out greedy accuracy on 500 problems every 10 steps (FULL_FLAGS). Several
-notebooks read the same sweep (r2_ratio serves four claims), so it runs once. Each claim's
-design and primary criterion are in gspo_jax/claims/entries/, committed before its runs;
-PLANNED names the registry's claims whose current entry's notebook cells are not written yet
-(``--runs_only`` makes their runs). Round 2's entries (issue 33) have their sweeps (``r2_*``) run 12
-fresh seeds (100-111, ``Sweep.seeds``) with the warm start drawn per seed (the launcher's
-populations merge an arm's seeds that share a warm start: one population per draw). The notebook is
-executed in place with nbclient (its outputs are what is committed); it finds the runs (the records)
-through the GSPO_CLAIMS_RUNS environment variable, which this launcher sets.
-tests/test_notebooks.py executes every notebook on tiny runlocal runs.
+every machine's runs of a design start from the same base; round 3's (``Sweep.keep`` "bfloat16") are
+rounded to bfloat16 right after training, before any run starts from them, and kept packed,
+<results_dir>/warmstart/<entry>.npz.xz (``--warm_starts_only`` makes just them); ``--sweeps`` names
+sweeps instead of notebooks (their runs only). At laptop scale: 5 seeds (paired: seed s of every arm
+has the same prompts and base), 60 RL steps (a sweep's own flags may say more: the clip sweep runs
+150), held-out greedy accuracy on 500 problems every 10 steps (FULL_FLAGS). Several notebooks read
+the same sweep (r2_ratio serves four claims), so it runs once. Each claim's design and primary
+criterion are in gspo_jax/claims/entries/, committed before its runs; PLANNED names the registry's
+claims whose current entry's notebook cells are not written yet (``--runs_only`` makes their runs).
+Round 2's entries (issue 33) have their sweeps (``r2_*``) run 12 fresh seeds (100-111,
+``Sweep.seeds``) with the warm start drawn per seed (the launcher's populations merge an arm's seeds
+that share a warm start: one population per draw). The notebook is executed in place with nbclient
+(its outputs are what is committed); it finds the runs (the records) through the GSPO_CLAIMS_RUNS
+environment variable, which this launcher sets. tests/test_notebooks.py executes every notebook on
+tiny runlocal runs.
 
 This file holds launcher logic only; no library code (docs/design.md "Layout").
 """
@@ -36,6 +40,7 @@ import fnmatch
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -58,6 +63,10 @@ class Sweep(NamedTuple):
     seeds: int = 0  # the design's seed count (round 2: 12); 0: the launcher's --seeds or SEEDS
     # FULL_FLAGS (the laptop-scale budget) first; False: the config's own budget (the testbed's)
     laptop: bool = True
+    # how <results_dir>/warmstart keeps the design's warm starts: "folder", the cache entry as
+    # trained (rounds 1-2); "bfloat16" (round 3), rounded once right after training, before any
+    # run starts from it, and packed by experiments/warmstart_store.py (a third of the size)
+    keep: str = "folder"
 
     def sweep_arg(self, seeds: int) -> str:
         return ",".join(a for a in (self.arg, f"seeds={seeds}") if a)
@@ -142,7 +151,9 @@ SWEEPS = {
         # round3_studies), from the claim draws 0-11 (seeds = draws), at the testbed's own budget
         # (300 RL steps, 200 held-out problems every 25)
         *(
-            Sweep(name, "configs/testbed.py", f"study={name}", (), R3, laptop=False)
+            Sweep(
+                name, "configs/testbed.py", f"study={name}", (), R3, laptop=False, keep="bfloat16"
+            )
             for name in ROUND3_STUDIES
         ),
     )
@@ -246,9 +257,9 @@ def seeds_of(sweep: Sweep, seeds: int | None = None) -> int:
     return seeds or sweep.seeds or SEEDS
 
 
-def warm_start_entries(sweep: Sweep, runs: list[dict], flags: Sequence[str]) -> list[str]:
-    """The warm-start cache entries (folders, gspo_jax/rl/warmstart.py cache_path) that ``runs``
-    start from, one per group of runs that share their preparation (experiments/sweep.py
+def warm_start_groups(sweep: Sweep, runs: list[dict], flags: Sequence[str]) -> dict[str, dict]:
+    """{warm-start cache entry (gspo_jax/rl/warmstart.py cache_path): the first run that starts
+    from it}, one per group of runs that share their preparation (experiments/sweep.py
     preparation_groups); runs that start from no warm start have none. Builds configs only."""
     sw = _sweep_module()
     if REPO not in sys.path:
@@ -257,15 +268,21 @@ def warm_start_entries(sweep: Sweep, runs: list[dict], flags: Sequence[str]) -> 
     from gspo_jax.rl import build, warmstart
 
     spec = os.path.join(REPO, sweep.config)
-    out = []
+    out: dict[str, dict] = {}
     for group in sw.preparation_groups(runs):
         c = config_lib.config_from_flags(spec, sw.run_command(spec, group[0], "")[5:] + list(flags))
         if c.init.kind != "warmstart":
             continue
         task = build.make_task(c)
         model_cfg = build.make_model_config(c, task)
-        out.append(warmstart.cache_path(task, model_cfg, c.init.warmstart, build.cache_dir_of(c)))
-    return list(dict.fromkeys(out))
+        entry = warmstart.cache_path(task, model_cfg, c.init.warmstart, build.cache_dir_of(c))
+        out.setdefault(entry, group[0])
+    return out
+
+
+def warm_start_entries(sweep: Sweep, runs: list[dict], flags: Sequence[str]) -> list[str]:
+    """The warm-start cache entries that ``runs`` start from (warm_start_groups)."""
+    return list(warm_start_groups(sweep, runs, flags))
 
 
 def restore_warm_starts(entries: Sequence[str], kept: str) -> list[str]:
@@ -303,6 +320,100 @@ def keep_warm_starts(entries: Sequence[str], kept: str) -> list[str]:
     return new
 
 
+def _store_module():
+    return _load("_warmstart_store", os.path.join(REPO, "experiments", "warmstart_store.py"))
+
+
+def train_warm_starts(
+    config: str, runs: Sequence[dict], root: str, flags: Sequence[str], parallel: int = 1
+) -> dict[str, int]:
+    """Trains the warm start each of ``runs`` starts from (its own --prepare_only, ``parallel``
+    at once, logging to <root>/<run>/prepare.log; an interrupted warm start resumes from its
+    progress); returns {run: exit code}."""
+    sw = _sweep_module()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    pending, active, codes = list(runs), {}, {}
+    while pending or active:
+        while pending and len(active) < max(1, parallel):
+            run = pending.pop(0)
+            wd = os.path.join(root, run["name"])
+            os.makedirs(wd, exist_ok=True)
+            log = open(os.path.join(wd, "prepare.log"), "a")  # noqa: SIM115 (closed below)
+            cmd = sw.prepare_command(os.path.join(REPO, config), run, wd, flags)
+            print(f"[claims] training {run['name']}'s warm start (log: {log.name})", flush=True)
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+            active[run["name"]] = (proc, log, time.time())
+        time.sleep(2)
+        for name, (proc, log, t0) in list(active.items()):
+            if proc.poll() is None:
+                continue
+            log.close()
+            codes[name] = proc.returncode
+            del active[name]
+            print(f"[claims] {name}'s warm start: rc={proc.returncode} in {time.time() - t0:.0f}s")
+    return codes
+
+
+def pack_warm_starts(
+    sweep: Sweep,
+    runs: list[dict],
+    root: str,
+    flags: Sequence[str],
+    kept: str,
+    parallel: int = 1,
+) -> list[str]:
+    """Round 3's warm starts (``sweep.keep`` "bfloat16"), made ready before any of ``runs``
+    starts: one the cache lacks is unpacked from <kept>/<entry>.npz.xz or, kept nowhere, trained
+    (train_warm_starts), rounded to bfloat16 and packed there, so that every run of the design,
+    on any machine, starts from the kept numbers. Returns the newly packed files. SystemExit,
+    naming the fix, for a cache entry that differs from its kept file, one trained elsewhere and
+    not rounded (runs may have started from its float32 values), or a training that failed."""
+    store = _store_module()
+    groups = warm_start_groups(sweep, runs, flags)  # {entry: its first run}
+
+    def kept_file(entry: str) -> str:
+        return os.path.join(kept, os.path.basename(entry) + store.SUFFIX)
+
+    def cached(entry: str) -> bool:
+        return os.path.exists(os.path.join(entry, "meta.json"))
+
+    for entry in groups:
+        if cached(entry) and os.path.exists(kept_file(entry)):
+            if not store.verify(kept_file(entry), entry):
+                raise SystemExit(
+                    f"warm start {entry} differs from its kept copy {kept_file(entry)}: delete "
+                    "the cache entry and rerun (the kept copy is restored into the cache)"
+                )
+        elif os.path.exists(kept_file(entry)):
+            store.unpack(kept_file(entry), entry)
+            print(f"[claims] warm start {os.path.basename(entry)}: the kept copy, restored")
+        elif cached(entry) and not store.is_bfloat16(store.read_params(entry)):
+            raise SystemExit(
+                f"warm start {entry} was trained outside this launcher and is not rounded to "
+                "bfloat16: if no run started from it, `python experiments/warmstart_store.py "
+                "round` it, else delete it to train it here"
+            )
+    missing = [e for e in groups if not cached(e)]
+    codes = {}
+    if missing:
+        codes = train_warm_starts(sweep.config, [groups[e] for e in missing], root, flags, parallel)
+    new = []
+    for entry in missing:
+        if cached(entry):
+            store.round_entry(entry)  # once, before any run starts from it
+    for entry in groups:
+        if cached(entry) and not os.path.exists(kept_file(entry)):
+            new.append(store.pack(entry, kept, "bfloat16"))
+    failed = [name for name, rc in codes.items() if rc != 0]
+    if failed:
+        raise SystemExit(
+            f"the warm starts of {failed} failed to train (logs: {root}/<run>/prepare.log); "
+            "rerun to resume them"
+        )
+    return new
+
+
 def run_sweeps(
     sweeps: Sequence[Sweep],
     runs_dir: str,
@@ -313,14 +424,18 @@ def run_sweeps(
     only: str = "",
     population: bool = False,
     results_dir: str | None = None,
+    warm_starts_only: bool = False,
 ) -> list[str]:
     """Launches every run of ``sweeps`` that has not finished (``only``: those whose names match
     one of its comma-separated patterns, in every sweep that has any), with FULL_FLAGS, the
     sweep's own flags and then ``extra`` (the later flag wins); returns the failed run names.
+    ``warm_starts_only``: only the round-3 sweeps' warm starts (pack_warm_starts), no runs.
     ``population``: each arm's seeds (and arms a population varies) run as one population where
     the library runs one; other arms one process per run (experiments/sweep.py --population).
     ``results_dir``: a run whose record is in <results_dir>/<sweep> is not run again, and every
     finished run is recorded there (reporting/records.py), also when others failed."""
+    if warm_starts_only and not results_dir:
+        raise ValueError("warm_starts_only keeps the warm starts under results_dir: pass one")
     sw = _sweep_module()
     rec = _records_module()
     failed = []
@@ -341,9 +456,21 @@ def run_sweeps(
             print(f"[claims] sweep {s.name}: {len(recorded)} runs recorded in {kept} already")
             if not runs:
                 continue
-            entries = warm_start_entries(s, runs, flags)
-            for e in restore_warm_starts(entries, os.path.join(results_dir, WARM_STARTS)):
-                print(f"[claims] warm start {os.path.basename(e)}: the committed copy, restored")
+            if s.keep == "bfloat16":  # ready, rounded and kept before the first run
+                kept_ws = os.path.join(results_dir, WARM_STARTS)
+                for path in pack_warm_starts(s, runs, root, flags, kept_ws, parallel):
+                    print(f"[claims] warm start kept: {path}")
+                if warm_starts_only:
+                    continue
+            elif warm_starts_only:
+                print(f"[claims] sweep {s.name}: its runs train and keep their warm starts")
+                continue
+            else:
+                entries = warm_start_entries(s, runs, flags)
+                for e in restore_warm_starts(entries, os.path.join(results_dir, WARM_STARTS)):
+                    print(
+                        f"[claims] warm start {os.path.basename(e)}: the committed copy, restored"
+                    )
         print(f"[claims] sweep {s.name}: {len(runs)} runs in {root}", flush=True)
         # (population only when asked: a launcher without the option still runs a process per run)
         kw = {"population": True} if population else {}
@@ -418,6 +545,33 @@ def verdict_lines(nb) -> list[str]:
     return lines
 
 
+def notebook_sweeps(p: argparse.ArgumentParser, args) -> list[Sweep] | None:
+    """The sweeps the notebooks named on the command line read (None: --list printed them)."""
+    every = args.notebooks in ([], ["all"])
+    names = list(NOTEBOOKS) if every else args.notebooks
+    if args.list:
+        listed = [(n, sweeps_of([n], planned=False)) for n in names if n in NOTEBOOKS]
+        planned = list(PLANNED) if every else [n for n in names if n in PLANNED]
+        listed += [(f"{n} (planned)", sweeps_of([n])) for n in planned]
+        for n, sweeps in listed:
+            for s in sweeps:
+                k = seeds_of(s, args.seeds)
+                runs = [r["name"] for r in sweep_runs(s, k)]
+                print(f"{n}: {s.name} ({s.config} --sweep {s.sweep_arg(k)}): {runs}")
+        return None
+    if not args.notebooks:
+        p.error("name a notebook (or all); --list shows them")
+    if not (args.runs_only or args.notebook_only) and any(n in PLANNED for n in names):
+        p.error(
+            f"{sorted(n for n in names if n in PLANNED)}: the current registry entry has no "
+            "notebook cells yet: make its runs with --runs_only (--notebook_only executes the "
+            "notebook on the runs it reads)"
+        )
+    if args.notebook_only and any(n not in NOTEBOOKS for n in names):
+        p.error(f"no notebook for {[n for n in names if n not in NOTEBOOKS]}")
+    return sweeps_of(names, planned=not every)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("notebooks", nargs="*", help="notebook names (notebooks/<name>.ipynb) or all")
@@ -435,39 +589,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--list", action="store_true", help="print notebooks, sweeps and run names")
     p.add_argument("--only", default="", help="comma-separated fnmatch patterns of run names")
     p.add_argument(
+        "--sweeps",
+        default="",
+        help="comma-separated sweep names (SWEEPS), instead of notebooks': their runs only",
+    )
+    p.add_argument(
+        "--warm_starts_only",
+        action="store_true",
+        help="only train, round and keep the round-3 sweeps' warm starts (no runs)",
+    )
+    p.add_argument(
         "--population",
         default="true",
         help="true: each arm's seeds run as one population where the library runs one (a "
         "pipelined arm stays a process per run); false: a process per run",
     )
     args, extra = p.parse_known_args(argv)  # extra --config.x=y flags go to every run
-    every = args.notebooks in ([], ["all"])
-    names = list(NOTEBOOKS) if every else args.notebooks
-    if args.list:
-        listed = [(n, sweeps_of([n], planned=False)) for n in names if n in NOTEBOOKS]
-        planned = list(PLANNED) if every else [n for n in names if n in PLANNED]
-        listed += [(f"{n} (planned)", sweeps_of([n])) for n in planned]
-        for n, sweeps in listed:
-            for s in sweeps:
-                k = seeds_of(s, args.seeds)
-                runs = [r["name"] for r in sweep_runs(s, k)]
-                print(f"{n}: {s.name} ({s.config} --sweep {s.sweep_arg(k)}): {runs}")
-        return 0
-    if not args.notebooks:
-        p.error("name a notebook (or all); --list shows them")
-    if not (args.runs_only or args.notebook_only) and any(n in PLANNED for n in names):
-        p.error(
-            f"{sorted(n for n in names if n in PLANNED)}: the current registry entry has no "
-            "notebook cells yet: make its runs with --runs_only (--notebook_only executes the "
-            "notebook on the runs it reads)"
-        )
-    if args.notebook_only and any(n not in NOTEBOOKS for n in names):
-        p.error(f"no notebook for {[n for n in names if n not in NOTEBOOKS]}")
+    if args.sweeps or args.warm_starts_only:
+        names = [n.strip() for n in args.sweeps.split(",") if n.strip()]
+        unknown = [n for n in names if n not in SWEEPS]
+        if unknown or args.notebooks or not names:
+            p.error(
+                f"--sweeps names sweeps (not notebooks), one of {sorted(SWEEPS)}; got {names}"
+                + (f", notebooks {args.notebooks}" if args.notebooks else "")
+            )
+        if not args.results_dir:
+            p.error("--sweeps and --warm_starts_only record under --results_dir: pass one")
+        sweeps, notebooks = [SWEEPS[n] for n in names], []  # their runs only
+    else:
+        sweeps = notebook_sweeps(p, args)
+        if sweeps is None:
+            return 0  # --list
+        notebooks = list(NOTEBOOKS) if args.notebooks == ["all"] else args.notebooks
     failed = []
     if not args.notebook_only:
         t0 = time.time()
         failed = run_sweeps(
-            sweeps_of(names, planned=not every),
+            sweeps,
             args.runs_dir,
             seeds=args.seeds,
             parallel=args.parallel,
@@ -475,13 +633,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             only=args.only,
             population=_sweep_module()._parse_bool(args.population),
             results_dir=args.results_dir or None,
+            warm_starts_only=args.warm_starts_only,
         )
         print(f"[claims] runs done in {time.time() - t0:.0f}s; failed: {failed or 'none'}")
     if failed:
         print("[claims] not executing notebooks: rerun this command to resume the failed runs")
         return 1
     if not args.runs_only:
-        for n in names:
+        for n in notebooks:
             t0 = time.time()
             nb = execute_notebook(n, args.results_dir or args.runs_dir)
             print(f"[claims] executed notebooks/{n}.ipynb in {time.time() - t0:.0f}s")

@@ -133,6 +133,65 @@ def test_the_launcher_restores_and_keeps_the_runs_warm_starts(tmp_path, monkeypa
     assert open(os.path.join(fresh, "meta.json")).read() == '{"draw": "trained here"}'
 
 
+def test_round_3_warm_starts_are_rounded_and_kept_before_any_run(tmp_path, monkeypatch):
+    """A round-3 sweep (Sweep.keep "bfloat16"): the warm start its runs lack is trained, rounded
+    to bfloat16 and packed before the first run starts; on a machine without it the kept file is
+    unpacked (the same digest), a cache entry that differs from it is refused, and so is one
+    trained elsewhere and never rounded; --warm_starts_only launches no run."""
+    import numpy as np
+
+    store = load_repo_module("experiments/warmstart_store.py")
+    runs_dir, results = str(tmp_path / "runs"), str(tmp_path / "results")
+    kept = os.path.join(results, claims.WARM_STARTS)
+    entry = str(tmp_path / "cache" / "warmstart" / "chainsum_aaa")
+    values = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    trained, seen = [], {}
+
+    def train(config, runs, root, flags, parallel=1):
+        for r in runs:
+            trained.append(r["name"])
+            store.write_params(entry, {"embed": values}, {"draw": 0})
+        return {r["name"]: 0 for r in runs}
+
+    def launch(config, runs, root, parallel, flags, **kw):
+        seen["params"] = store.read_params(entry)["embed"]
+        for r in runs:
+            fake_run(root, r["name"])
+        return {r["name"]: 0 for r in runs}
+
+    sw = types.SimpleNamespace(launch=launch, collect=lambda runs, root: [], write_tables=print)
+    monkeypatch.setattr(claims, "_sweep_module", lambda: sw)
+    monkeypatch.setattr(claims, "train_warm_starts", train)
+    monkeypatch.setattr(claims, "sweep_runs", lambda s, seeds: [{"name": "a_s0"}, {"name": "b_s0"}])
+    monkeypatch.setattr(claims, "warm_start_groups", lambda s, runs, flags: {entry: runs[0]})
+    sweep = claims.Sweep("r3_toy", "configs/testbed.py", laptop=False, keep="bfloat16")
+
+    assert claims.run_sweeps([sweep], runs_dir, results_dir=results, warm_starts_only=True) == []
+    assert trained == ["a_s0"] and "params" not in seen  # trained once, no run launched
+    rounded = store.read_params(entry)["embed"]
+    assert store.is_bfloat16({"embed": rounded}) and not np.array_equal(rounded, values)
+    path = os.path.join(kept, "chainsum_aaa" + store.SUFFIX)
+    assert os.listdir(kept) == ["chainsum_aaa" + store.SUFFIX] and store.verify(path, entry)
+
+    # another machine: the kept copy is restored, not trained again, and the runs start from it
+    import shutil
+
+    shutil.rmtree(entry)
+    assert claims.run_sweeps([sweep], runs_dir, results_dir=results) == []
+    assert trained == ["a_s0"] and np.array_equal(seen["params"], rounded)
+    assert sorted(os.listdir(os.path.join(results, "r3_toy"))) == ["a_s0.json.gz", "b_s0.json.gz"]
+
+    # a cache entry that differs from the kept one, or trained elsewhere unrounded: refused
+    store.write_params(entry, {"embed": rounded + 1}, {"draw": 0})
+    with pytest.raises(SystemExit, match="differs from its kept copy"):
+        claims.pack_warm_starts(sweep, [{"name": "a_s1"}], runs_dir, (), kept)
+    os.remove(path)
+    store.write_params(entry, {"embed": values}, {"draw": 0})
+    with pytest.raises(SystemExit, match="not rounded to bfloat16"):
+        claims.pack_warm_starts(sweep, [{"name": "a_s1"}], runs_dir, (), kept)
+    assert not os.path.exists(path)
+
+
 def test_a_record_keeps_when_its_run_first_started(tmp_path):
     """started_at is the oldest TensorBoard event file's stamp (the writer opens one per start,
     a resume adds a later one); a run without TensorBoard files has None."""
