@@ -3,15 +3,17 @@ and primary statistic on runs of its arms from the pilot's own draws, before it 
 
     python experiments/sweep.py --config configs/testbed.py \\
         --sweep study=r3_minibatch,pilot,draws=2 --workdir runs/r3_pilot/r3_minibatch
-    python experiments/round3_pilot.py --runs runs/r3_pilot [--key gspo_minibatch_stability]
+    python experiments/round3_pilot.py --runs runs/r3_pilot [--key gspo_minibatch_stability] \\
+        [--plot runs/r3_pilot/plots]
 
 ``--runs`` holds one folder per round-3 sweep (as experiments/claims.py lays out its runs).
 For every draft with runs there, per draw: each precondition's and the harm's value against its
 threshold (the statistics the verdict will read, notebooks/reporting/round3.py), the primary
 statistic (a comparison's per-draw difference), and its spread over the draws: what the
 thresholds marked "calibrate" and the power's sd are read from. Unfinished runs are left out
-unless ``--unfinished`` (their statistics over the steps they have). Nothing here is a verdict: the
-pilot's draws are never a claim's.
+unless ``--unfinished`` (their statistics over the steps they have). ``--plot DIR`` draws, per
+draft, the held-out accuracy of the arms it reads (greedy solid, sampled dashed), one panel per
+draw: <DIR>/<key>.png. Nothing here is a verdict: the pilot's draws are never a claim's.
 
 This file holds launcher logic only; no library code (docs/design.md "Layout").
 """
@@ -77,6 +79,61 @@ def report(entry, arms: dict) -> list[str]:
     return lines
 
 
+CURVES = (("eval/greedy_accuracy", "-"), ("eval/sample_accuracy", "--"))
+
+
+def entry_arms(entry) -> list[str]:
+    """The arms the draft reads: its primary's, then its preconditions' and harm's."""
+    named = [*entry.primary.arms, *(p.arm for p in entry.preconditions)]
+    if entry.harm is not None:
+        named.append(entry.harm.arm)
+    return list(dict.fromkeys(named))
+
+
+def curves(entry, arms: dict):
+    """The draft's arms' held-out accuracy, one panel per draw (greedy solid, sampled dashed):
+    a matplotlib Figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from reporting import analysis
+
+    names = [a for a in entry_arms(entry) if a in arms]
+    draws = sorted({r.seed for a in names for r in arms[a]})
+    fig, axes = plt.subplots(
+        1, len(draws), figsize=(4.5 * len(draws), 3.4), squeeze=False, sharey=True
+    )
+    for ax, d in zip(axes[0], draws, strict=True):
+        for i, a in enumerate(names):
+            for run in (r for r in arms[a] if r.seed == d):
+                for key, style in CURVES:
+                    if not any(key in r for r in run.records):
+                        continue  # (a run without sampled evaluations)
+                    steps, values = analysis.series(run, key)
+                    label = a if key == CURVES[0][0] else None
+                    ax.plot(steps, values, style, color=f"C{i}", label=label)
+        ax.set_title(f"draw {d}")
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("held-out accuracy (greedy -, sampled --)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(entry.name, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot(entry, arms: dict, path: str) -> str:
+    """curves() saved as ``path``; returns it."""
+    import matplotlib.pyplot as plt
+
+    fig = curves(entry, arms)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None) -> int:
     from reporting import analysis
 
@@ -86,6 +143,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", required=True, help="a folder of round-3 sweep folders")
     ap.add_argument("--key", default="", help="one draft (default: every draft with runs)")
     ap.add_argument("--unfinished", action="store_true", help="count runs still going")
+    ap.add_argument("--plot", default="", help="a folder for each draft's curves, <key>.png")
     a = ap.parse_args(argv)
     drafts = [d for d in claims.drafts() if not a.key or d.key == a.key]
     if not drafts:
@@ -104,7 +162,10 @@ def main(argv=None) -> int:
                 )
         if not runs:
             continue
-        print("\n".join(report(d, analysis.by_arm(runs))) + "\n")
+        by_arm = analysis.by_arm(runs)
+        print("\n".join(report(d, by_arm)) + "\n")
+        if a.plot:
+            print(f"  curves: {plot(d, by_arm, os.path.join(a.plot, d.key + '.png'))}\n")
         shown += 1
     if not shown:
         print(f"no runs of any draft's sweeps under {a.runs} (folders named as the sweeps: r3_*)")

@@ -79,13 +79,15 @@ def test_staleness_pairs_and_its_harm_against_the_fresh_arm():
     assert values[entry.primary.arms[0]] == {}
 
 
-def _write_run(folder, name, evals, clip):
+def _write_run(folder, name, evals, clip, sampled=()):
     import json
     import os
 
     os.makedirs(folder / name)
     (folder / name / "config.json").write_text(json.dumps({"objective": {"name": "grpo"}}))
     rows = [{"step": 25 * i, "eval/greedy_accuracy": v} for i, v in enumerate(evals)]
+    for row, v in zip(rows, sampled, strict=False):
+        row["eval/sample_accuracy"] = v
     rows += [{"step": i + 1, "train/clip_frac": c} for i, c in enumerate(clip)]
     rows.sort(key=lambda r: r["step"])
     (folder / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -110,3 +112,28 @@ def test_the_precondition_pilot_reports_each_draw_against_the_thresholds(tmp_pat
     assert "[grpo_nokl_mb16 > 0.05]: d906 0.2 ok" in out  # best 0.9 - final 0.7
     assert "primary [gspo_mb16 vs grpo_nokl_mb16 > 0]: d906 0.1" in out
     assert "d907" not in out
+
+
+def test_the_precondition_pilot_draws_a_panel_per_draw(tmp_path):
+    """--plot: one panel per draw, a greedy (solid) and a sampled (dashed) line per arm the
+    draft reads."""
+    import os
+
+    from trainer_runs import load_repo_module
+
+    pilot = load_repo_module("experiments/round3_pilot.py")
+    folder = tmp_path / "r3_minibatch"
+    for d in (906, 907):
+        _write_run(folder, f"grpo_nokl_mb16_s{d}", (0.2, 0.9, 0.7), (0.02,), (0.1, 0.5, 0.4))
+        _write_run(folder, f"gspo_mb16_s{d}", (0.2, 0.8, 0.8), (0.5,), (0.1, 0.6, 0.7))
+    entry = next(d for d in claims.drafts() if d.key == "gspo_minibatch_stability")
+    arms = analysis.by_arm(analysis.load_runs(str(folder)))
+    fig = pilot.curves(entry, arms)
+    assert [ax.get_title() for ax in fig.axes] == ["draw 906", "draw 907"]
+    lines = fig.axes[0].get_lines()
+    assert [ln.get_linestyle() for ln in lines] == ["-", "--", "-", "--"]
+    assert list(lines[0].get_ydata()) == [0.2, 0.8, 0.8]  # gspo_mb16 first: the primary's order
+    assert list(lines[1].get_ydata()) == [0.1, 0.6, 0.7]
+    assert list(lines[2].get_ydata()) == [0.2, 0.9, 0.7]
+    path = pilot.plot(entry, arms, str(tmp_path / "plots" / "x.png"))
+    assert os.path.getsize(path) > 0
