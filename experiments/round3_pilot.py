@@ -6,7 +6,9 @@ and primary statistic on runs of its arms from the pilot's own draws, before it 
     python experiments/round3_pilot.py --runs runs/r3_pilot [--key gspo_minibatch_stability] \\
         [--plot runs/r3_pilot/plots]
 
-``--runs`` holds one folder per round-3 sweep (as experiments/claims.py lays out its runs).
+``--runs`` holds one folder per round-3 sweep (as experiments/claims.py lays out its runs), of
+run folders or their records (notebooks/reporting/records.py; the pilot's committed ones are in
+results/pilots/r3_lr<rate>/).
 For every draft with runs there, per draw: each precondition's and the harm's value against its
 threshold (the statistics the verdict will read, notebooks/reporting/round3.py), the primary
 statistic (a comparison's per-draw difference), and its spread over the draws: what the
@@ -155,7 +157,9 @@ def main(argv=None) -> int:
         runs = {}
         for sweep in d.sweeps:
             folder = os.path.join(a.runs, sweep)
-            if glob.glob(os.path.join(folder, "*", "config.json")):
+            if glob.glob(os.path.join(folder, "*", "config.json")) or glob.glob(
+                os.path.join(folder, "*.json.gz")
+            ):  # run folders, or their committed records
                 found = analysis.load_runs(folder, finished=False)
                 runs.update(
                     {k: r for k, r in found.items() if a.unfinished or r.summary is not None}
