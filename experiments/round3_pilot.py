@@ -6,16 +6,16 @@ and primary statistic on runs of its arms from the pilot's own draws, before it 
     python experiments/round3_pilot.py --runs runs/r3_pilot [--key gspo_minibatch_stability] \\
         [--plot runs/r3_pilot/plots]
 
-``--runs`` holds one folder per round-3 sweep (as experiments/claims.py lays out its runs), of
-run folders or their records (notebooks/reporting/records.py; the pilot's committed ones are in
-results/pilots/r3_lr<rate>/).
-For every draft with runs there, per draw: each precondition's and the harm's value against its
-threshold (the statistics the verdict will read, notebooks/reporting/round3.py), the primary
-statistic (a comparison's per-draw difference), and its spread over the draws: what the
-thresholds marked "calibrate" and the power's sd are read from. Unfinished runs are left out
-unless ``--unfinished`` (their statistics over the steps they have). ``--plot DIR`` draws, per
-draft, the held-out accuracy of the arms it reads (greedy solid, sampled dashed), one panel per
-draw: <DIR>/<key>.png. Nothing here is a verdict: the pilot's draws are never a claim's.
+``--runs`` holds one folder per round-3 sweep (as experiments/claims.py lays out its runs), of run
+folders or their records (notebooks/reporting/records.py; the pilot's committed ones are in
+results/pilots/r3_lr<rate>/). For every round-3 entry with runs there (the family's registered
+entries, then the drafts), per draw: each precondition's and the harm's value against its threshold
+(the statistics the verdict will read, notebooks/reporting/round3.py), the primary statistic (a
+comparison's per-draw difference), and its spread over the draws: what the thresholds marked
+"calibrate" and the power's sd are read from. Unfinished runs are left out unless ``--unfinished``
+(their statistics over the steps they have). ``--plot DIR`` draws, per draft, the held-out accuracy
+of the arms it reads (greedy solid, sampled dashed), one panel per draw: <DIR>/<key>.png. Nothing
+here is a verdict: the pilot's draws are never a claim's.
 
 This file holds launcher logic only; no library code (docs/design.md "Layout").
 """
@@ -136,10 +136,20 @@ def plot(entry, arms: dict, path: str) -> str:
     return path
 
 
+FAMILY = "testbed_round3"
+
+
+def round3_entries() -> list:
+    """Round 3's designs: the family's registered entries (whose thresholds the pilot set),
+    then the drafts still to register, key order within each."""
+    from gspo_jax import claims
+
+    registered = sorted(claims.family_entries(FAMILY), key=lambda e: e.key)
+    return registered + [d for d in claims.drafts() if d.family == FAMILY]
+
+
 def main(argv=None) -> int:
     from reporting import analysis
-
-    from gspo_jax import claims
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", required=True, help="a folder of round-3 sweep folders")
@@ -147,11 +157,10 @@ def main(argv=None) -> int:
     ap.add_argument("--unfinished", action="store_true", help="count runs still going")
     ap.add_argument("--plot", default="", help="a folder for each draft's curves, <key>.png")
     a = ap.parse_args(argv)
-    drafts = [d for d in claims.drafts() if not a.key or d.key == a.key]
+    every = round3_entries()
+    drafts = [d for d in every if not a.key or d.key == a.key]
     if not drafts:
-        raise SystemExit(
-            f"no round-3 draft named {a.key!r}; drafts: {[d.key for d in claims.drafts()]}"
-        )
+        raise SystemExit(f"no round-3 entry named {a.key!r}; entries: {[d.key for d in every]}")
     shown = 0
     for d in drafts:
         runs = {}

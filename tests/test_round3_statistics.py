@@ -96,7 +96,7 @@ def _write_run(folder, name, evals, clip, sampled=()):
 
 def test_the_precondition_pilot_reports_each_draw_against_the_thresholds(tmp_path, capsys):
     """experiments/round3_pilot.py on a made-up r3_minibatch pilot: GRPO at 16 x 2 clips 2 %
-    (the mechanism's >= 1 %: ok) and ends 0.2 below its best (the harm: ok); GSPO - GRPO per
+    (the mechanism's >= 0.2 %: ok) and ends 0.2 below its best (the harm's 0.1: ok); GSPO - GRPO per
     draw is the primary; an unfinished run is left out."""
     from trainer_runs import load_repo_module
 
@@ -108,8 +108,8 @@ def test_the_precondition_pilot_reports_each_draw_against_the_thresholds(tmp_pat
     (folder / "gspo_mb16_s907" / "summary.json").unlink()  # still running
     pilot.main(["--runs", str(tmp_path), "--key", "gspo_minibatch_stability"])
     out = capsys.readouterr().out
-    assert "[grpo_nokl_mb16 > 0.01]: d906 0.02 ok" in out
-    assert "[grpo_nokl_mb16 > 0.05]: d906 0.2 ok" in out  # best 0.9 - final 0.7
+    assert "[grpo_nokl_mb16 > 0.002]: d906 0.02 ok" in out
+    assert "[grpo_nokl_mb16 > 0.1]: d906 0.2 ok" in out  # best 0.9 - final 0.7
     assert "primary [gspo_mb16 vs grpo_nokl_mb16 > 0]: d906 0.1" in out
     assert "d907" not in out
 

@@ -222,6 +222,7 @@ def test_round3_sweeps_run_each_arm_from_each_draw_and_every_arm_builds():
         o = r["overrides"]
         assert o["seed"] == o["init.warmstart.seed"] == int(r["name"].rsplit("_s", 1)[1])
         assert (o["rl.num_minibatches"], o["rl.num_epochs"]) == (16, 2)
+        assert o["optimizer.learning_rate"] == mod.MINIBATCH_LR == 2e-4  # where GRPO's harm showed
     assert runs[1]["overrides"]["objective.kl_coef"] == 0.0  # GRPO compared without its KL
     pilot = mod.get_sweep("study=r3_sequence,pilot,draws=2")
     assert {r["overrides"]["init.warmstart.seed"] for r in pilot} == set(mod.PILOT_DRAWS[:2])
