@@ -202,9 +202,9 @@ NOTEBOOKS = {
 
 # registry claims whose current entry has no notebook cells yet -> the sweeps its runs come from
 # (--runs_only; a name here takes these sweeps, not the notebook's, "all" the notebooks'): an
-# entry registered before its runs waits here until its notebook's cells are written. Empty now:
-# every round-2 entry (issue 33) has its notebook.
-PLANNED: dict[str, tuple[str, ...]] = {}
+# entry registered before its runs waits here until its notebook's cells are written. Round 3's
+# registered entries (issue 52), until their testbed notebooks exist.
+PLANNED: dict[str, tuple[str, ...]] = {"gspo_minibatch_stability": ("r3_minibatch",)}
 
 WARM_STARTS = "warmstart"  # <results_dir>/warmstart/<entry>: the claims' committed warm starts
 SEEDS = 5  # the registry's minimum for a criterion that compares two arms

@@ -189,7 +189,7 @@ def test_draw_bands_average_seeds_within_a_draw_then_span_the_draws():
 def test_fields_at_their_defaults_are_left_out_so_older_hashes_stay():
     """The canonical form leaves out every field at its default, so adding round 3's fields left
     each older entry's canonical form, and the hash its runs recorded, as they were."""
-    old = claims.current("gspo_minibatch_stability")
+    old = claims.entries("gspo_minibatch_stability")[0]  # round 2's
     d = schema.to_dict(old)
     for name in ("draws", "harm", "power", "family", "status"):
         assert name not in d
@@ -228,26 +228,30 @@ def test_draft_entries_are_not_registered(tmp_path):
     assert math.isfinite(claims.stats.tost_power(n=8, margin=1.0, simulations=10))
 
 
-def test_round3_drafts_are_complete_designs():
-    """Each round-3 draft (<key>/draft.json): at least MIN_DRAWS draws, the family
-    testbed_round3, a mechanism precondition, a harm where the claim is about avoiding one, and
-    the power its registration fixes, as stats.sign_flip_power computes it."""
+def test_round3_designs_are_complete():
+    """Each round-3 design (a draft, <key>/draft.json, or an entry registered in the family
+    testbed_round3): at least MIN_DRAWS draws, a mechanism precondition, a harm where the claim
+    is about avoiding one, and the power its registration fixes, as stats.sign_flip_power
+    computes it, at Holm's first level over the family's designs."""
     from gspo_jax.claims import stats
 
-    drafts = claims.drafts()
-    assert len(drafts) >= 10
+    family = "testbed_round3"
+    registered = claims.family_entries(family)
+    designs = registered + [d for d in claims.drafts() if d.family == family]
+    assert len(designs) >= 10 and len({d.key for d in designs}) == len(designs)
+    assert "gspo_minibatch_stability" in {e.key for e in registered}
     harms = {"gspo_minibatch_stability", "moe_routing_replay", "gspo_length_normalisation"}
     harms |= {"gmpo_entropy", "dapo_clip_higher_entropy", "staleness_dose", "luspo_length"}
-    family = len(drafts)
-    for d in drafts:
+    for d in designs:
         assert len(d.draws) >= claims.MIN_DRAWS and d.primary.min_seeds == len(d.draws), d.name
-        assert d.family == "testbed_round3" and d.preconditions, d.name
+        assert d.preconditions, d.name
         assert (d.harm is not None) == (d.key in harms), d.name
-        assert d.power.alpha == pytest.approx(d.primary.alpha / family), d.name
-    p = drafts[0].power
-    assert p.power == stats.sign_flip_power(
-        len(drafts[0].draws), p.effect, p.sd, p.alpha, p.simulations
-    )
+        assert d.power.alpha == pytest.approx(d.primary.alpha / len(designs)), d.name
+    for d in [*registered, designs[-1]]:
+        p = d.power
+        assert p.power == stats.sign_flip_power(
+            len(d.draws), p.effect, p.sd, p.alpha, p.simulations
+        )
 
 
 def test_retired_entries_were_never_run():

@@ -126,7 +126,7 @@ def test_the_precondition_pilot_draws_a_panel_per_draw(tmp_path):
     for d in (906, 907):
         _write_run(folder, f"grpo_nokl_mb16_s{d}", (0.2, 0.9, 0.7), (0.02,), (0.1, 0.5, 0.4))
         _write_run(folder, f"gspo_mb16_s{d}", (0.2, 0.8, 0.8), (0.5,), (0.1, 0.6, 0.7))
-    entry = next(d for d in claims.drafts() if d.key == "gspo_minibatch_stability")
+    entry = next(d for d in pilot.round3_entries() if d.key == "gspo_minibatch_stability")
     arms = analysis.by_arm(analysis.load_runs(str(folder)))
     fig = pilot.curves(entry, arms)
     assert [ax.get_title() for ax in fig.axes] == ["draw 906", "draw 907"]

@@ -43,9 +43,10 @@ def registry():
     return claims
 
 
-def entry(key: str):
-    """The registry's current (newest) entry for the claim ``key``."""
-    return registry().current(key)
+def entry(key: str, version: int | None = None):
+    """The registry's current (newest) entry for the claim ``key``, or its ``version``."""
+    versions = registry().entries(key)
+    return versions[-1] if version is None else next(e for e in versions if e.version == version)
 
 
 def outcome_of(line: str) -> str:
@@ -65,6 +66,7 @@ def claim_verdict(
     preconditions: Mapping[str, Mapping[int, float]] | None = None,
     secondary: Mapping[str, Any] | None = None,
     superseded: Mapping[int, Mapping[str, Mapping[int, float]]] | None = None,
+    version: int | None = None,
 ) -> str:
     """Prints the claim's registry entry, its secondary checks and its one VERDICT line (the
     newest entry's primary criterion on ``values`` {arm: {seed: statistic}}), and returns the line.
@@ -72,15 +74,19 @@ def claim_verdict(
     ``preconditions``: {precondition name: {seed: statistic}}; ``secondary``: {name: value},
     printed only; ``superseded``: {old version: values} for the entries the current one replaced,
     whose outcome on these runs is printed (not as a verdict) next to the reason it was replaced.
-    """
+    ``version``: the entry these runs were made for, where a newer one (round 3's, on other runs
+    and with its own notebook) has replaced it: the verdict is that entry's, and the newer entries
+    are named with their reason."""
     reg = registry()
     versions = reg.entries(key)
-    entry = versions[-1]
-    for line in reg.describe(entry):
+    decided = entry(key, version)
+    for line in reg.describe(decided):
         print(line)
-    for old in versions[:-1]:
+    for newer in (e for e in versions if e.version > decided.version):
+        print(f"superseded by {newer.name} ({newer.notebook}): {newer.reason}")
+    for old in (e for e in versions if e.version < decided.version):
         # the entry that replaced it (registry.check: every later entry names the one it replaces)
-        by = next((e for e in versions if e.supersedes == old.version), entry)
+        by = next((e for e in versions if e.supersedes == old.version), decided)
         print(
             f"superseded entry {old.name} (replaced by v{by.version} because: {by.reason}): "
             f"primary criterion was {old.primary.statistic}"
@@ -90,7 +96,7 @@ def claim_verdict(
             print(f"    superseded entry {old.name} on these runs (not the verdict): {r.outcome}")
     for name, value in (secondary or {}).items():
         print(f"secondary check (does not change the outcome): {name}: {fmt(value)}")
-    result = reg.evaluate(entry, values, preconditions)
+    result = reg.evaluate(decided, values, preconditions)
     line = f"VERDICT: {result.outcome}: {result.numbers}"
     outcome_of(line)  # the line's own format, checked where it is made
     print(line)
