@@ -325,11 +325,16 @@ def _store_module():
 
 
 def train_warm_starts(
-    config: str, runs: Sequence[dict], root: str, flags: Sequence[str], parallel: int = 1
+    config: str,
+    runs: Sequence[dict],
+    root: str,
+    flags: Sequence[str],
+    parallel: int = 1,
+    on_done=None,
 ) -> dict[str, int]:
     """Trains the warm start each of ``runs`` starts from (its own --prepare_only, ``parallel``
     at once, logging to <root>/<run>/prepare.log; an interrupted warm start resumes from its
-    progress); returns {run: exit code}."""
+    progress), calling ``on_done(run, exit code)`` as each finishes; returns {run: exit code}."""
     sw = _sweep_module()
     env = dict(os.environ)
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
@@ -352,6 +357,8 @@ def train_warm_starts(
             codes[name] = proc.returncode
             del active[name]
             print(f"[claims] {name}'s warm start: rc={proc.returncode} in {time.time() - t0:.0f}s")
+            if on_done is not None:
+                on_done(next(r for r in runs if r["name"] == name), proc.returncode)
     return codes
 
 
@@ -365,7 +372,8 @@ def pack_warm_starts(
 ) -> list[str]:
     """Round 3's warm starts (``sweep.keep`` "bfloat16"), made ready before any of ``runs``
     starts: one the cache lacks is unpacked from <kept>/<entry>.npz.xz or, kept nowhere, trained
-    (train_warm_starts), rounded to bfloat16 and packed there, so that every run of the design,
+    (train_warm_starts), rounded to bfloat16 and packed there as its training ends, so that
+    every run of the design,
     on any machine, starts from the kept numbers. Returns the newly packed files. SystemExit,
     naming the fix, for a cache entry that differs from its kept file, one trained elsewhere and
     not rounded (runs may have started from its float32 values), or a training that failed."""
@@ -394,17 +402,27 @@ def pack_warm_starts(
                 "bfloat16: if no run started from it, `python experiments/warmstart_store.py "
                 "round` it, else delete it to train it here"
             )
+    new = []
+
+    def keep(entry: str) -> None:
+        if cached(entry) and not os.path.exists(kept_file(entry)):
+            new.append(store.pack(entry, kept, "bfloat16"))
+
+    def rounded_and_kept(run: dict, rc: int) -> None:
+        # at once, each as it finishes: a launcher stopped later leaves no unrounded entry
+        entry = next(e for e, first in groups.items() if first is run)
+        if rc == 0 and cached(entry):
+            store.round_entry(entry)  # once, before any run starts from it
+            keep(entry)
+
     missing = [e for e in groups if not cached(e)]
     codes = {}
     if missing:
-        codes = train_warm_starts(sweep.config, [groups[e] for e in missing], root, flags, parallel)
-    new = []
-    for entry in missing:
-        if cached(entry):
-            store.round_entry(entry)  # once, before any run starts from it
+        codes = train_warm_starts(
+            sweep.config, [groups[e] for e in missing], root, flags, parallel, rounded_and_kept
+        )
     for entry in groups:
-        if cached(entry) and not os.path.exists(kept_file(entry)):
-            new.append(store.pack(entry, kept, "bfloat16"))
+        keep(entry)  # rounded before, and not kept yet
     failed = [name for name, rc in codes.items() if rc != 0]
     if failed:
         raise SystemExit(

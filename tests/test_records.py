@@ -147,10 +147,12 @@ def test_round_3_warm_starts_are_rounded_and_kept_before_any_run(tmp_path, monke
     values = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
     trained, seen = [], {}
 
-    def train(config, runs, root, flags, parallel=1):
+    def train(config, runs, root, flags, parallel=1, on_done=None):
         for r in runs:
             trained.append(r["name"])
             store.write_params(entry, {"embed": values}, {"draw": 0})
+            on_done(r, 0)  # rounded and kept at once, before the next one trains
+            seen["kept_at_once"] = os.path.exists(os.path.join(kept, "chainsum_aaa" + store.SUFFIX))
         return {r["name"]: 0 for r in runs}
 
     def launch(config, runs, root, parallel, flags, **kw):
@@ -168,6 +170,7 @@ def test_round_3_warm_starts_are_rounded_and_kept_before_any_run(tmp_path, monke
 
     assert claims.run_sweeps([sweep], runs_dir, results_dir=results, warm_starts_only=True) == []
     assert trained == ["a_s0"] and "params" not in seen  # trained once, no run launched
+    assert seen.pop("kept_at_once")
     rounded = store.read_params(entry)["embed"]
     assert store.is_bfloat16({"embed": rounded}) and not np.array_equal(rounded, values)
     path = os.path.join(kept, "chainsum_aaa" + store.SUFFIX)
