@@ -372,11 +372,11 @@ def pack_warm_starts(
 ) -> list[str]:
     """Round 3's warm starts (``sweep.keep`` "bfloat16"), made ready before any of ``runs``
     starts: one the cache lacks is unpacked from <kept>/<entry>.npz.xz or, kept nowhere, trained
-    (train_warm_starts), rounded to bfloat16 and packed there as its training ends, so that
-    every run of the design,
-    on any machine, starts from the kept numbers. Returns the newly packed files. SystemExit,
-    naming the fix, for a cache entry that differs from its kept file, one trained elsewhere and
-    not rounded (runs may have started from its float32 values), or a training that failed."""
+    (train_warm_starts), rounded to bfloat16 and packed there as its training ends, so that every
+    run of the design, on any machine, starts from the kept numbers. Returns the newly packed
+    files. SystemExit, naming the fix, for a cache entry that differs from its kept file, one
+    trained elsewhere and not rounded (runs may have started from its float32 values), or a
+    training that failed."""
     store = _store_module()
     groups = warm_start_groups(sweep, runs, flags)  # {entry: its first run}
 

@@ -13,7 +13,7 @@ entries, then the drafts), per draw: each precondition's and the harm's value ag
 (the statistics the verdict will read, notebooks/reporting/round3.py), the primary statistic (a
 comparison's per-draw difference), and its spread over the draws: what the thresholds marked
 "calibrate" and the power's sd are read from. Unfinished runs are left out unless ``--unfinished``
-(their statistics over the steps they have). ``--plot DIR`` draws, per draft, the held-out accuracy
+(their statistics over the steps they have). ``--plot DIR`` draws, per entry, the held-out accuracy
 of the arms it reads (greedy solid, sampled dashed), one panel per draw: <DIR>/<key>.png. Nothing
 here is a verdict: the pilot's draws are never a claim's.
 
@@ -85,7 +85,7 @@ CURVES = (("eval/greedy_accuracy", "-"), ("eval/sample_accuracy", "--"))
 
 
 def entry_arms(entry) -> list[str]:
-    """The arms the draft reads: its primary's, then its preconditions' and harm's."""
+    """The arms the entry reads: its primary's, then its preconditions' and harm's."""
     named = [*entry.primary.arms, *(p.arm for p in entry.preconditions)]
     if entry.harm is not None:
         named.append(entry.harm.arm)
@@ -93,7 +93,7 @@ def entry_arms(entry) -> list[str]:
 
 
 def curves(entry, arms: dict):
-    """The draft's arms' held-out accuracy, one panel per draw (greedy solid, sampled dashed):
+    """The entry's arms' held-out accuracy, one panel per draw (greedy solid, sampled dashed):
     a matplotlib Figure."""
     import matplotlib
 
@@ -153,16 +153,16 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", required=True, help="a folder of round-3 sweep folders")
-    ap.add_argument("--key", default="", help="one draft (default: every draft with runs)")
+    ap.add_argument("--key", default="", help="one entry (default: every entry with runs)")
     ap.add_argument("--unfinished", action="store_true", help="count runs still going")
-    ap.add_argument("--plot", default="", help="a folder for each draft's curves, <key>.png")
+    ap.add_argument("--plot", default="", help="a folder for each entry's curves, <key>.png")
     a = ap.parse_args(argv)
     every = round3_entries()
-    drafts = [d for d in every if not a.key or d.key == a.key]
-    if not drafts:
+    chosen = [d for d in every if not a.key or d.key == a.key]
+    if not chosen:
         raise SystemExit(f"no round-3 entry named {a.key!r}; entries: {[d.key for d in every]}")
     shown = 0
-    for d in drafts:
+    for d in chosen:
         runs = {}
         for sweep in d.sweeps:
             folder = os.path.join(a.runs, sweep)
@@ -181,7 +181,7 @@ def main(argv=None) -> int:
             print(f"  curves: {plot(d, by_arm, os.path.join(a.plot, d.key + '.png'))}\n")
         shown += 1
     if not shown:
-        print(f"no runs of any draft's sweeps under {a.runs} (folders named as the sweeps: r3_*)")
+        print(f"no runs of any entry's sweeps under {a.runs} (folders named as the sweeps: r3_*)")
     return 0
 
 

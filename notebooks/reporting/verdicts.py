@@ -46,7 +46,12 @@ def registry():
 def entry(key: str, version: int | None = None):
     """The registry's current (newest) entry for the claim ``key``, or its ``version``."""
     versions = registry().entries(key)
-    return versions[-1] if version is None else next(e for e in versions if e.version == version)
+    if version is None:
+        return versions[-1]
+    found = [e for e in versions if e.version == version]
+    if not found:
+        raise ValueError(f"{key} has no v{version}; its versions: {[e.version for e in versions]}")
+    return found[0]
 
 
 def outcome_of(line: str) -> str:
