@@ -454,6 +454,8 @@ def run_sweeps(
     finished run is recorded there (reporting/records.py), also when others failed."""
     if warm_starts_only and not results_dir:
         raise ValueError("warm_starts_only keeps the warm starts under results_dir: pass one")
+    if problem := unkept_warm_starts(sweeps, results_dir):
+        raise ValueError(problem)
     sw = _sweep_module()
     rec = _records_module()
     failed = []
@@ -504,6 +506,19 @@ def run_sweeps(
         sw.write_tables(sw.collect(runs, root), root)
         failed += [f"{s.name}/{n}" for n, c in codes.items() if c != 0]
     return failed
+
+
+def unkept_warm_starts(sweeps: Sequence[Sweep], results_dir: str | None) -> str | None:
+    """The one-line refusal for round-3 sweeps launched without a results dir (None when fine):
+    their runs must start from warm starts rounded to bfloat16 and kept under it, which a
+    workdirs-only launch would skip, leaving runs from float32 numbers no kept file gives back."""
+    rounded = [s.name for s in sweeps if s.keep == "bfloat16"]
+    if rounded and not results_dir:
+        return (
+            f"sweeps {rounded} start from warm starts rounded and kept under --results_dir: "
+            "pass one (e.g. --results_dir results/claims)"
+        )
+    return None
 
 
 def entry_hashes(sweep: str) -> dict[str, str]:
@@ -641,6 +656,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         notebooks = list(NOTEBOOKS) if args.notebooks == ["all"] else args.notebooks
     failed = []
     if not args.notebook_only:
+        if problem := unkept_warm_starts(sweeps, args.results_dir):
+            p.error(problem)
         t0 = time.time()
         failed = run_sweeps(
             sweeps,

@@ -195,6 +195,36 @@ def test_round_3_warm_starts_are_rounded_and_kept_before_any_run(tmp_path, monke
     assert not os.path.exists(path)
 
 
+def test_a_round_3_sweep_without_a_results_dir_is_refused_before_any_run(
+    tmp_path, monkeypatch, capsys
+):
+    """Its warm starts are rounded and kept under the results dir: a workdirs-only launch would
+    start runs from numbers no kept file gives back, so it stops with the fix, launching nothing,
+    from the library and from the command line; a round-2 sweep still runs workdirs-only."""
+    launched = []
+    sw = types.SimpleNamespace(
+        launch=lambda config, runs, root, parallel, flags, **kw: launched.extend(runs) or {},
+        collect=lambda runs, root: [],
+        write_tables=lambda rows, root: None,
+    )
+    monkeypatch.setattr(claims, "_sweep_module", lambda: sw)
+    monkeypatch.setattr(claims, "sweep_runs", lambda s, seeds: [{"name": "a_s0"}])
+    r3 = claims.Sweep("r3_toy", "configs/testbed.py", laptop=False, keep="bfloat16")
+    with pytest.raises(ValueError, match=r"\['r3_toy'\] start from warm starts .* --results_dir"):
+        claims.run_sweeps([r3], str(tmp_path))
+    assert launched == []
+    assert claims.run_sweeps([claims.Sweep("toy", "configs/arith.py")], str(tmp_path)) == []
+    assert launched == [{"name": "a_s0"}]
+    monkeypatch.setitem(claims.SWEEPS, "r3_toy", r3)
+    with pytest.raises(SystemExit):
+        claims.main(["--sweeps", "r3_toy", "--runs_dir", str(tmp_path), "--results_dir", ""])
+    monkeypatch.setattr(claims, "notebook_sweeps", lambda p, args: [r3])
+    with pytest.raises(SystemExit):
+        claims.main(["some_notebook", "--runs_dir", str(tmp_path), "--results_dir", ""])
+    assert "start from warm starts rounded and kept under --results_dir" in capsys.readouterr().err
+    assert launched == [{"name": "a_s0"}]
+
+
 def test_a_record_keeps_when_its_run_first_started(tmp_path):
     """started_at is the oldest TensorBoard event file's stamp (the writer opens one per start,
     a resume adds a later one); a run without TensorBoard files has None."""
