@@ -146,6 +146,27 @@ def test_holm_over_a_family_decides_on_the_adjusted_p():
     assert two["x"].outcome == "not reproduced" and two["y"].outcome.startswith("inconclusive")
     with pytest.raises(ValueError, match="not in it"):
         claims.evaluate_family("fam", {"w": inputs["x"]}, entries)
+    # designs still drafted count too: x alone with two drafts is adjusted as one of three
+    alone = claims.evaluate_family("fam", {"x": inputs["x"]}, entries[:1], drafted=2)
+    assert alone["x"].p_adjusted == pytest.approx(3 / 32) and list(alone) == ["x"]
+
+
+def test_the_round_3_familys_size_is_its_designs_registered_or_drafted():
+    """testbed_round3's ten designs (issue 52's round 3): the registered entry is decided as one
+    of ten, the level its power was computed at, not alone while the others are drafts."""
+    designs = claims.family_designs("testbed_round3")
+    registered = {e.key for e in claims.family_entries("testbed_round3")}
+    assert len(designs) == 10 and registered <= set(designs)
+    assert {d.key for d in claims.drafts() if d.family == "testbed_round3"} == (
+        set(designs) - registered
+    )
+    e = claims.current("gspo_minibatch_stability")
+    up = {d: 0.3 + 0.01 * d for d in e.draws}  # every draw up: the smallest p, 1/4096
+    values = {e.primary.arms[0]: up, e.primary.arms[1]: {d: 0.0 for d in e.draws}}
+    pre = {p.name: {d: 1.0 for d in e.draws} for p in (*e.preconditions, e.harm)}
+    r = claims.evaluate_family("testbed_round3", {e.key: (values, pre)})[e.key]
+    assert r.p == pytest.approx(1 / 4096)
+    assert r.p_adjusted == pytest.approx(10 / 4096) and r.outcome == "reproduced"
 
 
 def test_a_notebooks_family_verdicts_print_raw_and_adjusted_p(capsys):
@@ -162,6 +183,12 @@ def test_a_notebooks_family_verdicts_print_raw_and_adjusted_p(capsys):
     assert "Holm-adjusted over the family fam p = 0.0938" in lines["x"]
     out = capsys.readouterr().out
     assert out.count("VERDICT: ") == 3 and out.index("primary criterion") < out.index("VERDICT")
+    # one entry's notebook prints its own line, adjusted over the whole family
+    assert list(verdicts.family_verdicts("fam", inputs, entries, keys=["y"])) == ["y"]
+    out = capsys.readouterr().out
+    assert out.count("VERDICT: ") == 1 and "p = 0.0938" in out
+    with pytest.raises(ValueError, match="not registered entries"):
+        verdicts.family_verdicts("fam", inputs, entries, keys=["w"])
 
 
 def test_draw_bands_average_seeds_within_a_draw_then_span_the_draws():

@@ -137,3 +137,25 @@ def test_the_precondition_pilot_draws_a_panel_per_draw(tmp_path):
     assert list(lines[2].get_ydata()) == [0.2, 0.9, 0.7]
     path = pilot.plot(entry, arms, str(tmp_path / "plots" / "x.png"))
     assert os.path.getsize(path) > 0
+
+
+def test_family_inputs_read_each_registered_entrys_sweeps_under_the_runs(tmp_path):
+    """round3.family_inputs: the registered entry gspo_minibatch_stability's numbers from its
+    sweep's runs (as round3.inputs gives them), a family entry with no runs left out (p = 1 in
+    the family), and an unfinished run refused, not skipped."""
+    folder = tmp_path / "r3_minibatch"
+    for d, (g, s) in enumerate([(0.7, 0.8), (0.6, 0.9)]):
+        _write_run(folder, f"grpo_nokl_mb16_s{d}", (0.2, 0.9, g, g, g), (0.02, 0.02))
+        _write_run(folder, f"gspo_mb16_s{d}", (0.2, 0.8, s, s, s), (0.5, 0.5))
+    (tmp_path / "r3_sequence").mkdir()  # another entry's sweep, no runs yet
+    out = round3.family_inputs(str(tmp_path))
+    assert set(out) == {"gspo_minibatch_stability"}
+    values, pre = out["gspo_minibatch_stability"]
+    assert values["gspo_mb16"] == pytest.approx({0: 0.8, 1: 0.9})
+    assert values["grpo_nokl_mb16"] == pytest.approx({0: 0.7, 1: 0.6})
+    e = claims.current("gspo_minibatch_stability")
+    assert pre[e.harm.name] == pytest.approx({0: 0.2, 1: 0.3})
+    assert pre[e.preconditions[0].name] == pytest.approx({0: 0.02, 1: 0.02})
+    (folder / "gspo_mb16_s1" / "summary.json").unlink()
+    with pytest.raises(FileNotFoundError, match="has not finished"):
+        round3.family_inputs(str(tmp_path))

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from gspo_jax.claims.registry import load
+from gspo_jax.claims.registry import drafts, load
 from gspo_jax.claims.schema import OUTCOMES, Claim, Criterion, Harm, Precondition
 from gspo_jax.claims.stats import (
     bootstrap_interval,
@@ -277,18 +277,33 @@ def family_entries(family: str, folder: str | None = None) -> list[Claim]:
     return [e for e in newest.values() if e.family == family]
 
 
+def family_designs(family: str, folder: str | None = None) -> list[str]:
+    """The keys of every design of ``family``, registered or drafted: the family's size for
+    Holm's correction. A draft counts from the start, so the first entry registered is decided
+    at the level its power was computed for (an undecided design is p = 1), not alone."""
+    keys = {e.key for e in family_entries(family, folder)}
+    return sorted(keys | {d.key for d in drafts(folder) if d.family == family})
+
+
 def evaluate_family(
     family: str,
     inputs: Mapping[str, tuple],
     entries: Sequence[Claim] | None = None,
+    drafted: int | None = None,
 ) -> dict[str, Result]:
     """Every entry of ``family`` decided with Holm's correction over the whole family:
     ``inputs`` {key: (values, preconditions, draw_of)} as for evaluate; ``entries`` the
-    family's entries (default: the registry's, family_entries). An entry without inputs, or
-    without a p (inconclusive, or a test with no p), counts in the family with p = 1, so the
-    correction's size is fixed by the registration, not by which entries came out decided.
-    Returns {key: Result} carrying each entry's raw and adjusted p."""
-    entries = list(family_entries(family) if entries is None else entries)
+    family's registered entries (default: the registry's, family_entries); ``drafted`` how many
+    of its designs are not registered yet (default: the registry's drafts, family_designs). An
+    entry without inputs, or without a p (inconclusive, or a test with no p), and each drafted
+    design count in the family with p = 1, so the correction's size is fixed by the designs, not
+    by which entries came out decided. Returns {key: Result} carrying each entry's raw and
+    adjusted p."""
+    if entries is None:
+        entries = family_entries(family)
+        if drafted is None:
+            drafted = len(family_designs(family)) - len(entries)
+    entries = list(entries)
     unknown = sorted(set(inputs) - {e.key for e in entries})
     if unknown or any(e.family != family for e in entries):
         raise ValueError(
@@ -301,12 +316,12 @@ def evaluate_family(
 
     raw = {e.key: _evaluate(e, *given(e.key), None) for e in entries}
     tested = {k for k, r in raw.items() if r.p is not None and r.outcome in OUTCOMES[:2]}
-    adjusted = holm([raw[k].p if k in tested else 1.0 for k in raw])
+    adjusted = holm([raw[k].p if k in tested else 1.0 for k in raw] + [1.0] * (drafted or 0))
     return {
         e.key: _evaluate(e, *given(e.key), p_adj)
         if e.key in tested
         else dataclasses.replace(raw[e.key], p_adjusted=p_adj)
-        for e, p_adj in zip(entries, adjusted, strict=True)
+        for e, p_adj in zip(entries, adjusted[: len(entries)], strict=True)
     }
 
 

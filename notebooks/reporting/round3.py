@@ -7,6 +7,7 @@ them here, so a threshold calibrated on the pilot's draws is applied to the very
 verdict reads.
 
     values, preconditions = round3.inputs(entry, arms)   # arms: {arm: [RunData]}, analysis.by_arm
+    verdicts.family_verdicts(FAMILY, family_inputs(runs), keys=[key])   # Holm over the family
 
 A primary arm written ``pair(a - b, c - d)`` is, per seed, (f(a) - f(b)) - (f(c) - f(d)), with
 f the entry's per-run statistic (staleness_dose: the accuracy GSPO keeps at staleness 4 minus the
@@ -16,6 +17,7 @@ accuracy GRPO keeps).
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 
@@ -25,6 +27,8 @@ from . import analysis
 from . import verdicts as vd
 
 PerRun = Callable[[analysis.RunData], float]
+
+FAMILY = "testbed_round3"  # the entries decided on the testbed, Holm's correction over them
 
 FINAL_EVALUATIONS = 3  # "final accuracy": the mean of the last 3 held-out evaluations
 # length windows, as shares of a run's steps: "the last 10 % of steps minus the first 5 %"
@@ -161,3 +165,33 @@ def inputs(entry, arms: Mapping[str, Sequence[analysis.RunData]]) -> tuple[dict,
             harm = {s: base[s] - harm[s] for s in sorted(set(base) & set(harm))}
         pre[entry.harm.name] = harm
     return values, pre
+
+
+def entry_arms(entry, runs: str) -> dict[str, list[analysis.RunData]]:
+    """{arm: runs} of ``entry``'s sweeps under ``runs`` (<runs>/<sweep>: records or run folders;
+    a sweep with none yet adds nothing)."""
+    found: dict[str, analysis.RunData] = {}
+    for sweep in entry.sweeps:
+        folder = os.path.join(runs, sweep)
+        if os.path.isdir(folder) and os.listdir(folder):
+            try:
+                found.update(analysis.load_runs(folder))
+            except FileNotFoundError as e:
+                if "no runs matching" not in str(e):
+                    raise  # an unfinished run: said, not skipped
+    return analysis.by_arm(found)
+
+
+def family_inputs(runs: str, family: str = FAMILY) -> dict[str, tuple]:
+    """{key: (values, preconditions)} of every registered entry of ``family`` whose sweeps have
+    runs under ``runs``, for verdicts.family_verdicts: each entry's own notebook decides it with
+    Holm's correction over all of them (an entry without runs counts with p = 1). A seed is its
+    own draw (round 3 runs one seed per draw, seed = draw)."""
+    from gspo_jax import claims
+
+    out = {}
+    for entry in claims.family_entries(family):
+        arms = entry_arms(entry, runs)
+        if arms:
+            out[entry.key] = inputs(entry, arms)
+    return out

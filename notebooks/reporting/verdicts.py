@@ -112,6 +112,7 @@ def family_verdicts(
     family: str,
     inputs: Mapping[str, tuple],
     entries: Sequence[Any] | None = None,
+    keys: Sequence[str] | None = None,
 ) -> dict[str, str]:
     """The VERDICT lines of every entry of ``family`` (round 3: Holm's correction over the
     family, claims.evaluate_family): ``inputs`` {key: (values, preconditions, draw_of)}, as for
@@ -119,12 +120,19 @@ def family_verdicts(
     seed is its own draw); ``entries`` the family's (default: the registry's). Prints each
     entry's description, then its line with the raw and the Holm-adjusted p (the verdict is
     decided on the adjusted one); returns {key: line}. An entry given no inputs counts with
-    p = 1 and comes out "inconclusive": the family's size is fixed by its registration."""
+    p = 1 and comes out "inconclusive", as does each design still drafted: the family's size is
+    fixed by its designs (claims.family_designs). ``keys``: print and return only these entries'
+    lines (a notebook deciding one entry of the family; the correction still spans all)."""
     reg = registry()
     results = reg.evaluate_family(family, inputs, entries)
     by_key = {e.key: e for e in (entries if entries is not None else reg.family_entries(family))}
+    unknown = sorted(set(keys or ()) - set(results))
+    if unknown:
+        raise ValueError(f"{unknown} are not registered entries of {family!r}: {sorted(results)}")
     lines = {}
     for key, result in results.items():
+        if keys is not None and key not in keys:
+            continue
         for line in reg.describe(by_key[key]):
             print(line)
         line = f"VERDICT: {result.outcome}: {result.numbers}"
