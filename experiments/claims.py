@@ -198,13 +198,17 @@ NOTEBOOKS = {
     "deepseekmath_inert_clip": ("r2_ratio",),
     # issue 51: tool use by difficulty, GSPO against GRPO with environment tokens
     "tool_use_where_it_helps": ("tools",),
+    # round 3 (issue 52) on the testbed: testbed_<key>, the key's newest entry (its earlier
+    # entries' notebooks above keep deciding those)
+    "testbed_gspo_minibatch_stability": ("r3_minibatch",),
 }
+ROUND3 = "testbed_"  # a round-3 notebook is named ROUND3 + the key it decides
 
 # registry claims whose current entry has no notebook cells yet -> the sweeps its runs come from
 # (--runs_only; a name here takes these sweeps, not the notebook's, "all" the notebooks'): an
 # entry registered before its runs waits here until its notebook's cells are written. Round 3's
 # registered entries (issue 52), until their testbed notebooks exist.
-PLANNED: dict[str, tuple[str, ...]] = {"gspo_minibatch_stability": ("r3_minibatch",)}
+PLANNED: dict[str, tuple[str, ...]] = {}
 
 WARM_STARTS = "warmstart"  # <results_dir>/warmstart/<entry>: the claims' committed warm starts
 SEEDS = 5  # the registry's minimum for a criterion that compares two arms
@@ -565,7 +569,14 @@ def verdict_keys(name: str) -> list[str]:
 
     keys = {e.key for e in reg.ENTRIES}
     named = [k for k in sorted(keys) if reg.current(k).notebook == name and k not in PLANNED]
-    return [name] + [k for k in named if k != name]
+    own = notebook_key(name)
+    return [own] + [k for k in named if k != own]
+
+
+def notebook_key(name: str) -> str:
+    """The registry key the notebook ``name`` is for: its name, or for round 3's testbed_<key>
+    the key."""
+    return name.removeprefix(ROUND3) if name.startswith(ROUND3) else name
 
 
 def verdict_lines(nb) -> list[str]:

@@ -290,3 +290,18 @@ def test_retired_entries_were_never_run():
     assert len(gone) >= 7
     for key in gone:
         assert order.entry_runs(claims.current(key)) == [], key
+
+
+def test_a_round_3_entrys_description_names_its_draws_harm_power_and_family():
+    """What a notebook prints above the verdict is the whole registered design: the draws as the
+    unit, the harm with its share, the power fixed at registration and the family."""
+    text = "\n".join(claims.describe(claims.current("gspo_minibatch_stability")))
+    assert (
+        "at least 12 paired draws" in text and "draws: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11" in text
+    )
+    assert "of grpo_nokl_mb16 > 0.1 in at least 50% of the draws" in text
+    assert "power (computed at registration): 0.96 at a mean of 0.3" in text
+    assert "alpha 0.005" in text and "family: testbed_round3" in text
+    assert "on the mean over draws" in text
+    round2 = "\n".join(claims.describe(claims.entries("gspo_minibatch_stability")[0]))
+    assert "paired seeds" in round2 and "harm (" not in round2 and "family:" not in round2

@@ -362,9 +362,15 @@ def describe(claim: Claim) -> list[str]:
         lines.append(f"doses: {claim.doses}")
     if claim.negative_control:
         lines.append(f"negative control: {claim.negative_control}")
+    unit = "draws" if claim.draws else "seeds"
     lines.append(
-        f"primary criterion: {c.statistic}, {subject}: {test}; at least {c.min_seeds} paired seeds"
+        f"primary criterion: {c.statistic}, {subject}: {test}; at least {c.min_seeds} paired {unit}"
     )
+    if claim.draws:
+        lines.append(
+            f"draws: {', '.join(map(str, claim.draws))} (warm-start draws, the unit: a draw's "
+            "seeds are averaged within it)"
+        )
     if c.diverged is not None:
         lines.append(f"a diverged (non-finite) seed counts as {c.diverged:g}, not as missing")
     if claim.seeds:
@@ -374,10 +380,26 @@ def describe(claim: Claim) -> list[str]:
     if claim.needs:
         lines.append(f"needs before its runs: {claim.needs}")
     for p in claim.preconditions:
-        over = "in every seed" if p.over == "every_seed" else "on the mean over seeds"
+        over = "in every seed" if p.over == "every_seed" else f"on the mean over {unit}"
         lines.append(
             f"precondition ({p.name}): {p.statistic} of {p.arm} {p.direction} {p.threshold:g} "
             f"{over}"
+        )
+    if (h := claim.harm) is not None:
+        lines.append(
+            f"harm ({h.name}): {h.statistic} of {h.arm} {h.direction} {h.threshold:g} in at "
+            f"least {h.share:.0%} of the draws (a diverged run counts as the harm); absent: "
+            "inconclusive"
+        )
+    if (w := claim.power) is not None:
+        lines.append(
+            f"power (computed at registration): {w.power:.2f} at a mean of {w.effect:g} and a "
+            f"draw-to-draw sd of {w.sd:g}, alpha {w.alpha:g}"
+        )
+    if claim.family:
+        lines.append(
+            f"family: {claim.family} (Holm's correction over its designs; the outcome uses the "
+            "adjusted p)"
         )
     if claim.secondary:
         lines.append(
