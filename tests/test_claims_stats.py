@@ -4,6 +4,7 @@ sign-flip test over warm-start draws (seeds averaged within their draw), the equ
 
 import math
 
+import numpy as np
 import pytest
 
 from gspo_jax.claims import stats
@@ -68,6 +69,20 @@ def test_power_of_the_sign_flip_design():
         phi**5, abs=0.03
     )
     assert stats.sign_flip_power(n=5, effect=1.0, sd=1e-9, simulations=50) == 1.0
+
+
+def test_many_rows_sign_flip_gives_each_rows_exact_p():
+    """sign_flip_p_many (the power calculations' batch) is sign_flip_p row by row, ties and a
+    single unit included: the hand example's 3/8 and 6/8, and random rows of 1-9 units."""
+    rows = np.asarray([[0.3, -0.2, 0.1], [0.1, 0.1, 0.1], [0.5, -0.5, 0.0]])
+    assert stats.sign_flip_p_many(rows, ">")[0] == pytest.approx(3 / 8)
+    assert stats.sign_flip_p_many(rows, "<")[0] == pytest.approx(6 / 8)
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 5, 9):
+        x = np.concatenate([rows[:, :1].repeat(n, 1), rng.normal(0.1, 1.0, (40, n))])
+        for direction in "><":
+            want = [stats.sign_flip_p(r, direction, 0.05) for r in x]
+            assert stats.sign_flip_p_many(x, direction, 0.05).tolist() == want, (n, direction)
 
 
 def test_bootstrap_interval_of_two_values_and_of_one():
