@@ -93,3 +93,25 @@ def locked(entry: str | os.PathLike, what: str | None = None) -> Iterator[None]:
         if held:
             os.ftruncate(fd, 0)
         os.close(fd)  # closing the descriptor releases the lock
+
+
+@contextlib.contextmanager
+def try_locked(entry: str | os.PathLike) -> Iterator[bool]:
+    """Holds the lock of ``entry`` for the body and yields True if no other process holds it;
+    yields False at once, without waiting, if one does: for processes that split a list of
+    entries between them (each takes the ones nobody holds, then waits for the rest with
+    ``locked``). Where the filesystem cannot lock, yields True (unlocked, as ``locked``)."""
+    path = lock_path(entry)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        except OSError:
+            pass  # no locks here: proceed, as locked() does after its warning
+        yield True
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

@@ -203,6 +203,33 @@ def test_lock_waits_says_for_what_and_is_released_by_a_killed_holder(tmp_path):
         assert time.time() - t0 < 5
 
 
+def test_try_locked_takes_a_free_entry_and_skips_a_held_one_without_waiting(tmp_path):
+    """try_locked yields True on an entry no process holds (and holds it: a second process's
+    try gets False at once), False on one another process holds."""
+    entry = str(tmp_path / "entry")
+    probe = (
+        "import sys; from gspo_jax import filelock\n"
+        "with filelock.try_locked(sys.argv[1]) as held: print('HELD' if held else 'BUSY')\n"
+    )
+
+    def other_process_gets():
+        out = subprocess.run(
+            [sys.executable, "-c", probe, entry],
+            env=_child_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        return out.stdout.strip()
+
+    with filelock.try_locked(entry) as held:
+        assert held
+        t0 = time.time()
+        assert other_process_gets() == "BUSY" and time.time() - t0 < 60  # no waiting
+    assert other_process_gets() == "HELD"  # released with the body
+
+
 # ------------------------------------------------------------------------------ corrupt entries
 
 

@@ -1,11 +1,11 @@
 """Every claim notebook executes, end to end, on tiny runs and prints one computed verdict line.
 
 The runs are the notebooks' own sweeps (experiments/claims.py SWEEPS) at runlocal size with one
-seed and 2 RL steps, trained once per session in this process (sharing the session's warm-start
-cache, data and compilation cache) and read by all 22 notebooks: a notebook that no longer
-runs against what the trainer writes fails here. The verdicts of tiny runs mean nothing (one seed:
-every primary criterion that needs paired seeds is inconclusive); that the registry's verdict is
-computed, and is one of its three outcomes, is what is checked.
+seed and 2 RL steps, trained once per session, split between pytest-xdist's workers (sharing the
+session's warm-start cache, data and compilation cache), and read by every notebook: a notebook
+that no longer runs against what the trainer writes fails here. The verdicts of tiny runs mean
+nothing (one seed: every primary criterion that needs paired seeds is inconclusive); that the
+registry's verdict is computed, and is one of its three outcomes, is what is checked.
 """
 
 import os
@@ -117,10 +117,14 @@ def tiny_config(shared, sweep, run):
 
 
 def make_claim_runs(shared, root):
-    """Trains the runs the notebooks read (one seed) under root/<sweep>/<run>."""
+    """Trains the runs the notebooks read (one seed) under root/<sweep>/<run>. Processes sharing
+    ``root`` (pytest-xdist's workers) split them: each first trains the runs no other holds (a
+    run's lock, filelock.try_locked), then waits for the rest (or trains what a dead one left)."""
+    from gspo_jax import filelock
     from gspo_jax.rl import trainer
 
     read = {s for sweeps in claims.NOTEBOOKS.values() for s in sweeps}
+    todo = []
     for sweep in claims.SWEEPS.values():
         if sweep.name not in read:
             continue  # a registry claim whose notebook comes with its runs (claims.PLANNED)
@@ -128,15 +132,26 @@ def make_claim_runs(shared, root):
             arm = run["name"].rsplit("_s", 1)[0]
             if sweep.name in TINY_ARMS and arm not in TINY_ARMS[sweep.name]:
                 continue
-            wd = os.path.join(root, sweep.name, run["name"])
-            if not os.path.exists(os.path.join(wd, "summary.json")):
-                trainer.train(tiny_config(shared, sweep, run), wd)
+            todo.append((sweep, run, os.path.join(root, sweep.name, run["name"])))
+
+    def train(sweep, run, wd):
+        if not os.path.exists(os.path.join(wd, "summary.json")):
+            trainer.train(tiny_config(shared, sweep, run), wd)
+
+    for sweep, run, wd in todo:
+        with filelock.try_locked(wd) as held:
+            if held:
+                train(sweep, run, wd)
+    for sweep, run, wd in todo:
+        with filelock.locked(wd, what=f"the tiny run {sweep.name}/{run['name']}"):
+            train(sweep, run, wd)
     return root
 
 
 @pytest.fixture(scope="module")
 def claim_runs(shared):
-    return make_claim_runs(shared, os.path.join(shared["root"], "claims"))
+    # beside the shared caches, so that xdist's workers split the runs instead of each making all
+    return make_claim_runs(shared, os.path.join(os.path.dirname(shared["cache"]), "claims"))
 
 
 def test_every_notebook_has_a_sweep_and_a_file():
