@@ -495,6 +495,16 @@ def run_sweeps(
                     print(
                         f"[claims] warm start {os.path.basename(e)}: the committed copy, restored"
                     )
+        if s.keep == "bfloat16":  # round 3: a draft's arms wait for its registration
+            ready = registered_arms(s.name)  # (its warm starts above are made all the same)
+            waiting = sorted({arm_of(r) for r in runs} - ready)
+            if waiting:
+                print(
+                    f"[claims] sweep {s.name}: arms {waiting} wait for their entry's registration"
+                )
+            runs = [r for r in runs if arm_of(r) in ready]
+            if not runs:
+                continue
         print(f"[claims] sweep {s.name}: {len(runs)} runs in {root}", flush=True)
         # (population only when asked: a launcher without the option still runs a process per run)
         kw = {"population": True} if population else {}
@@ -523,6 +533,21 @@ def unkept_warm_starts(sweeps: Sequence[Sweep], results_dir: str | None) -> str 
             "pass one (e.g. --results_dir results/claims)"
         )
     return None
+
+
+def arm_of(run: dict) -> str:
+    """A run's arm: its name without the seed suffix (<arm>_s<seed>)."""
+    return run["name"].rsplit("_s", 1)[0]
+
+
+def registered_arms(sweep: str) -> set[str]:
+    """The arms of ``sweep`` that a registered current entry runs ("<arm>: what it is" in its
+    arms): a round-3 run is made only for an entry committed before it, so an arm only a draft
+    names is not run until the draft is registered (registration_order would flag its runs)."""
+    from gspo_jax import claims as reg
+
+    current = [reg.current(k) for k in sorted({e.key for e in reg.ENTRIES})]
+    return {a.split(":")[0].strip() for e in current if sweep in e.sweeps for a in e.arms}
 
 
 def entry_hashes(sweep: str) -> dict[str, str]:

@@ -166,6 +166,7 @@ def test_round_3_warm_starts_are_rounded_and_kept_before_any_run(tmp_path, monke
     monkeypatch.setattr(claims, "train_warm_starts", train)
     monkeypatch.setattr(claims, "sweep_runs", lambda s, seeds: [{"name": "a_s0"}, {"name": "b_s0"}])
     monkeypatch.setattr(claims, "warm_start_groups", lambda s, runs, flags: {entry: runs[0]})
+    monkeypatch.setattr(claims, "registered_arms", lambda sweep: {"a", "b"})
     sweep = claims.Sweep("r3_toy", "configs/testbed.py", laptop=False, keep="bfloat16")
 
     assert claims.run_sweeps([sweep], runs_dir, results_dir=results, warm_starts_only=True) == []
@@ -193,6 +194,32 @@ def test_round_3_warm_starts_are_rounded_and_kept_before_any_run(tmp_path, monke
     with pytest.raises(SystemExit, match="not rounded to bfloat16"):
         claims.pack_warm_starts(sweep, [{"name": "a_s1"}], runs_dir, (), kept)
     assert not os.path.exists(path)
+
+
+def test_a_round_3_arm_only_a_draft_names_waits_for_its_registration(tmp_path, monkeypatch, capsys):
+    """A round-3 run is made for a registered entry only: the launcher leaves out the arms no
+    registered entry runs (a draft's; its runs before its registration would break the order),
+    saying so; r3_minibatch's registered arms are gspo_minibatch_stability v2's two."""
+    launched = []
+    sw = types.SimpleNamespace(
+        launch=lambda config, runs, root, parallel, flags, **kw: (
+            launched.extend(r["name"] for r in runs) or {r["name"]: 0 for r in runs}
+        ),
+        collect=lambda runs, root: [],
+        write_tables=lambda rows, root: None,
+    )
+    monkeypatch.setattr(claims, "_sweep_module", lambda: sw)
+    monkeypatch.setattr(claims, "pack_warm_starts", lambda *a, **k: [])
+    runs = [{"name": n} for n in ("gspo_mb16_s0", "grpo_nokl_mb16_s0", "gspo_eps0.2_mb16_s0")]
+    monkeypatch.setattr(claims, "sweep_runs", lambda s, seeds: runs)
+    sweep = claims.SWEEPS["r3_minibatch"]
+    assert claims.registered_arms("r3_minibatch") == {"gspo_mb16", "grpo_nokl_mb16"}
+    results = str(tmp_path / "results")
+    assert claims.run_sweeps([sweep], str(tmp_path / "runs"), results_dir=results) == []
+    assert launched == ["gspo_mb16_s0", "grpo_nokl_mb16_s0"]
+    assert (
+        "arms ['gspo_eps0.2_mb16'] wait for their entry's registration" in capsys.readouterr().out
+    )
 
 
 def test_a_round_3_sweep_without_a_results_dir_is_refused_before_any_run(
