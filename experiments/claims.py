@@ -601,7 +601,7 @@ def verdict_keys(name: str) -> list[str]:
 def notebook_key(name: str) -> str:
     """The registry key the notebook ``name`` is for: its name, or for round 3's testbed_<key>
     the key."""
-    return name.removeprefix(ROUND3) if name.startswith(ROUND3) else name
+    return name.removeprefix(ROUND3)
 
 
 def verdict_lines(nb) -> list[str]:

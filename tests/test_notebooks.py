@@ -129,7 +129,7 @@ def make_claim_runs(shared, root):
         if sweep.name not in read:
             continue  # a registry claim whose notebook comes with its runs (claims.PLANNED)
         for run in claims.sweep_runs(sweep, seeds=1):
-            arm = run["name"].rsplit("_s", 1)[0]
+            arm = claims.arm_of(run)
             if sweep.name in TINY_ARMS and arm not in TINY_ARMS[sweep.name]:
                 continue
             todo.append((sweep, run, os.path.join(root, sweep.name, run["name"])))
