@@ -547,7 +547,7 @@ def registered_arms(sweep: str) -> set[str]:
     from gspo_jax import claims as reg
 
     current = [reg.current(k) for k in sorted({e.key for e in reg.ENTRIES})]
-    return {a.split(":")[0].strip() for e in current if sweep in e.sweeps for a in e.arms}
+    return {a for e in current if sweep in e.sweeps for a in e.arm_names}
 
 
 def entry_hashes(sweep: str) -> dict[str, str]:

@@ -63,6 +63,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -196,6 +197,19 @@ class Claim:
     def __post_init__(self):
         if self.status not in STATUSES:
             raise ValueError(f"{self.key} v{self.version}: status {self.status!r}, not {STATUSES}")
+        # round 3's launcher runs the arms an entry names (experiments/claims.py): one run name
+        # an arm, or an arm would silently never run
+        odd = [a for a in self.arms if not re.fullmatch(r"[\w.\-]+", a.split(":", 1)[0].strip())]
+        if self.draws and odd:
+            raise ValueError(
+                f"{self.key} v{self.version}: arms {odd} do not start with one run name: write "
+                "each arm as '<arm>: what it is', one arm an item"
+            )
+
+    @property
+    def arm_names(self) -> tuple[str, ...]:
+        """The run names of the arms (``arms``' "<arm>: what it is")."""
+        return tuple(a.split(":", 1)[0].strip() for a in self.arms)
 
     @property
     def name(self) -> str:
