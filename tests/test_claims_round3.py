@@ -281,6 +281,25 @@ def test_round3_designs_are_complete():
         )
 
 
+def test_a_retirement_lapses_when_a_newer_entry_takes_the_key_up(tmp_path):
+    """A retirement names the newest version; once a newer entry supersedes the retired one (a
+    round-3 design for a retired round-2 key) the key is live again and the file stays as the old
+    version's history; a retirement of a version the registry lacks is refused."""
+    root, folder = str(tmp_path / "entries"), tmp_path / "entries" / "made_up"
+    folder.mkdir(parents=True)
+    v1 = _claim(draws=())
+    (folder / "v1.json").write_text(schema.canonical_json(schema.to_dict(v1)))
+    gone = dict(version=1, reason="never run", in_favour_of="a round-3 design")
+    (folder / "retired.json").write_text(json.dumps(gone))
+    assert registry.retired("made_up", root).in_favour_of == "a round-3 design"
+    v2 = dataclasses.replace(v1, version=2, supersedes=1, reason="round 3")
+    (folder / "v2.json").write_text(schema.canonical_json(schema.to_dict(v2)))
+    assert registry.retired("made_up", root) is None
+    (folder / "retired.json").write_text(json.dumps(dict(gone, version=3)))
+    with pytest.raises(ValueError, match="retires v3"):
+        registry.retired("made_up", root)
+
+
 def test_retired_entries_were_never_run():
     """A retirement (<key>/retired.json) is for a newest entry none of whose runs were made."""
     from trainer_runs import load_repo_module

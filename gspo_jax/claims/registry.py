@@ -106,14 +106,20 @@ class Retirement:
 
 
 def retired(key: str, folder: str | None = None) -> Retirement | None:
-    """The claim's retirement (<key>/retired.json), or None; ValueError naming the file when it
-    names another version than the newest or gives no reason."""
+    """The claim's retirement (<key>/retired.json) when it retires the newest version, else None:
+    none, or it retired an earlier version and a newer entry took the key up again (the file
+    stays as that version's history). ValueError naming the file when it names a version the
+    registry does not hold, or gives no reason."""
     path = os.path.join(folder or registry_dir(), key, "retired.json")
     if not os.path.exists(path):
         return None
     with open(path) as f:
         r = Retirement(**json.load(f))
-    if r.version != current(key, folder).version or not r.reason or not r.in_favour_of:
+    newest = current(key, folder).version
+    versions = {e.version for e in load(folder) if e.key == key}
+    if r.version in versions and r.version < newest and r.reason and r.in_favour_of:
+        return None
+    if r.version != newest or not r.reason or not r.in_favour_of:
         raise ValueError(
             f"{path}: retires v{r.version}; name the newest version "
             f"(v{current(key, folder).version}), the reason and the entry in favour of which"
