@@ -201,6 +201,7 @@ NOTEBOOKS = {
     # round 3 (issue 52) on the testbed: testbed_<key>, the key's newest entry (its earlier
     # entries' notebooks above keep deciding those)
     "testbed_gspo_minibatch_stability": ("r3_minibatch",),
+    "testbed_seq_ratio_eps02": ("r3_minibatch",),
 }
 ROUND3 = "testbed_"  # a round-3 notebook is named ROUND3 + the key it decides
 

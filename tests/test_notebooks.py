@@ -78,8 +78,6 @@ TINY_ARMS = {
     "r2_std_bonus": {"grpo_nokl", "grpo_nokl_nostd"},
     # round 2's clip fraction: v1's arms but GSPO at 0.2 (read with .get)
     "r2_clip": {"gspo", "grpo_nokl", "grpo"},
-    # round 3's minibatch study: gspo_minibatch_stability's two arms (not GSPO at 0.2, a draft's)
-    "r3_minibatch": {"gspo_mb16", "grpo_nokl_mb16"},
     # round 2's minibatch dose: the four claims' primary and precondition arms (the other doses
     # and gspo_k1x1 are read with .get)
     "r2_ratio": {

@@ -199,7 +199,7 @@ def test_round_3_warm_starts_are_rounded_and_kept_before_any_run(tmp_path, monke
 def test_a_round_3_arm_only_a_draft_names_waits_for_its_registration(tmp_path, monkeypatch, capsys):
     """A round-3 run is made for a registered entry only: the launcher leaves out the arms no
     registered entry runs (a draft's; its runs before its registration would break the order),
-    saying so; r3_minibatch's registered arms are gspo_minibatch_stability v2's two."""
+    saying so: r3_sequence's arms are drafts' only (r3_minibatch's three are registered)."""
     launched = []
     sw = types.SimpleNamespace(
         launch=lambda config, runs, root, parallel, flags, **kw: (
@@ -210,16 +210,16 @@ def test_a_round_3_arm_only_a_draft_names_waits_for_its_registration(tmp_path, m
     )
     monkeypatch.setattr(claims, "_sweep_module", lambda: sw)
     monkeypatch.setattr(claims, "pack_warm_starts", lambda *a, **k: [])
-    runs = [{"name": n} for n in ("gspo_mb16_s0", "grpo_nokl_mb16_s0", "gspo_eps0.2_mb16_s0")]
-    monkeypatch.setattr(claims, "sweep_runs", lambda s, seeds: runs)
-    sweep = claims.SWEEPS["r3_minibatch"]
-    assert claims.registered_arms("r3_minibatch") == {"gspo_mb16", "grpo_nokl_mb16"}
+    minibatch = {"gspo_mb16", "grpo_nokl_mb16", "gspo_eps0.2_mb16"}
+    assert claims.registered_arms("r3_minibatch") == minibatch
+    assert claims.registered_arms("r3_sequence") == set()
+    names = {"r3_minibatch": [f"{a}_s0" for a in sorted(minibatch)], "r3_sequence": ["gspo_s0"]}
+    monkeypatch.setattr(claims, "sweep_runs", lambda s, seeds: [{"name": n} for n in names[s.name]])
+    sweeps = [claims.SWEEPS["r3_sequence"], claims.SWEEPS["r3_minibatch"]]
     results = str(tmp_path / "results")
-    assert claims.run_sweeps([sweep], str(tmp_path / "runs"), results_dir=results) == []
-    assert launched == ["gspo_mb16_s0", "grpo_nokl_mb16_s0"]
-    assert (
-        "arms ['gspo_eps0.2_mb16'] wait for their entry's registration" in capsys.readouterr().out
-    )
+    assert claims.run_sweeps(sweeps, str(tmp_path / "runs"), results_dir=results) == []
+    assert launched == names["r3_minibatch"]
+    assert "arms ['gspo'] wait for their entry's registration" in capsys.readouterr().out
 
 
 def test_a_round_3_sweep_without_a_results_dir_is_refused_before_any_run(

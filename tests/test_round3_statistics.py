@@ -141,15 +141,22 @@ def test_the_precondition_pilot_draws_a_panel_per_draw(tmp_path):
 
 def test_family_inputs_read_each_registered_entrys_sweeps_under_the_runs(tmp_path):
     """round3.family_inputs: the registered entry gspo_minibatch_stability's numbers from its
-    sweep's runs (as round3.inputs gives them), a family entry with no runs left out (p = 1 in
-    the family), and an unfinished run refused, not skipped."""
+    sweep's runs (as round3.inputs gives them), seq_ratio_eps02's from the same sweep (its own
+    arm not run yet: no values, so fewer draws than it needs), and an unfinished run refused, not
+    skipped."""
     folder = tmp_path / "r3_minibatch"
     for d, (g, s) in enumerate([(0.7, 0.8), (0.6, 0.9)]):
         _write_run(folder, f"grpo_nokl_mb16_s{d}", (0.2, 0.9, g, g, g), (0.02, 0.02))
         _write_run(folder, f"gspo_mb16_s{d}", (0.2, 0.8, s, s, s), (0.5, 0.5))
     (tmp_path / "r3_sequence").mkdir()  # another entry's sweep, no runs yet
     out = round3.family_inputs(str(tmp_path))
-    assert set(out) == {"gspo_minibatch_stability"}
+    assert set(out) == {"gspo_minibatch_stability", "seq_ratio_eps02"}  # both read r3_minibatch
+    eps_values, eps_pre = out["seq_ratio_eps02"]
+    assert eps_values == {"gspo_eps0.2_mb16": {}}
+    tokens = claims.current("seq_ratio_eps02").preconditions[1]
+    assert tokens.arm == "grpo_nokl_mb16" and eps_pre[tokens.name] == pytest.approx(
+        {0: 0.02, 1: 0.02}
+    )
     values, pre = out["gspo_minibatch_stability"]
     assert values["gspo_mb16"] == pytest.approx({0: 0.8, 1: 0.9})
     assert values["grpo_nokl_mb16"] == pytest.approx({0: 0.7, 1: 0.6})

@@ -102,14 +102,17 @@ class Statistics:
 
 
 _FINAL = vd.unless_diverged(final_accuracy)  # a diverged run: the criterion's "diverged" value
-_CLIP = mean_over_steps("train/clip_frac")
+_CLIP = mean_over_steps("train/clip_frac")  # token-level objectives: the share of tokens clipped
+# sequence-level ones (GSPO): the share of responses clipped, each response once whatever its
+# length (their train/clip_frac weighs a clipped response by its tokens)
+_SEQ_CLIP = mean_over_steps("train/seq_clip_frac")
 
 STATISTICS: dict[str, Statistics] = {
     "gspo_minibatch_stability": Statistics(_FINAL, (_CLIP,), best_minus_final),
     "moe_routing_replay": Statistics(
         _FINAL, (mean_over_steps("train/route_change_frac"),), best_minus_final
     ),
-    "gspo_length_normalisation": Statistics(_FINAL, (_CLIP,), best_minus_final),
+    "gspo_length_normalisation": Statistics(_FINAL, (_SEQ_CLIP,), best_minus_final),
     "luspo_length": Statistics(
         _LENGTH_CHANGE,
         (mean_over_steps("rollout/len_std"),),
@@ -121,7 +124,7 @@ STATISTICS: dict[str, Statistics] = {
         entropy_second_half, (mean_over_steps("train/clip_frac_high"),), entropy_lost
     ),
     "drgrpo_length_bias": Statistics(share_change("rollout/len_wrong_mean"), (wrong_share,)),
-    "seq_ratio_eps02": Statistics(_CLIP, (_CLIP, _CLIP)),
+    "seq_ratio_eps02": Statistics(_SEQ_CLIP, (_SEQ_CLIP, _CLIP)),
     "staleness_dose": Statistics(final_accuracy, (_CLIP,), final_accuracy, "grpo_nokl"),
 }
 
