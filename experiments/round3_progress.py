@@ -17,6 +17,7 @@ counted in each, and once in the total.
 from __future__ import annotations
 
 import argparse
+import glob
 import gzip
 import json
 import os
@@ -65,17 +66,35 @@ def _rl_cpu_s(path: str) -> float | None:
         return json.load(f)["summary"].get("rl_cpu_s")
 
 
-def progress(results_dir: str, runs_dir: str | None = None, family: str = FAMILY) -> list[dict]:
+def pilot_costs(folders) -> dict[tuple[str, str], list[float]]:
+    """{(sweep, arm): the RL CPU-s of each run recorded for it} under each of ``folders``
+    (<folder>/<sweep>/<arm>_s<draw>.json.gz: a pilot's records, the same arms on other draws)."""
+    launcher = _claims_launcher()
+    out: dict[tuple[str, str], list[float]] = {}
+    for folder in folders:
+        for path in sorted(glob.glob(os.path.join(folder, "*", "*.json.gz"))):
+            name = os.path.basename(path)[: -len(".json.gz")]
+            sweep = os.path.basename(os.path.dirname(path))
+            if (cpu_s := _rl_cpu_s(path)) is not None:
+                out.setdefault((sweep, launcher.arm_of({"name": name})), []).append(cpu_s)
+    return out
+
+
+def progress(
+    results_dir: str, runs_dir: str | None = None, family: str = FAMILY, priced_by=()
+) -> list[dict]:
     """One row per design of ``family`` (registered entries first, then drafts, key order) and a
     last row "all" over the distinct runs: runs, recorded, in_progress ({run: step}),
     warm_starts, kept, cpu_h (recorded), left_h (None where an arm has no recorded run),
-    unpriced (the arms with none)."""
+    unpriced (the arms with none). ``priced_by``: folders of other records of the same arms (the
+    pilots') whose costs count in an arm's mean, not among its recorded runs."""
     from gspo_jax import claims as reg
 
     launcher = _claims_launcher()
     designs = [(e, f"v{e.version}") for e in reg.family_entries(family)]
     designs += [(d, f"draft v{d.version}") for d in reg.drafts() if d.family == family]
     kept_dir = os.path.join(results_dir, launcher.WARM_STARTS)
+    pilots = pilot_costs(priced_by)
     seen: dict[tuple[str, str], dict] = {}  # (sweep, run): its facts, once per run
     entries_kept: dict[str, bool] = {}  # warm-start entry name: kept
 
@@ -109,7 +128,7 @@ def progress(results_dir: str, runs_dir: str | None = None, family: str = FAMILY
 
     def row(key: str, status: str, runs: list[tuple[str, dict]]) -> dict:
         f = [facts(s, r) for s, r in runs]
-        by_arm: dict[tuple[str, str], list[float]] = {}
+        by_arm = {arm: list(costs) for arm, costs in pilots.items()}
         for x in seen.values():
             if x["cpu_s"] is not None:
                 by_arm.setdefault(x["arm"], []).append(x["cpu_s"])
@@ -162,8 +181,15 @@ def main(argv=None) -> int:
     p.add_argument("--results_dir", default=os.path.join(REPO, "results", "claims"))
     p.add_argument("--runs_dir", default=None, help="where unfinished runs resume (claims.py's)")
     p.add_argument("--family", default=FAMILY)
+    p.add_argument(
+        "--priced_by",
+        action="append",
+        default=[],
+        help="a folder of other records of the same arms (e.g. results/pilots/r3_lr0.0002) whose "
+        "RL CPU-s also price the runs left; repeatable",
+    )
     args = p.parse_args(argv)
-    print(format_table(progress(args.results_dir, args.runs_dir, args.family)))
+    print(format_table(progress(args.results_dir, args.runs_dir, args.family, args.priced_by)))
     return 0
 
 

@@ -1,6 +1,7 @@
 """experiments/round3_progress.py: what a round-3 design has recorded, has in progress and has
-kept, and what its remaining runs cost at their arms' recorded mean; a registry entry whose arms
-the launcher could not run is refused."""
+kept, and what its remaining runs cost at their arms' recorded mean (a pilot's records of the same
+arms counted in it when given); a registry entry whose arms the launcher could not run is
+refused."""
 
 import json
 import os
@@ -50,6 +51,14 @@ def test_progress_counts_recorded_started_and_kept_and_prices_what_is_left(tmp_p
     assert mb["cpu_h"] == pytest.approx(3.0)
     assert mb["left_h"] is None and mb["unpriced"] == ["r3_minibatch/grpo_nokl_mb16"]
     assert rows["seq_ratio_eps02"]["recorded"] == 2  # it reads gspo_mb16 too
+
+    # a pilot's record of the arm (another draw) prices it, without counting as recorded
+    pilot = str(tmp_path / "pilot")
+    recorded_run(pilot, "r3_minibatch", "grpo_nokl_mb16_s900", 900, str(tmp_path / "p"))
+    mb = {r["key"]: r for r in progress.progress(results, runs, priced_by=[pilot])}[
+        "gspo_minibatch_stability"
+    ]
+    assert mb["recorded"] == 2 and mb["left_h"] == pytest.approx(10 * 1.5 + 12 * 0.25)
 
     recorded_run(results, "r3_minibatch", "grpo_nokl_mb16_s2", 1800, str(tmp_path))
     rows = {r["key"]: r for r in progress.progress(results, runs)}
