@@ -85,7 +85,7 @@ def progress(
 ) -> list[dict]:
     """One row per design of ``family`` (registered entries first, then drafts, key order) and a
     last row "all" over the distinct runs: runs, recorded, in_progress ({run: step}),
-    warm_starts, kept, cpu_h (recorded), left_h (None where an arm has no recorded run),
+    warm_starts, kept, cpu_h (recorded), left_h (None where an arm has no run to price it by),
     unpriced (the arms with none). ``priced_by``: folders of other records of the same arms (the
     pilots') whose costs count in an arm's mean, not among its recorded runs."""
     from gspo_jax import claims as reg
@@ -128,10 +128,6 @@ def progress(
 
     def row(key: str, status: str, runs: list[tuple[str, dict]]) -> dict:
         f = [facts(s, r) for s, r in runs]
-        by_arm = {arm: list(costs) for arm, costs in pilots.items()}
-        for x in seen.values():
-            if x["cpu_s"] is not None:
-                by_arm.setdefault(x["arm"], []).append(x["cpu_s"])
         left = [x["arm"] for x in f if not x["recorded"]]
         unpriced = sorted({f"{s}/{a}" for s, a in left if (s, a) not in by_arm})
         names = warm_starts(runs)
@@ -156,6 +152,10 @@ def progress(
     for _, _, runs in rows:  # read every record first: an arm's mean is over all its runs
         for s, r in runs:
             facts(s, r)
+    by_arm = {arm: list(costs) for arm, costs in pilots.items()}  # (sweep, arm): RL CPU-s each
+    for x in seen.values():
+        if x["cpu_s"] is not None:
+            by_arm.setdefault(x["arm"], []).append(x["cpu_s"])
     out = [row(*r) for r in rows]
     out.append(row("all", f"{len(rows)} designs", list(every.values())))
     return out
