@@ -69,6 +69,15 @@ def test_arith_config_args():
         default.rl.grup_size = 4
 
 
+def test_a_runlocal_converged_warm_start_keeps_its_rule_within_runlocals_cap():
+    full, tiny = get_config("warmstart=converged"), get_config("runlocal,warmstart=converged")
+    assert (full.init.warmstart.steps, full.init.warmstart.stop_every) == (4800, 600)
+    assert tiny.init.warmstart.steps == get_config("runlocal").init.warmstart.steps == 100
+    assert tiny.init.warmstart.stop_every == 50  # two checks within runlocal's cap
+    rule = ("stop_metric", "stop_threshold", "stop_patience", "stop_samples")
+    assert [tiny.init.warmstart[k] for k in rule] == [full.init.warmstart[k] for k in rule]
+
+
 def test_arith_sweep_covers_objectives_and_eps():
     arith = load_repo_module("configs/arith.py")
     runs = arith.get_sweep("seeds=2")

@@ -110,19 +110,26 @@ def tiny_config(shared, sweep, run):
         "eval.every": 1,
         "eval.num_problems": 8,
         "eval.batch_size": 8,
+        # a notebook reads a run's seed from its name (_s<seed>), and a tiny run's verdict means
+        # nothing: one seed for every tiny run, so that the sweeps' shared arms and warm starts
+        # are trained once (make_claim_runs)
+        "seed": 0,
+        **({"init.warmstart.seed": 0} if "seed" in c.init.warmstart else {}),
     }
     return set_fields(c, overrides)
 
 
 def make_claim_runs(shared, root):
-    """Trains the runs the notebooks read (one seed) under root/<sweep>/<run>. Processes sharing
-    ``root`` (pytest-xdist's workers) split them: each first trains the runs no other holds (a
-    run's lock, filelock.try_locked), then waits for the rest (or trains what a dead one left)."""
+    """Trains the runs the notebooks read (one seed) under root/<sweep>/<run>; a run whose tiny
+    config another sweep's run has too (an arm two sweeps share) is a link to that one. Processes
+    sharing ``root`` (pytest-xdist's workers) split them: each first trains the runs no other
+    holds (a run's lock, filelock.try_locked), then waits for the rest (or trains what a dead one
+    left)."""
     from gspo_jax import filelock
     from gspo_jax.rl import trainer
 
     read = {s for sweeps in claims.NOTEBOOKS.values() for s in sweeps}
-    todo = []
+    todo, links, trained_as = [], [], {}
     for sweep in claims.SWEEPS.values():
         if sweep.name not in read:
             continue  # a registry claim whose notebook comes with its runs (claims.PLANNED)
@@ -130,19 +137,31 @@ def make_claim_runs(shared, root):
             arm = claims.arm_of(run)
             if sweep.name in TINY_ARMS and arm not in TINY_ARMS[sweep.name]:
                 continue
-            todo.append((sweep, run, os.path.join(root, sweep.name, run["name"])))
+            c, wd = tiny_config(shared, sweep, run), os.path.join(root, sweep.name, run["name"])
+            key = c.to_json_best_effort(sort_keys=True)
+            if key in trained_as:
+                links.append((wd, trained_as[key]))
+            else:
+                trained_as[key] = wd
+                todo.append((c, wd))
 
-    def train(sweep, run, wd):
+    def train(c, wd):
         if not os.path.exists(os.path.join(wd, "summary.json")):
-            trainer.train(tiny_config(shared, sweep, run), wd)
+            trainer.train(c, wd)
 
-    for sweep, run, wd in todo:
+    for c, wd in todo:
         with filelock.try_locked(wd) as held:
             if held:
-                train(sweep, run, wd)
-    for sweep, run, wd in todo:
-        with filelock.locked(wd, what=f"the tiny run {sweep.name}/{run['name']}"):
-            train(sweep, run, wd)
+                train(c, wd)
+    for c, wd in todo:
+        with filelock.locked(wd, what=f"the tiny run {os.path.relpath(wd, root)}"):
+            train(c, wd)
+    for wd, target in links:
+        os.makedirs(os.path.dirname(wd), exist_ok=True)
+        try:
+            os.symlink(target, wd)
+        except FileExistsError:  # another worker linked it first
+            pass
     return root
 
 
