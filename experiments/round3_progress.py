@@ -168,7 +168,8 @@ def format_table(rows: list[dict]) -> str:
         steps = ", ".join(f"{n} at {s}" for n, s in sorted(r["in_progress"].items()))
         left = "?" if r["left_h"] is None else f"{r['left_h']:.1f}"
         if r["unpriced"]:
-            left += f" ({len(r['unpriced'])} arms not run yet)"
+            n = len(r["unpriced"])
+            left += f" ({n} arm{'' if n == 1 else 's'} not run yet)"
         lines.append(
             f"| {r['key']} | {r['status']} | {r['recorded']}/{r['runs']} | {steps or '-'} | "
             f"{r['kept']}/{r['warm_starts']} | {r['cpu_h']:.1f} | {left} |"
