@@ -143,9 +143,13 @@ def apply_common_args(c: ml_collections.ConfigDict, a) -> None:
     c.init.warmstart.update(WARMSTARTS[a.warmstart])
     if a.runlocal and "steps" in WARMSTARTS[a.warmstart]:
         # runlocal runs in seconds: the variant's stopping rule, checked twice within runlocal's
-        # cap on a few problems (at its full cap the tiny model trained 4800 steps, never meeting
-        # a rule set for the small one)
-        c.init.warmstart.update(steps=RUNLOCAL_WARMSTART_STEPS, stop_every=50, stop_problems=16)
+        # cap on a few problems (the full cap would train the tiny model thousands of steps
+        # against a rule set for the small one, which it never meets)
+        c.init.warmstart.update(
+            steps=RUNLOCAL_WARMSTART_STEPS,
+            stop_every=RUNLOCAL_WARMSTART_STEPS // 2,
+            stop_problems=16,
+        )
     apply_run_args(c, a)
 
 
