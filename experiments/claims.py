@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import importlib.util
 import os
 import shutil
@@ -456,7 +457,8 @@ def run_sweeps(
     ``population``: each arm's seeds (and arms a population varies) run as one population where
     the library runs one; other arms one process per run (experiments/sweep.py --population).
     ``results_dir``: a run whose record is in <results_dir>/<sweep> is not run again, and every
-    finished run is recorded there (reporting/records.py), also when others failed."""
+    finished run is recorded there (reporting/records.py) as it ends (record_finished; with
+    ``population``, as the sweep ends), also when others failed or the sweep was stopped."""
     if warm_starts_only and not results_dir:
         raise ValueError("warm_starts_only keeps the warm starts under results_dir: pass one")
     if problem := unkept_warm_starts(sweeps, results_dir):
@@ -510,6 +512,10 @@ def run_sweeps(
         # (population only when asked: a launcher without the option still runs a process per run)
         kw = {"population": True} if population else {}
         made_for = entry_hashes(s.name)  # the entries as the runs start (kept in their records)
+        if results_dir and not population:  # each run recorded as it ends (a run is ~1 CPU-hour)
+            kw["on_end"] = functools.partial(
+                record_finished, root, os.path.join(results_dir, s.name), made_for
+            )
         try:
             codes = sw.launch(os.path.join(REPO, s.config), runs, root, parallel, flags, **kw)
         finally:
@@ -521,6 +527,18 @@ def run_sweeps(
         sw.write_tables(sw.collect(runs, root), root)
         failed += [f"{s.name}/{n}" for n, c in codes.items() if c != 0]
     return failed
+
+
+def record_finished(
+    root: str, records_dir: str, made_for: dict[str, str], name: str, code: int
+) -> None:
+    """The launcher's on_end: records run ``name`` under ``records_dir`` when it finished (exit 0
+    and its summary written); the sweep's end records the rest again (unchanged bytes)."""
+    rec = _records_module()
+    wd = os.path.join(root, name)
+    if code == 0 and rec.finished(wd):
+        path = rec.write(wd, records_dir, made_for)
+        print(f"[claims] {name}: recorded in {path}", flush=True)
 
 
 def unkept_warm_starts(sweeps: Sequence[Sweep], results_dir: str | None) -> str | None:

@@ -60,7 +60,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -477,8 +477,13 @@ def launch(
     extra: Sequence[str] = (),
     env: dict | None = None,
     population: bool = False,
+    on_end: Callable[[str, int], None] | None = None,
 ) -> dict[str, int]:
     """Runs every run (at most ``parallel`` at once); returns name -> exit code (0 = skipped/done).
+
+    ``on_end(name, exit code)``: called as each launched run's process ends, while the others go
+    on (the claims launcher records a finished run there, so that a sweep stopped hours later has
+    kept it already). Not called for the runs skipped as done, nor, with ``population``, per member.
 
     ``population``: the pending runs run as populations where the library runs them
     (population_runs, refusals); the codes are then the runs' own names' (each member takes its
@@ -538,6 +543,8 @@ def launch(
                 status = "ok" if proc.returncode == 0 else f"FAILED rc={proc.returncode}"
                 print(f"[sweep] end {name}: {status} in {time.time() - t0:.0f}s", flush=True)
                 del active[name]
+                if on_end is not None:
+                    on_end(name, proc.returncode)
     return codes
 
 

@@ -4,6 +4,7 @@ again whose record exists, while it records every run that finished."""
 
 import json
 import os
+import sys
 import types
 
 import pytest
@@ -433,3 +434,42 @@ def test_registration_order_catches_an_in_place_edit_committed_after_the_runs(
     assert "made_up v1: registered" in out and f"edited in {edit}" in out
     assert "10 runs: 10 EDITED after it" in out
     order.history.cache_clear()  # the other tests read the project's own history
+
+
+def test_the_launcher_records_each_run_as_it_ends_before_the_sweep_stops(tmp_path, monkeypatch):
+    runs_dir, results = str(tmp_path / "runs"), str(tmp_path / "results")
+    kept = os.path.join(results, "toy")
+    seen_when_b_started = []
+
+    def launch(config, runs, root, parallel, flags, on_end=None, **kw):
+        fake_run(root, "a_s0")
+        on_end("a_s0", 0)  # a_s0 ends while b_s0 still runs
+        seen_when_b_started.extend(sorted(os.listdir(kept)))
+        fake_run(root, "b_s0", finished=False)
+        on_end("b_s0", 1)  # b_s0 dies: nothing to record
+        raise KeyboardInterrupt  # the sweep is stopped before it returns
+
+    sw = types.SimpleNamespace(launch=launch, collect=lambda runs, root: [], write_tables=print)
+    monkeypatch.setattr(claims, "_sweep_module", lambda: sw)
+    monkeypatch.setattr(claims, "sweep_runs", lambda s, seeds: [{"name": "a_s0"}, {"name": "b_s0"}])
+    monkeypatch.setattr(claims, "warm_start_entries", lambda s, runs, flags: [])
+    monkeypatch.setattr(claims, "entry_hashes", lambda sweep: {"toy_claim v1": "abc"})
+    with pytest.raises(KeyboardInterrupt):
+        claims.run_sweeps([claims.Sweep("toy", "configs/arith.py")], runs_dir, results_dir=results)
+    assert seen_when_b_started == ["a_s0.json.gz"]
+    assert sorted(os.listdir(kept)) == ["a_s0.json.gz"]
+    assert records.read(os.path.join(kept, "a_s0.json.gz"))["entries"] == {"toy_claim v1": "abc"}
+
+
+def test_sweep_launch_calls_on_end_as_each_process_ends(tmp_path, monkeypatch):
+    sweep = load_repo_module("experiments/sweep.py")
+    codes_by_name = {"ok_s0": 0, "bad_s0": 3}
+
+    def command(config_spec, run, wd, extra=()):
+        return [sys.executable, "-c", f"raise SystemExit({codes_by_name[run['name']]})"]
+
+    monkeypatch.setattr(sweep, "run_command", command)
+    ended = []
+    runs = [{"name": n, "overrides": {}} for n in codes_by_name]
+    codes = sweep.launch("unused", runs, str(tmp_path), on_end=lambda n, c: ended.append((n, c)))
+    assert codes == codes_by_name and ended == [("ok_s0", 0), ("bad_s0", 3)]
