@@ -19,6 +19,12 @@ if "xla_cpu_collective_call_terminate_timeout_seconds" not in os.environ["XLA_FL
         " --xla_cpu_collective_call_terminate_timeout_seconds=600"
         " --xla_cpu_collective_call_warn_stuck_timeout_seconds=120"
     )
+# The tests' programs are small and most run once: LLVM's optimisation passes cost more than they
+# save (a subset of the README's tests, one process: 133 s -> 96 s, 2026-12-07, 2-core CPU). Set
+# here, so the runs the tests start as subprocesses (the notebooks' tiny runs, the pod tests)
+# compile so too; the library, benchmarks and experiments keep XLA's default.
+if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Tests compare float32 results to 1e-5; keep matmuls in full float32 precision.
 os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
