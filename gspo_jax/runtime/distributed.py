@@ -35,8 +35,11 @@ def init_distributed(
     them from the environment); on CPUs they are required. ``timeout_s`` (config.multihost
     .timeout_s) bounds every wait for another process: runtime/agreement.py's agreements and
     watchdog use it,
-    the coordinator's own heartbeat timeout is twice it (so that the watchdog's one-line report
-    comes first, not the coordinator's abort) and its shutdown barrier waits at most this long.
+    the coordinator's own heartbeat timeout is four times it and its shutdown barrier waits at
+    most this long. Four, not two: a JAX client beats every half of that timeout, so the
+    coordinator can declare a dead process lost as soon as half the timeout after its death;
+    at twice ``timeout_s`` that would be ``timeout_s`` itself, a tie with the watchdog (which
+    needs ``timeout_s`` plus a beat) that the coordinator's abort can win.
     """
     pod.configure(timeout_s)
     platforms = str(jax.config.jax_platforms or "")
@@ -48,7 +51,7 @@ def init_distributed(
         coordinator_address=coordinator_address,
         num_processes=num_processes,
         process_id=process_id,
-        heartbeat_timeout_seconds=max(2, int(2 * timeout_s)),
+        heartbeat_timeout_seconds=max(4, int(4 * timeout_s)),
         shutdown_timeout_seconds=max(1, int(timeout_s)),
     )
     pod.start_watchdog()
