@@ -457,8 +457,9 @@ def run_sweeps(
     ``population``: each arm's seeds (and arms a population varies) run as one population where
     the library runs one; other arms one process per run (experiments/sweep.py --population).
     ``results_dir``: a run whose record is in <results_dir>/<sweep> is not run again, and every
-    finished run is recorded there (reporting/records.py) as it ends (record_finished; with
-    ``population``, as the sweep ends), also when others failed or the sweep was stopped."""
+    finished run is recorded there (reporting/records.py) as it ends (record_finished; a
+    population's members as its process ends), also when others failed or the sweep was
+    stopped."""
     if warm_starts_only and not results_dir:
         raise ValueError("warm_starts_only keeps the warm starts under results_dir: pass one")
     if problem := unkept_warm_starts(sweeps, results_dir):
@@ -512,7 +513,7 @@ def run_sweeps(
         # (population only when asked: a launcher without the option still runs a process per run)
         kw = {"population": True} if population else {}
         made_for = entry_hashes(s.name)  # the entries as the runs start (kept in their records)
-        if results_dir and not population:  # each run recorded as it ends (a run is ~1 CPU-hour)
+        if results_dir:  # each run (a population's members) recorded as it ends (~1 CPU-hour)
             kw["on_end"] = functools.partial(
                 record_finished, root, os.path.join(results_dir, s.name), made_for
             )

@@ -483,7 +483,8 @@ def launch(
 
     ``on_end(name, exit code)``: called as each launched run's process ends, while the others go
     on (the claims launcher records a finished run there, so that a sweep stopped hours later has
-    kept it already). Not called for the runs skipped as done, nor, with ``population``, per member.
+    kept it already). Not called for the runs skipped as done; with ``population``, called for
+    each member of a population as its process ends, once the member's folder is linked.
 
     ``population``: the pending runs run as populations where the library runs them
     (population_runs, refusals); the codes are then the runs' own names' (each member takes its
@@ -502,8 +503,16 @@ def launch(
 
         merged = population_runs(todo, check, extra, parallel)
         if len(merged) < len(todo):
+            by_name = {r["name"]: r for r in merged}
+
+            def ended(name: str, code: int) -> None:  # a population's members are runs as it ends
+                link_members(root, [by_name[name]])
+                for member in list(by_name[name].get("members", {}).values()) or [name]:
+                    on_end(member, code)
+
+            each = ended if on_end else None
             try:
-                codes = launch(config_spec, merged, root, parallel, extra, env)
+                codes = launch(config_spec, merged, root, parallel, extra, env, on_end=each)
             finally:  # a sweep stopped half way keeps its finished populations' runs as runs
                 link_members(root, merged)
             by_run = {r["name"]: 0 for r in runs if r not in todo}

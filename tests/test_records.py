@@ -436,7 +436,11 @@ def test_registration_order_catches_an_in_place_edit_committed_after_the_runs(
     order.history.cache_clear()  # the other tests read the project's own history
 
 
-def test_the_launcher_records_each_run_as_it_ends_before_the_sweep_stops(tmp_path, monkeypatch):
+# population: the launcher's default (--population true) must record as runs end too
+@pytest.mark.parametrize("population", [False, True])
+def test_the_launcher_records_each_run_as_it_ends_before_the_sweep_stops(
+    tmp_path, monkeypatch, population
+):
     runs_dir, results = str(tmp_path / "runs"), str(tmp_path / "results")
     kept = os.path.join(results, "toy")
     seen_when_b_started = []
@@ -455,7 +459,12 @@ def test_the_launcher_records_each_run_as_it_ends_before_the_sweep_stops(tmp_pat
     monkeypatch.setattr(claims, "warm_start_entries", lambda s, runs, flags: [])
     monkeypatch.setattr(claims, "entry_hashes", lambda sweep: {"toy_claim v1": "abc"})
     with pytest.raises(KeyboardInterrupt):
-        claims.run_sweeps([claims.Sweep("toy", "configs/arith.py")], runs_dir, results_dir=results)
+        claims.run_sweeps(
+            [claims.Sweep("toy", "configs/arith.py")],
+            runs_dir,
+            results_dir=results,
+            population=population,
+        )
     assert seen_when_b_started == ["a_s0.json.gz"]
     assert sorted(os.listdir(kept)) == ["a_s0.json.gz"]
     assert records.read(os.path.join(kept, "a_s0.json.gz"))["entries"] == {"toy_claim v1": "abc"}
@@ -473,3 +482,27 @@ def test_sweep_launch_calls_on_end_as_each_process_ends(tmp_path, monkeypatch):
     runs = [{"name": n, "overrides": {}} for n in codes_by_name]
     codes = sweep.launch("unused", runs, str(tmp_path), on_end=lambda n, c: ended.append((n, c)))
     assert codes == codes_by_name and ended == [("ok_s0", 0), ("bad_s0", 3)]
+
+
+def test_sweep_launch_calls_on_end_for_each_member_as_its_population_ends(tmp_path, monkeypatch):
+    """Two runs merged into one population process: as it ends, each member's folder is linked
+    at its run's name and on_end sees each member (the claims launcher then records both)."""
+    sweep = load_repo_module("experiments/sweep.py")
+    pop = {"name": "pop", "members": {"m0": "a_s0", "m1": "b_s0"}, "overrides": {}}
+    monkeypatch.setattr(sweep, "population_runs", lambda todo, check, extra, parallel: [pop])
+
+    def command(config_spec, run, wd, extra=()):
+        make = "import os; [os.makedirs(os.path.join('members', m)) for m in ('m0', 'm1')]"
+        return [sys.executable, "-c", f"import os; os.chdir({wd!r}); {make}"]
+
+    monkeypatch.setattr(sweep, "run_command", command)
+    ended = []
+
+    def on_end(name, code):
+        ended.append((name, code, os.path.isdir(os.path.join(tmp_path, name))))
+
+    runs = [{"name": n, "overrides": {}} for n in ("a_s0", "b_s0")]
+    codes = sweep.launch("unused", runs, str(tmp_path), population=True, on_end=on_end)
+    assert codes == {"a_s0": 0, "b_s0": 0}
+    assert ended == [("a_s0", 0, True), ("b_s0", 0, True)]
+    assert os.path.realpath(tmp_path / "b_s0") == str(tmp_path / "pop" / "members" / "m1")
