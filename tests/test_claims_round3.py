@@ -88,6 +88,11 @@ def test_harm_absent_is_inconclusive_never_not_reproduced():
     r = claims.evaluate(c, {"a": a, "b": b}, {"GRPO's loss": {0: 0.1, 1: NAN, 2: 0.01, 3: 0.0}})
     assert r.outcome == "not reproduced" and r.p == 1 / 16
     assert claims.harm_present(HARM, {0: 0.06, 1: 0.0}, draws=4) == (False, 1)
+    # two of the four draws run, neither harmed yet: the draws are absent, not the harm
+    two = {"a": {0: 0.6, 1: 0.6}, "b": {0: 0.5, 1: 0.5}}
+    r = claims.evaluate(c, two, {"GRPO's loss": {0: 0.0, 1: 0.0}})
+    assert r.outcome == "inconclusive: 3 paired draws absent", r
+    assert r.numbers.startswith("2 paired draw(s); a - b per paired draw: d0 0.1, d1 0.1")
     with pytest.raises(ValueError, match="share"):
         claims.Harm(name="h", statistic="s", arm="b", direction=">", threshold=0, share=0)
 
