@@ -36,10 +36,10 @@ def init_distributed(
     .timeout_s) bounds every wait for another process: runtime/agreement.py's agreements and
     watchdog use it,
     the coordinator's own heartbeat timeout is four times it and its shutdown barrier waits at
-    most this long. Four, not two: a JAX client beats every half of that timeout, so the
-    coordinator can declare a dead process lost as soon as half the timeout after its death;
-    at twice ``timeout_s`` that would be ``timeout_s`` itself, a tie with the watchdog (which
-    needs ``timeout_s`` plus a beat) that the coordinator's abort can win.
+    most this long. Four, not two: the coordinator counts from a process's last heartbeat,
+    which can be about half its timeout before the process dies, so at twice ``timeout_s`` its
+    abort can come ``timeout_s`` after a death, a tie with the watchdog (which needs
+    ``timeout_s`` plus a beat) that the abort can win.
     """
     pod.configure(timeout_s)
     platforms = str(jax.config.jax_platforms or "")
