@@ -211,15 +211,16 @@ def _evaluate(claim, values, preconditions, draw_of, p_adjusted) -> Result:
             _g(c.diverged),
             "; ".join(f"{a} s{', s'.join(map(str, v))}" for a, v in bad.items()) or "none",
         )
+    too_few = Result(
+        f"inconclusive: {c.min_seeds} paired {unit}s absent",
+        f"{len(seeds)} paired {unit}(s); {numbers}",
+        seeds,
+        tuple(x.tolist()),
+    )
     if claim.draws and len(seeds) < c.min_seeds:
         # a design with draws still to run is undecided: a precondition or harm read on the
         # draws run so far (the harm's count is over every draw) would call it absent too soon
-        return Result(
-            f"inconclusive: {c.min_seeds} paired {unit}s absent",
-            f"{len(seeds)} paired {unit}(s); {numbers}",
-            seeds,
-            tuple(x.tolist()),
-        )
+        return too_few
     for p in claim.preconditions:
         ok, m = precondition_holds(p, preconditions.get(p.name, {}))
         if not ok:
@@ -244,12 +245,7 @@ def _evaluate(claim, values, preconditions, draw_of, p_adjusted) -> Result:
                 tuple(x.tolist()),
             )
     if len(seeds) < c.min_seeds:
-        return Result(
-            f"inconclusive: {c.min_seeds} paired {unit}s absent",
-            f"{len(seeds)} paired {unit}(s); {numbers}",
-            seeds,
-            tuple(x.tolist()),
-        )
+        return too_few
     raw_p = p_value(c, x) if c.test in ("sign_flip", "wilcoxon", "tost") else None
     ok, interval = holds(c, x, p_adjusted)
     if interval is not None:
