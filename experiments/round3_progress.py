@@ -12,6 +12,12 @@ draws, in the sweeps it reads) recorded under --results_dir, those in progress u
 ``rl_cpu_s``) and what its remaining runs would take at their arm's recorded mean ("?" for an arm
 with no recorded run: no figure is guessed). A run two designs share (an arm two entries read) is
 counted in each, and once in the total.
+
+    PYTHONPATH=. python experiments/round3_progress.py --finals        # where each draw ended
+
+``--finals`` prints, for each design with a recorded run, one row per draw: its warm start's
+held-out accuracy (greedy / sampled, as every arm's record reads it at step 0) and each arm's final
+greedy accuracy, from the records alone: the figures docs quote come from here, not from a log.
 """
 
 from __future__ import annotations
@@ -61,9 +67,13 @@ def _last_step(workdir: str) -> int | None:
     return json.loads(last)["step"] if last else 0
 
 
-def _rl_cpu_s(path: str) -> float | None:
+def _summary(path: str) -> dict:
     with gzip.open(path, "rt") as f:
-        return json.load(f)["summary"].get("rl_cpu_s")
+        return json.load(f)["summary"]
+
+
+def _rl_cpu_s(path: str) -> float | None:
+    return _summary(path).get("rl_cpu_s")
 
 
 def pilot_costs(folders) -> dict[tuple[str, str], list[float]]:
@@ -177,6 +187,49 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def finals(results_dir: str, family: str = FAMILY) -> list[dict]:
+    """One dict per design of ``family`` with a recorded run (registered entries, then drafts):
+    key, arms (its arm names) and draws {draw: {"base": (greedy, sampled), arm: final greedy}},
+    the arms not yet recorded on a draw absent from it."""
+    from gspo_jax import claims as reg
+
+    launcher = _claims_launcher()
+    designs = [*reg.family_entries(family), *(d for d in reg.drafts() if d.family == family)]
+    out = []
+    for entry in designs:
+        draws: dict[int, dict] = {}
+        for sweep, run in design_runs(entry, launcher):
+            record = os.path.join(results_dir, sweep, run["name"] + ".json.gz")
+            if not os.path.exists(record):
+                continue
+            s = _summary(record)
+            row = draws.setdefault(run["overrides"]["seed"], {})
+            row.setdefault("base", (s["base"]["greedy_accuracy"], s["base"]["sample_accuracy"]))
+            row[launcher.arm_of(run)] = s["final"]["greedy_accuracy"]
+        if draws:
+            out.append(dict(key=entry.key, arms=entry.arm_names, draws=dict(sorted(draws.items()))))
+    return out
+
+
+def format_finals(designs: list[dict]) -> str:
+    """A markdown table per design: draw, base greedy / sampled, each arm's final greedy ("-":
+    not recorded yet)."""
+    blocks = []
+    for d in designs:
+        lines = [
+            f"{d['key']}: {len(d['draws'])} draw(s) with a recorded run",
+            "",
+            "| draw | base greedy / sampled | " + " | ".join(d["arms"]) + " |",
+            "|---|---|" + "---|" * len(d["arms"]),
+        ]
+        for draw, row in d["draws"].items():
+            cells = ["-" if a not in row else f"{row[a]:.3f}" for a in d["arms"]]
+            base = "{:.3f} / {:.3f}".format(*row["base"])
+            lines.append(f"| {draw} | {base} | " + " | ".join(cells) + " |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results_dir", default=os.path.join(REPO, "results", "claims"))
@@ -189,7 +242,15 @@ def main(argv=None) -> int:
         help="a folder of other records of the same arms (e.g. results/pilots/r3_lr0.0002) whose "
         "RL CPU-s also price the runs left; repeatable",
     )
+    p.add_argument(
+        "--finals",
+        action="store_true",
+        help="each design's draws: base accuracy and each arm's final greedy accuracy",
+    )
     args = p.parse_args(argv)
+    if args.finals:
+        print(format_finals(finals(args.results_dir, args.family)))
+        return 0
     print(format_table(progress(args.results_dir, args.runs_dir, args.family, args.priced_by)))
     return 0
 

@@ -16,8 +16,11 @@ progress = load_repo_module("experiments/round3_progress.py")
 launcher = load_repo_module("experiments/claims.py")
 
 
-def recorded_run(results: str, sweep: str, name: str, rl_cpu_s: float, tmp) -> None:
-    """A finished run that took ``rl_cpu_s`` of RL, recorded as the launcher records it."""
+def recorded_run(
+    results: str, sweep: str, name: str, rl_cpu_s: float, tmp, **summary: dict
+) -> None:
+    """A finished run that took ``rl_cpu_s`` of RL (and ``summary``'s other fields), recorded as
+    the launcher records it."""
     wd = os.path.join(tmp, "runs", sweep, name)
     os.makedirs(wd)
     with open(os.path.join(wd, "config.json"), "w") as f:
@@ -25,7 +28,7 @@ def recorded_run(results: str, sweep: str, name: str, rl_cpu_s: float, tmp) -> N
     with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
         f.write(json.dumps({"step": 300, "eval/greedy_accuracy": 0.5}) + "\n")
     with open(os.path.join(wd, "summary.json"), "w") as f:
-        json.dump({"rl_cpu_s": rl_cpu_s}, f)
+        json.dump({"rl_cpu_s": rl_cpu_s, **summary}, f)
     records.write(wd, os.path.join(results, sweep))
 
 
@@ -70,6 +73,32 @@ def test_progress_counts_recorded_started_and_kept_and_prices_what_is_left(tmp_p
     distinct = {(s, r["name"]) for e in designs for s, r in progress.design_runs(e, launcher)}
     assert every["runs"] == len(distinct) < sum(r["runs"] for k, r in rows.items() if k != "all")
     assert "| gspo_minibatch_stability | v2 | 3/24 |" in progress.format_table(list(rows.values()))
+
+
+def test_finals_give_each_draw_its_base_and_each_recorded_arm_its_final_accuracy(tmp_path):
+    results = str(tmp_path / "results")
+
+    def run(name, base, final):
+        summary = dict(
+            base=dict(greedy_accuracy=base[0], sample_accuracy=base[1]),
+            final=dict(greedy_accuracy=final, sample_accuracy=0.0),
+        )
+        recorded_run(results, "r3_minibatch", name, 1.0, str(tmp_path / name), **summary)
+
+    run("gspo_mb16_s3", (0.405, 0.17), 0.775)
+    run("grpo_nokl_mb16_s3", (0.405, 0.17), 0.0)
+    run("gspo_mb16_s1", (0.25, 0.2), 0.125)
+    designs = {d["key"]: d for d in progress.finals(results)}
+    mb = designs["gspo_minibatch_stability"]
+    assert mb["arms"] == ("gspo_mb16", "grpo_nokl_mb16")
+    assert mb["draws"] == {
+        1: {"base": (0.25, 0.2), "gspo_mb16": 0.125},
+        3: {"base": (0.405, 0.17), "gspo_mb16": 0.775, "grpo_nokl_mb16": 0.0},
+    }
+    assert "gspo_length_normalisation" not in designs  # no run of its own recorded
+    table = progress.format_finals([mb])
+    assert "| 1 | 0.250 / 0.200 | 0.125 | - |" in table
+    assert "| 3 | 0.405 / 0.170 | 0.775 | 0.000 |" in table
 
 
 def test_a_round3_entry_names_one_run_per_arm():
