@@ -54,6 +54,15 @@ def design_runs(entry, launcher) -> list[tuple[str, dict]]:
     return out
 
 
+def family_designs(family: str) -> list[tuple[object, str]]:
+    """(entry, status) for every design of ``family``: its registered entries ("v<N>"), then its
+    drafts ("draft v<N>"), in key order."""
+    from gspo_jax import claims as reg
+
+    designs = [(e, f"v{e.version}") for e in reg.family_entries(family)]
+    return designs + [(d, f"draft v{d.version}") for d in reg.drafts() if d.family == family]
+
+
 def _last_step(workdir: str) -> int | None:
     """The last step a started, unfinished run logged (None: not started, or finished)."""
     metrics = os.path.join(workdir, "metrics.jsonl")
@@ -98,11 +107,8 @@ def progress(
     warm_starts, kept, cpu_h (recorded), left_h (None where an arm has no run to price it by),
     unpriced (the arms with none). ``priced_by``: folders of other records of the same arms (the
     pilots') whose costs count in an arm's mean, not among its recorded runs."""
-    from gspo_jax import claims as reg
-
     launcher = _claims_launcher()
-    designs = [(e, f"v{e.version}") for e in reg.family_entries(family)]
-    designs += [(d, f"draft v{d.version}") for d in reg.drafts() if d.family == family]
+    designs = family_designs(family)
     kept_dir = os.path.join(results_dir, launcher.WARM_STARTS)
     pilots = pilot_costs(priced_by)
     seen: dict[tuple[str, str], dict] = {}  # (sweep, run): its facts, once per run
@@ -191,12 +197,9 @@ def finals(results_dir: str, family: str = FAMILY) -> list[dict]:
     """One dict per design of ``family`` with a recorded run (registered entries, then drafts):
     key, arms (its arm names) and draws {draw: {"base": (greedy, sampled), arm: final greedy}},
     the arms not yet recorded on a draw absent from it."""
-    from gspo_jax import claims as reg
-
     launcher = _claims_launcher()
-    designs = [*reg.family_entries(family), *(d for d in reg.drafts() if d.family == family)]
     out = []
-    for entry in designs:
+    for entry, _ in family_designs(family):
         draws: dict[int, dict] = {}
         for sweep, run in design_runs(entry, launcher):
             record = os.path.join(results_dir, sweep, run["name"] + ".json.gz")
